@@ -1,0 +1,1 @@
+//! The YAML config file (issue 4).

@@ -1,0 +1,69 @@
+//! What the index tells its mirrors: one delta per changed Redis field or mapping key.
+
+use super::{ModelId, PodId};
+use crate::medium::MediaSet;
+use crate::wire::{BlockHash, Engine};
+
+/// The pod-level residency of one block: what a Redis field's value is computed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldValue {
+    /// Unix second of the last store (max over the pod's DP ranks).
+    pub stored_at: u32,
+    /// Every medium the pod holds the block on ([`crate::medium::Medium::NONE`] = unknown).
+    pub media: MediaSet,
+}
+
+/// One change to the mirrored state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delta {
+    /// Field `pod` of block key `(model, std_hash)` is now `value`, or gone when `None`.
+    Field {
+        /// Model (interned).
+        model: ModelId,
+        /// Standardized block hash.
+        std_hash: u64,
+        /// Pod (interned `{pod}.{namespace}`).
+        pod: PodId,
+        /// New value, `None` = delete the field.
+        value: Option<FieldValue>,
+    },
+    /// The engine-hash mapping key of `pod` now maps to `std_hash`, or is gone when `None`.
+    /// A `Some` is sent on every store so the key's TTL is refreshed.
+    Mapping {
+        /// Pod (interned).
+        pod: PodId,
+        /// Engine family (decides the key prefix).
+        engine: Engine,
+        /// Engine hash as sent.
+        engine_hash: BlockHash,
+        /// Standardized hash, `None` = delete the key.
+        std_hash: Option<u64>,
+    },
+}
+
+/// Receives the deltas of one `apply` call, in order.
+pub trait DeltaSink {
+    /// Whether mapping-key deltas are wanted (building them clones engine hashes).
+    fn wants_mappings(&self) -> bool {
+        true
+    }
+    /// Takes one delta.
+    fn push(&mut self, delta: Delta);
+}
+
+impl DeltaSink for Vec<Delta> {
+    fn push(&mut self, delta: Delta) {
+        Vec::push(self, delta);
+    }
+}
+
+/// A sink that drops everything: the embedded, index-only mode.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Discard;
+
+impl DeltaSink for Discard {
+    fn wants_mappings(&self) -> bool {
+        false
+    }
+    fn push(&mut self, _delta: Delta) {}
+}

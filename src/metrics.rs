@@ -1,0 +1,1 @@
+//! Prometheus metrics (issue 4).
