@@ -98,7 +98,8 @@ impl Medium {
         }
         // Leaking is bounded: at most MEDIA_SLOTS spellings live for the whole process.
         let spelling: &'static str = Box::leak(spelling.to_owned().into_boxed_str());
-        let canonical: &'static str = match KNOWN.iter().find(|k| k.eq_ignore_ascii_case(spelling)) {
+        let canonical: &'static str = match KNOWN.iter().find(|k| k.eq_ignore_ascii_case(spelling))
+        {
             Some(known) => known,
             None => Box::leak(spelling.to_ascii_uppercase().into_boxed_str()),
         };
@@ -240,7 +241,9 @@ impl MediaSet {
 
     /// The members, in slot order.
     pub fn iter(self) -> impl Iterator<Item = Medium> {
-        (0..MEDIA_SLOTS as u8).filter(move |s| self.0 & (1 << s) != 0).map(Medium)
+        (0..MEDIA_SLOTS as u8)
+            .filter(move |s| self.0 & (1 << s) != 0)
+            .map(Medium)
     }
 
     /// Spellings of the members, sorted, without the "no medium" slot.
@@ -260,7 +263,8 @@ impl MediaSet {
         self.iter().min_by(|a, b| {
             let wa = weights.weight(*a);
             let wb = weights.weight(*b);
-            wb.total_cmp(&wa).then_with(|| a.tie_rank().cmp(&b.tie_rank()))
+            wb.total_cmp(&wa)
+                .then_with(|| a.tie_rank().cmp(&b.tie_rank()))
         })
     }
 }
@@ -327,7 +331,9 @@ impl TierWeights {
                     value,
                 });
             } else {
-                weights.by_canonical.insert(tier.trim().to_ascii_uppercase(), value);
+                weights
+                    .by_canonical
+                    .insert(tier.trim().to_ascii_uppercase(), value);
             }
         }
         if !(0.0..=1.0).contains(&unknown_medium_weight) {
@@ -371,7 +377,9 @@ impl TierWeights {
     pub fn best_weight(&self, set: MediaSet) -> f64 {
         set.iter()
             .map(|m| self.weight(m))
-            .fold(None, |acc: Option<f64>, w| Some(acc.map_or(w, |a| a.max(w))))
+            .fold(None, |acc: Option<f64>, w| {
+                Some(acc.map_or(w, |a| a.max(w)))
+            })
             .unwrap_or(1.0)
     }
 

@@ -1,1 +1,61 @@
-//! Placeholder, filled in by its issue.
+//! The CLI commands, as library functions: the binary's edge, so `anyhow` is used here.
+//!
+//! | file | command |
+//! | --- | --- |
+//! | `decode.rs` | `kvindex decode` |
+//! | `replay.rs` | `kvindex replay` |
+//! | `serve.rs` | `kvindex serve` |
+//! | `record.rs` | `kvindex record` |
+//! | `check_config.rs` | `kvindex check-config` |
+//! | `score.rs` | `kvindex score` |
+//! | `redis_dump.rs` | `kvindex redis-dump` |
+
+pub mod check_config;
+pub mod decode;
+pub mod record;
+pub mod redis_dump;
+pub mod replay;
+pub mod score;
+pub mod serve;
+
+use tracing_subscriber::EnvFilter;
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable text.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Installs the global `tracing` subscriber (logs go to stderr; stdout is for output).
+///
+/// # Errors
+/// When the filter does not parse.
+pub fn init_logging(format: LogFormat, filter: &str) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_new(filter)
+        .map_err(|e| anyhow::anyhow!("invalid log filter `{filter}`: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
+}
+
+/// Marks an error as a usage or configuration problem (exit code 64, as `EX_USAGE`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// The process exit code for a command error: 64 for usage/config errors, 1 otherwise.
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    if err.chain().any(|e| e.is::<UsageError>()) {
+        64
+    } else {
+        1
+    }
+}

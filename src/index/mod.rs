@@ -28,7 +28,7 @@ pub use delta::{Delta, DeltaSink, Discard, FieldValue};
 
 use crate::hash::std_hash;
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
-use crate::wire::{BlockHash, BlockRemoved, BlockStored, EngineBatch, Engine, Event};
+use crate::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 use intern::Interner;
 use residents::{Resident, Residents, MAX_POD_ID};
 use source::{table_bytes, SourceState};
@@ -248,8 +248,12 @@ impl Index {
         let mut stats = ApplyStats::default();
         for event in &batch.events {
             match event {
-                Event::BlockStored(stored) => self.apply_stored(&mut state, stored, now, sink, &mut stats),
-                Event::BlockRemoved(removed) => self.apply_removed(&mut state, removed, sink, &mut stats),
+                Event::BlockStored(stored) => {
+                    self.apply_stored(&mut state, stored, now, sink, &mut stats)
+                }
+                Event::BlockRemoved(removed) => {
+                    self.apply_removed(&mut state, removed, sink, &mut stats)
+                }
                 Event::AllBlocksCleared => {
                     self.clear_state(&mut state, sink);
                     stats.clears += 1;
@@ -263,7 +267,11 @@ impl Index {
     ///
     /// # Errors
     /// [`IndexError::UnknownSource`] when `source` is not registered.
-    pub fn clear_source(&self, source: SourceId, sink: &mut impl DeltaSink) -> Result<(), IndexError> {
+    pub fn clear_source(
+        &self,
+        source: SourceId,
+        sink: &mut impl DeltaSink,
+    ) -> Result<(), IndexError> {
         let state = self.source(source)?;
         let mut state = state.lock();
         self.clear_state(&mut state, sink);
@@ -274,7 +282,11 @@ impl Index {
     ///
     /// # Errors
     /// [`IndexError::UnknownSource`] when `source` is not registered.
-    pub fn remove_source(&self, source: SourceId, sink: &mut impl DeltaSink) -> Result<(), IndexError> {
+    pub fn remove_source(
+        &self,
+        source: SourceId,
+        sink: &mut impl DeltaSink,
+    ) -> Result<(), IndexError> {
         self.clear_source(source, sink)?;
         if let Some(slot) = self.inner.sources.write().get_mut(source.0 as usize) {
             *slot = None;
@@ -340,7 +352,9 @@ impl Index {
                 stats.unresolved_stores += 1;
                 return;
             }
-            (Some((m, old_std, old_media)), None) => (m, old_std, media.difference(old_media), false),
+            (Some((m, old_std, old_media)), None) => {
+                (m, old_std, media.difference(old_media), false)
+            }
             (Some((m, old_std, old_media)), Some(std)) if m == model && old_std == std => {
                 (m, std, media.difference(old_media), false)
             }
@@ -395,7 +409,17 @@ impl Index {
         let mut entry = match blocks.entry(std) {
             Entry::Vacant(vacant) => {
                 vacant.insert(Residents::One(Resident::new(pod, rank, now, added)));
-                emit_field(sink, model, std, pod, None, Some(FieldValue { stored_at: now, media: added }));
+                emit_field(
+                    sink,
+                    model,
+                    std,
+                    pod,
+                    None,
+                    Some(FieldValue {
+                        stored_at: now,
+                        media: added,
+                    }),
+                );
                 return false;
             }
             Entry::Occupied(occupied) => occupied,
@@ -616,7 +640,12 @@ impl Index {
 
     /// Calls `visit(pod, media, stored_at)` for every resident of a block. A pod with several
     /// DP ranks holding the block is visited once per rank; callers combine them.
-    pub fn for_each_resident(&self, model: ModelId, std_hash: u64, mut visit: impl FnMut(PodId, MediaSet, u32)) {
+    pub fn for_each_resident(
+        &self,
+        model: ModelId,
+        std_hash: u64,
+        mut visit: impl FnMut(PodId, MediaSet, u32),
+    ) {
         let Some(blocks) = self.blocks_of(model.0) else {
             return;
         };
@@ -648,8 +677,14 @@ impl Index {
 
     /// Calls `visit(pod, engine, engine_hash, std_hash)` for every engine hash held.
     pub fn for_each_mapping(&self, mut visit: impl FnMut(PodId, Engine, BlockHash, u64)) {
-        let sources: Vec<Arc<Mutex<SourceState>>> =
-            self.inner.sources.read().iter().flatten().cloned().collect();
+        let sources: Vec<Arc<Mutex<SourceState>>> = self
+            .inner
+            .sources
+            .read()
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
         for source in sources {
             let state = source.lock();
             for map in &state.maps {
@@ -668,7 +703,12 @@ impl Index {
                 model: self.model_name(model).to_string(),
                 std_hash: std.to_string(),
                 pod: self.pod_name(pod).to_string(),
-                media: value.media.spellings().into_iter().map(str::to_owned).collect(),
+                media: value
+                    .media
+                    .spellings()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect(),
                 stored_at: value.stored_at,
             });
         });
@@ -718,7 +758,10 @@ impl Index {
 }
 
 fn slot_medium(slot: usize) -> Medium {
-    MediaSet::from_bits(1 << slot).iter().next().unwrap_or(Medium::NONE)
+    MediaSet::from_bits(1 << slot)
+        .iter()
+        .next()
+        .unwrap_or(Medium::NONE)
 }
 
 fn emit_field(

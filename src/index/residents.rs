@@ -77,7 +77,9 @@ impl Residents {
             Residents::One(r) => std::slice::from_mut(r),
             Residents::Many(v) => v.as_mut_slice(),
         };
-        slice.iter_mut().find(|r| r.pod() == pod && r.rank() == rank)
+        slice
+            .iter_mut()
+            .find(|r| r.pod() == pod && r.rank() == rank)
     }
 
     pub(crate) fn push(&mut self, resident: Resident) {
@@ -114,7 +116,10 @@ fn v_is_empty(r: &Residents) -> bool {
 /// Pod-level value of `pod` among `residents`.
 pub(crate) fn pod_value(residents: &[Resident], pod: u32) -> Option<FieldValue> {
     let mut value: Option<FieldValue> = None;
-    for r in residents.iter().filter(|r| r.pod() == pod && !r.media().is_empty()) {
+    for r in residents
+        .iter()
+        .filter(|r| r.pod() == pod && !r.media().is_empty())
+    {
         let v = value.get_or_insert(FieldValue {
             stored_at: r.stored_at,
             media: MediaSet::EMPTY,

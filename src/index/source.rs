@@ -75,7 +75,10 @@ impl ModelMap {
     fn get_mut(&mut self, hash: &BlockHash) -> Option<&mut EngineSlot> {
         match hash {
             BlockHash::Int(v) => self.ints.get_mut(&int_key(*v)).filter(|s| !s.negative()),
-            BlockHash::Neg(v) => self.ints.get_mut(&int_key(*v as u64)).filter(|s| s.negative()),
+            BlockHash::Neg(v) => self
+                .ints
+                .get_mut(&int_key(*v as u64))
+                .filter(|s| s.negative()),
             BlockHash::Bytes(b) => self.bytes.get_mut(&**b),
         }
     }
@@ -91,13 +94,16 @@ impl ModelMap {
     fn insert(&mut self, hash: &BlockHash, std: u64, media: MediaSet) {
         match hash {
             BlockHash::Int(v) => {
-                self.ints.insert(int_key(*v), EngineSlot::new(std, false, media));
+                self.ints
+                    .insert(int_key(*v), EngineSlot::new(std, false, media));
             }
             BlockHash::Neg(v) => {
-                self.ints.insert(int_key(*v as u64), EngineSlot::new(std, true, media));
+                self.ints
+                    .insert(int_key(*v as u64), EngineSlot::new(std, true, media));
             }
             BlockHash::Bytes(b) => {
-                self.bytes.insert(b.clone(), EngineSlot::new(std, false, media));
+                self.bytes
+                    .insert(b.clone(), EngineSlot::new(std, false, media));
             }
         }
     }
@@ -206,7 +212,11 @@ impl SourceState {
     }
 
     /// The slot of `hash` in any model map, preferring `model`'s.
-    pub(crate) fn find_mut(&mut self, hash: &BlockHash, model: u32) -> Option<(u32, &mut EngineSlot)> {
+    pub(crate) fn find_mut(
+        &mut self,
+        hash: &BlockHash,
+        model: u32,
+    ) -> Option<(u32, &mut EngineSlot)> {
         let order = self.maps.iter().position(|m| m.model == model);
         let idx = order
             .into_iter()

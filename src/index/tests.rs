@@ -64,12 +64,30 @@ fn store_adds_medium_and_remove_takes_only_that_medium() {
     let index = Index::new();
     let src = index.register_source(&spec("p.ns", 0)).unwrap();
     let std = std_hash(&tokens(0, 1));
-    index.apply(src, &batch(vec![stored(&[1], tokens(0, 1), "GPU")]), 10, &mut Discard).unwrap();
-    index.apply(src, &batch(vec![stored(&[1], vec![], "CPU")]), 11, &mut Discard).unwrap();
+    index
+        .apply(
+            src,
+            &batch(vec![stored(&[1], tokens(0, 1), "GPU")]),
+            10,
+            &mut Discard,
+        )
+        .unwrap();
+    index
+        .apply(
+            src,
+            &batch(vec![stored(&[1], vec![], "CPU")]),
+            11,
+            &mut Discard,
+        )
+        .unwrap();
     assert_eq!(media_of(&index, std, "p.ns"), ["CPU", "GPU"]);
-    index.apply(src, &batch(vec![removed(&[1], "GPU")]), 12, &mut Discard).unwrap();
+    index
+        .apply(src, &batch(vec![removed(&[1], "GPU")]), 12, &mut Discard)
+        .unwrap();
     assert_eq!(media_of(&index, std, "p.ns"), ["CPU"]);
-    index.apply(src, &batch(vec![removed(&[1], "cpu")]), 13, &mut Discard).unwrap();
+    index
+        .apply(src, &batch(vec![removed(&[1], "cpu")]), 13, &mut Discard)
+        .unwrap();
     assert!(index.dump().is_empty());
     assert_eq!(index.stats().engine_hashes, 0);
 }
@@ -78,8 +96,20 @@ fn store_adds_medium_and_remove_takes_only_that_medium() {
 fn remove_without_medium_removes_every_medium() {
     let index = Index::new();
     let src = index.register_source(&spec("p.ns", 0)).unwrap();
-    index.apply(src, &batch(vec![stored(&[1], tokens(0, 1), "GPU"), stored(&[1], vec![], "CPU")]), 1, &mut Discard).unwrap();
-    index.apply(src, &batch(vec![removed(&[1], "")]), 2, &mut Discard).unwrap();
+    index
+        .apply(
+            src,
+            &batch(vec![
+                stored(&[1], tokens(0, 1), "GPU"),
+                stored(&[1], vec![], "CPU"),
+            ]),
+            1,
+            &mut Discard,
+        )
+        .unwrap();
+    index
+        .apply(src, &batch(vec![removed(&[1], "")]), 2, &mut Discard)
+        .unwrap();
     assert!(index.dump().is_empty());
 }
 
@@ -87,7 +117,14 @@ fn remove_without_medium_removes_every_medium() {
 fn tokenless_store_of_unknown_hash_is_counted_unresolved() {
     let index = Index::new();
     let src = index.register_source(&spec("p.ns", 0)).unwrap();
-    let stats = index.apply(src, &batch(vec![stored(&[42], vec![], "CPU")]), 1, &mut Discard).unwrap();
+    let stats = index
+        .apply(
+            src,
+            &batch(vec![stored(&[42], vec![], "CPU")]),
+            1,
+            &mut Discard,
+        )
+        .unwrap();
     assert_eq!(stats.unresolved_stores, 1);
     assert!(index.dump().is_empty());
 }
@@ -99,12 +136,24 @@ fn one_std_block_through_two_engine_hashes_survives_one_removal() {
     let std = std_hash(&tokens(0, 1));
     // Same 16 tokens stored under two engine hashes (different prefixes).
     let stats = index
-        .apply(src, &batch(vec![stored(&[1], tokens(0, 1), "GPU"), stored(&[2], tokens(0, 1), "GPU")]), 1, &mut Discard)
+        .apply(
+            src,
+            &batch(vec![
+                stored(&[1], tokens(0, 1), "GPU"),
+                stored(&[2], tokens(0, 1), "GPU"),
+            ]),
+            1,
+            &mut Discard,
+        )
         .unwrap();
     assert_eq!(stats.duplicate_engine_hashes, 1);
-    index.apply(src, &batch(vec![removed(&[1], "GPU")]), 2, &mut Discard).unwrap();
+    index
+        .apply(src, &batch(vec![removed(&[1], "GPU")]), 2, &mut Discard)
+        .unwrap();
     assert_eq!(media_of(&index, std, "p.ns"), ["GPU"]);
-    index.apply(src, &batch(vec![removed(&[2], "GPU")]), 3, &mut Discard).unwrap();
+    index
+        .apply(src, &batch(vec![removed(&[2], "GPU")]), 3, &mut Discard)
+        .unwrap();
     assert!(index.dump().is_empty());
 }
 
@@ -125,10 +174,14 @@ fn duplicate_copies_track_media_per_engine_block() {
             &mut Discard,
         )
         .unwrap();
-    index.apply(src, &batch(vec![removed(&[2], "GPU")]), 2, &mut Discard).unwrap();
+    index
+        .apply(src, &batch(vec![removed(&[2], "GPU")]), 2, &mut Discard)
+        .unwrap();
     // Engine block 1 still holds GPU; engine block 2 holds CPU.
     assert_eq!(media_of(&index, std, "p.ns"), ["CPU", "GPU"]);
-    index.apply(src, &batch(vec![removed(&[1], "GPU")]), 3, &mut Discard).unwrap();
+    index
+        .apply(src, &batch(vec![removed(&[1], "GPU")]), 3, &mut Discard)
+        .unwrap();
     assert_eq!(media_of(&index, std, "p.ns"), ["CPU"]);
 }
 
@@ -144,10 +197,14 @@ fn clear_touches_only_its_source_and_ranks_union() {
     index.apply(b, &ev(), 3, &mut Discard).unwrap();
     assert_eq!(index.dump().len(), 2);
     let mut deltas = Vec::new();
-    index.apply(a0, &batch(vec![Event::AllBlocksCleared]), 4, &mut deltas).unwrap();
+    index
+        .apply(a0, &batch(vec![Event::AllBlocksCleared]), 4, &mut deltas)
+        .unwrap();
     // Rank 1 still holds the block: the pod-level field stays (its time is rank 1's).
     assert_eq!(index.dump().len(), 2);
-    assert!(deltas.iter().any(|d| matches!(d, Delta::Mapping { std_hash: None, .. })));
+    assert!(deltas
+        .iter()
+        .any(|d| matches!(d, Delta::Mapping { std_hash: None, .. })));
     index.forget_pod("a.ns", &mut Discard);
     let dump = index.dump();
     assert_eq!(dump.len(), 1);
@@ -161,12 +218,22 @@ fn deltas_describe_field_changes_in_order() {
     let std = std_hash(&tokens(0, 1));
     let mut deltas = Vec::new();
     index
-        .apply(src, &batch(vec![stored(&[-5], tokens(0, 1), "GPU"), removed(&[-5], "GPU")]), 7, &mut deltas)
+        .apply(
+            src,
+            &batch(vec![
+                stored(&[-5], tokens(0, 1), "GPU"),
+                removed(&[-5], "GPU"),
+            ]),
+            7,
+            &mut deltas,
+        )
         .unwrap();
     let fields: Vec<_> = deltas
         .iter()
         .filter_map(|d| match d {
-            Delta::Field { std_hash, value, .. } => Some((*std_hash, value.map(|v| v.stored_at))),
+            Delta::Field {
+                std_hash, value, ..
+            } => Some((*std_hash, value.map(|v| v.stored_at))),
             _ => None,
         })
         .collect();
@@ -174,18 +241,32 @@ fn deltas_describe_field_changes_in_order() {
     let mappings: Vec<_> = deltas
         .iter()
         .filter_map(|d| match d {
-            Delta::Mapping { engine_hash, std_hash, .. } => Some((engine_hash.to_string(), *std_hash)),
+            Delta::Mapping {
+                engine_hash,
+                std_hash,
+                ..
+            } => Some((engine_hash.to_string(), *std_hash)),
             _ => None,
         })
         .collect();
-    assert_eq!(mappings, vec![("-5".to_owned(), Some(std)), ("-5".to_owned(), None)]);
+    assert_eq!(
+        mappings,
+        vec![("-5".to_owned(), Some(std)), ("-5".to_owned(), None)]
+    );
 }
 
 #[test]
 fn signed_and_unsigned_hashes_with_the_same_bits_stay_distinct() {
     let index = Index::new();
     let src = index.register_source(&spec("p.ns", 0)).unwrap();
-    index.apply(src, &batch(vec![stored(&[-1], tokens(0, 1), "GPU")]), 1, &mut Discard).unwrap();
+    index
+        .apply(
+            src,
+            &batch(vec![stored(&[-1], tokens(0, 1), "GPU")]),
+            1,
+            &mut Discard,
+        )
+        .unwrap();
     let unsigned = Event::BlockRemoved(BlockRemoved {
         block_hashes: vec![BlockHash::Int(u64::MAX)],
         medium: Medium::GPU,
@@ -193,7 +274,9 @@ fn signed_and_unsigned_hashes_with_the_same_bits_stay_distinct() {
         locality: None,
         ownership: None,
     });
-    let stats = index.apply(src, &batch(vec![unsigned]), 2, &mut Discard).unwrap();
+    let stats = index
+        .apply(src, &batch(vec![unsigned]), 2, &mut Discard)
+        .unwrap();
     assert_eq!(stats.unknown_removes, 1);
     assert_eq!(index.dump().len(), 1);
 }
@@ -202,10 +285,14 @@ fn signed_and_unsigned_hashes_with_the_same_bits_stay_distinct() {
 fn non_main_groups_are_skipped() {
     let index = Index::new();
     let src = index.register_source(&spec("p.ns", 0)).unwrap();
-    let Event::BlockStored(mut s) = stored(&[1], tokens(0, 1), "GPU") else { unreachable!() };
+    let Event::BlockStored(mut s) = stored(&[1], tokens(0, 1), "GPU") else {
+        unreachable!()
+    };
     s.group_idx = Some(1);
     s.kv_cache_spec_kind = Some("sliding_window".into());
-    let stats = index.apply(src, &batch(vec![Event::BlockStored(s)]), 1, &mut Discard).unwrap();
+    let stats = index
+        .apply(src, &batch(vec![Event::BlockStored(s)]), 1, &mut Discard)
+        .unwrap();
     assert_eq!(stats.skipped_group_blocks, 1);
     assert!(index.dump().is_empty());
 }
@@ -214,10 +301,16 @@ fn non_main_groups_are_skipped() {
 fn lora_blocks_belong_to_the_adapter_model() {
     let index = Index::new();
     let src = index.register_source(&spec("p.ns", 0)).unwrap();
-    let Event::BlockStored(mut s) = stored(&[1], tokens(0, 1), "GPU") else { unreachable!() };
+    let Event::BlockStored(mut s) = stored(&[1], tokens(0, 1), "GPU") else {
+        unreachable!()
+    };
     s.lora_name = Some("sql-adapter".into());
-    index.apply(src, &batch(vec![Event::BlockStored(s)]), 1, &mut Discard).unwrap();
+    index
+        .apply(src, &batch(vec![Event::BlockStored(s)]), 1, &mut Discard)
+        .unwrap();
     assert_eq!(index.dump()[0].model, "sql-adapter");
-    index.apply(src, &batch(vec![removed(&[1], "GPU")]), 2, &mut Discard).unwrap();
+    index
+        .apply(src, &batch(vec![removed(&[1], "GPU")]), 2, &mut Discard)
+        .unwrap();
     assert!(index.dump().is_empty());
 }

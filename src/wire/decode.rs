@@ -49,7 +49,10 @@ pub fn decode_batch(payload: &[u8], options: DecodeOptions) -> Result<EngineBatc
     Ok(batch)
 }
 
-fn decode_array_batch(r: &mut Reader<'_>, options: DecodeOptions) -> Result<EngineBatch, DecodeError> {
+fn decode_array_batch(
+    r: &mut Reader<'_>,
+    options: DecodeOptions,
+) -> Result<EngineBatch, DecodeError> {
     let len = r.read_array_len()?;
     if len < 2 {
         return Err(DecodeError::NotABatch);
@@ -66,7 +69,10 @@ fn decode_array_batch(r: &mut Reader<'_>, options: DecodeOptions) -> Result<Engi
     })
 }
 
-fn decode_map_batch(r: &mut Reader<'_>, options: DecodeOptions) -> Result<EngineBatch, DecodeError> {
+fn decode_map_batch(
+    r: &mut Reader<'_>,
+    options: DecodeOptions,
+) -> Result<EngineBatch, DecodeError> {
     let len = r.read_map_len()?;
     let mut ts = None;
     let mut decoded = None;
@@ -76,7 +82,9 @@ fn decode_map_batch(r: &mut Reader<'_>, options: DecodeOptions) -> Result<Engine
         match key {
             Some(b"ts") => ts = Some(r.read_number()?.ok_or(DecodeError::BadTs)?),
             Some(b"events") => decoded = Some(decode_events(r, options)?),
-            Some(b"data_parallel_rank" | b"attn_dp_rank" | b"dp_rank") => dp_rank = read_dp_rank(r)?,
+            Some(b"data_parallel_rank" | b"attn_dp_rank" | b"dp_rank") => {
+                dp_rank = read_dp_rank(r)?
+            }
             _ => r.skip()?,
         }
     }
@@ -106,7 +114,11 @@ fn read_dp_rank(r: &mut Reader<'_>) -> Result<Option<i64>, DecodeError> {
             r.eat_nil()?;
             Ok(None)
         }
-        Kind::Int => r.read_int()?.as_i64().map(Some).ok_or(DecodeError::BadDpRank),
+        Kind::Int => r
+            .read_int()?
+            .as_i64()
+            .map(Some)
+            .ok_or(DecodeError::BadDpRank),
         _ => Err(DecodeError::BadDpRank),
     }
 }
@@ -370,7 +382,9 @@ impl Fields {
         };
         if let Err(kind) = outcome {
             self.fail(match kind {
-                FieldErr::Type => EventError::FieldType { field: field.name() },
+                FieldErr::Type => EventError::FieldType {
+                    field: field.name(),
+                },
                 FieldErr::Event(e) => e,
             });
         }
@@ -379,7 +393,10 @@ impl Fields {
 
     /// Position 7 of an array `BlockStored` is `lora_name` (vLLM 0.14+) or, in SGLang
     /// 0.5.18–0.5.19, a metadata map `{"cache_salt": …}`.
-    fn read_lora_name_or_metadata(&mut self, r: &mut Reader<'_>) -> Result<Result<(), FieldErr>, DecodeError> {
+    fn read_lora_name_or_metadata(
+        &mut self,
+        r: &mut Reader<'_>,
+    ) -> Result<Result<(), FieldErr>, DecodeError> {
         if r.peek_kind()? != Kind::Map {
             return Ok(read_string(r)?.map(|s| self.lora_name = Some(s)));
         }
@@ -504,8 +521,7 @@ fn read_u32(r: &mut Reader<'_>) -> FieldResult<u32> {
     if r.peek_kind()? != Kind::Int {
         return type_error(r);
     }
-    Ok(r
-        .read_int()?
+    Ok(r.read_int()?
         .as_u64()
         .and_then(|v| u32::try_from(v).ok())
         .ok_or(FieldErr::Type))

@@ -49,7 +49,9 @@ impl std::str::FromStr for Engine {
             "vllm" => Ok(Engine::Vllm),
             "sglang" => Ok(Engine::Sglang),
             "trtllm" | "tensorrt-llm" | "tensorrt_llm" => Ok(Engine::Trtllm),
-            other => Err(format!("unknown engine `{other}` (expected vllm, sglang or trtllm)")),
+            other => Err(format!(
+                "unknown engine `{other}` (expected vllm, sglang or trtllm)"
+            )),
         }
     }
 }

@@ -19,7 +19,7 @@ mod text;
 pub use decode::{decode_batch, DecodeOptions};
 pub use error::{DecodeError, EventError, FrameError, MessageError, MessageErrorKind};
 pub use event::{
-    BlockHash, BlockRemoved, BlockStored, EngineBatch, Engine, Event, EventKind, Passthrough,
+    BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event, EventKind, Passthrough,
     SkipReason, SkippedEvent, StoredExtras,
 };
 pub use frames::{read_seq, split_message, split_replay_reply, Message, END_MARKER_SEQ};

@@ -150,7 +150,11 @@ impl<'a> Reader<'a> {
             Marker::I16 => signed(i64::from(i16::from_be_bytes(self.be()?))),
             Marker::I32 => signed(i64::from(i32::from_be_bytes(self.be()?))),
             Marker::I64 => signed(i64::from_be_bytes(self.be()?)),
-            _ => return Err(DecodeError::InvalidMarker { offset: self.pos - 1 }),
+            _ => {
+                return Err(DecodeError::InvalidMarker {
+                    offset: self.pos - 1,
+                })
+            }
         };
         Ok(v)
     }
@@ -187,7 +191,11 @@ impl<'a> Reader<'a> {
             Marker::Str32 | Marker::Bin32 | Marker::Array32 | Marker::Map32 => {
                 u32::from_be_bytes(self.be()?) as usize
             }
-            _ => return Err(DecodeError::InvalidMarker { offset: self.pos - 1 }),
+            _ => {
+                return Err(DecodeError::InvalidMarker {
+                    offset: self.pos - 1,
+                })
+            }
         })
     }
 
@@ -247,7 +255,9 @@ impl<'a> Reader<'a> {
             pending -= 1;
             let m = self.marker()?;
             let children: u64 = match m {
-                Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => self.len_after(m)? as u64,
+                Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
+                    self.len_after(m)? as u64
+                }
                 Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => 2 * self.len_after(m)? as u64,
                 Marker::FixStr(_)
                 | Marker::Str8
@@ -320,7 +330,10 @@ mod tests {
     fn skip_walks_nested_values() {
         let value = rmpv::Value::Array(vec![
             rmpv::Value::from(1),
-            rmpv::Value::Map(vec![(rmpv::Value::from("k"), rmpv::Value::from(vec![1u8, 2]))]),
+            rmpv::Value::Map(vec![(
+                rmpv::Value::from("k"),
+                rmpv::Value::from(vec![1u8, 2]),
+            )]),
             rmpv::Value::from("tail"),
         ]);
         let mut buf = Vec::new();

@@ -63,10 +63,15 @@ fn event_to_json(event: &Event) -> Value {
     match event {
         Event::BlockStored(s) => {
             let extras = s.extras.as_deref().cloned().unwrap_or_default();
-            obj.insert("block_hashes".into(), s.block_hashes.iter().map(hash_to_json).collect());
+            obj.insert(
+                "block_hashes".into(),
+                s.block_hashes.iter().map(hash_to_json).collect(),
+            );
             obj.insert(
                 "parent_block_hash".into(),
-                s.parent_block_hash.as_ref().map_or(Value::Null, hash_to_json),
+                s.parent_block_hash
+                    .as_ref()
+                    .map_or(Value::Null, hash_to_json),
             );
             obj.insert("token_ids".into(), json!(s.token_ids));
             obj.insert("block_size".into(), json!(s.block_size));
@@ -91,7 +96,10 @@ fn event_to_json(event: &Event) -> Value {
             obj.insert("mm_keys".into(), passthrough_to_json(&extras.mm_keys));
         }
         Event::BlockRemoved(r) => {
-            obj.insert("block_hashes".into(), r.block_hashes.iter().map(hash_to_json).collect());
+            obj.insert(
+                "block_hashes".into(),
+                r.block_hashes.iter().map(hash_to_json).collect(),
+            );
             obj.insert("medium".into(), medium_to_json(r.medium));
             obj.insert("group_idx".into(), json!(r.group_idx));
             obj.insert("locality".into(), json!(r.locality));

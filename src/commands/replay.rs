@@ -1,0 +1,217 @@
+//! `kvindex replay FILE…`: recorded streams through the live ingest path into the index.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use super::decode::EngineArg;
+use crate::index::{Discard, Index, IndexStats};
+use crate::ingest::{fixture, unix_now, IngestStats, OfflineReplay};
+
+/// Arguments of `kvindex replay`.
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// Recorded streams (fixture JSON lines), applied in order as one pod's history.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Pod identifier as written to Redis: `{pod}.{namespace}`.
+    #[arg(long, default_value = "replay-0.default")]
+    pub pod: String,
+    /// Served model name of the pod.
+    #[arg(long, default_value = "default-model")]
+    pub model: String,
+    /// Engine of the streams (`auto` guesses from the first file's name).
+    #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
+    pub engine: EngineArg,
+    /// Write the resulting index in canonical sorted JSON to this file.
+    #[arg(long)]
+    pub dump: Option<PathBuf>,
+    /// Print the summary as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What a replay did, printed at the end.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplaySummary {
+    /// Files replayed.
+    pub files: usize,
+    /// Ingest counters.
+    pub ingest: IngestStats,
+    /// Index size figures afterwards.
+    pub index: IndexStats,
+    /// Wall time of the replay.
+    pub elapsed_ms: u128,
+}
+
+impl ReplaySummary {
+    /// The summary as an aligned two-column table.
+    pub fn render_table(&self) -> String {
+        let i = &self.ingest;
+        let mut rows: Vec<(String, String)> = vec![
+            ("files".into(), self.files.to_string()),
+            ("messages".into(), i.messages.to_string()),
+            ("batches".into(), i.batches.to_string()),
+            (
+                "empty batches (heartbeats)".into(),
+                i.empty_batches.to_string(),
+            ),
+            (
+                "events BlockStored".into(),
+                i.block_stored_events.to_string(),
+            ),
+            (
+                "events BlockRemoved".into(),
+                i.block_removed_events.to_string(),
+            ),
+            (
+                "events AllBlocksCleared".into(),
+                i.all_blocks_cleared_events.to_string(),
+            ),
+            ("blocks stored".into(), i.apply.blocks_stored.to_string()),
+            ("blocks removed".into(), i.apply.blocks_removed.to_string()),
+        ];
+        let total_errors: u64 = i.decode_errors.values().sum();
+        rows.push(("decode errors".into(), total_errors.to_string()));
+        rows.extend(
+            i.decode_errors
+                .iter()
+                .map(|(k, v)| (format!("  {k}"), v.to_string())),
+        );
+        let skipped: u64 =
+            i.unknown_tags.values().sum::<u64>() + i.invalid_events.values().sum::<u64>();
+        rows.push(("skipped events".into(), skipped.to_string()));
+        rows.extend(
+            i.unknown_tags
+                .iter()
+                .map(|(k, v)| (format!("  unknown tag {k}"), v.to_string())),
+        );
+        rows.extend(
+            i.invalid_events
+                .iter()
+                .map(|(k, v)| (format!("  invalid {k}"), v.to_string())),
+        );
+        rows.extend([
+            (
+                "skipped non-main group blocks".into(),
+                i.apply.skipped_group_blocks.to_string(),
+            ),
+            (
+                "unresolved tokenless stores".into(),
+                i.apply.unresolved_stores.to_string(),
+            ),
+            (
+                "removes of unknown hashes".into(),
+                i.apply.unknown_removes.to_string(),
+            ),
+            (
+                "duplicate engine hashes".into(),
+                i.apply.duplicate_engine_hashes.to_string(),
+            ),
+            ("seq gaps".into(), i.seq_gaps.to_string()),
+            ("source resets".into(), i.source_resets.to_string()),
+            ("restarts detected".into(), i.restarts.to_string()),
+            ("duplicates dropped".into(), i.duplicates.to_string()),
+            ("resident blocks".into(), self.index.blocks.to_string()),
+            (
+                "resident (block, pod) entries".into(),
+                self.index.entries.to_string(),
+            ),
+        ]);
+        rows.extend(self.index.entries_by_medium.iter().map(|(m, n)| {
+            let name = if m.is_empty() { "(none)" } else { m.as_str() };
+            (format!("  on {name}"), n.to_string())
+        }));
+        rows.push((
+            "index memory (estimate)".into(),
+            format!("{} bytes", self.index.heap_bytes),
+        ));
+        rows.push(("elapsed".into(), format!("{} ms", self.elapsed_ms)));
+        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        rows.iter()
+            .map(|(k, v)| format!("{k:<width$}  {v}\n"))
+            .collect()
+    }
+}
+
+/// Replays every file into a fresh in-memory index; returns the index and the summary.
+///
+/// # Errors
+/// When a file cannot be read or the dump cannot be written.
+pub fn replay_into_index(args: &ReplayArgs) -> anyhow::Result<(Index, ReplaySummary)> {
+    let started = Instant::now();
+    let engine = args.engine.resolve(&args.files[0]);
+    let mut replay = OfflineReplay::new(Index::new(), &args.pod, &args.model, engine);
+    let mut loaded = Vec::with_capacity(args.files.len());
+    for file in &args.files {
+        loaded.push((file, fixture::read_file(file)?));
+    }
+    let total: u64 = loaded.iter().map(|(_, m)| m.len() as u64).sum();
+    let progress = progress_bar(total);
+    for (file, messages) in loaded {
+        replay.start_file(&file.display().to_string());
+        for message in messages {
+            progress.inc(1);
+            match message {
+                Ok(message) => {
+                    replay.offer(&message, unix_now(), &mut Discard)?;
+                }
+                Err(err) => {
+                    tracing::warn!(file = %file.display(), "Skipped a bad fixture line: {err}.");
+                    replay.count_bad_line();
+                }
+            }
+        }
+    }
+    progress.finish_and_clear();
+    let index = replay.index().clone();
+    let summary = ReplaySummary {
+        files: args.files.len(),
+        ingest: replay.stats().clone(),
+        index: index.stats(),
+        elapsed_ms: started.elapsed().as_millis(),
+    };
+    if let Some(path) = &args.dump {
+        write_dump(&index, path)?;
+    }
+    Ok((index, summary))
+}
+
+/// Writes the canonical index dump.
+///
+/// # Errors
+/// When the file cannot be written.
+pub fn write_dump(index: &Index, path: &std::path::Path) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(&index.dump())?;
+    std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn progress_bar(total: u64) -> indicatif::ProgressBar {
+    // Only worth drawing for long inputs, and never into a pipe.
+    if total < 10_000 || !std::io::stdout().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} messages {per_sec}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Runs the command.
+///
+/// # Errors
+/// When a file cannot be read or the dump cannot be written.
+pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
+    let (_, summary) = replay_into_index(&args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{}", summary.render_table());
+    }
+    Ok(())
+}

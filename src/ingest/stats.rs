@@ -1,0 +1,93 @@
+//! Counters of one ingest run (a replay, or one source of the daemon).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::index::ApplyStats;
+use crate::wire::{EngineBatch, Event, SkipReason};
+
+/// What happened while ingesting messages.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct IngestStats {
+    /// Messages seen (good or bad).
+    pub messages: u64,
+    /// Batches decoded.
+    pub batches: u64,
+    /// Decoded batches with no events (heartbeats).
+    pub empty_batches: u64,
+    /// `BlockStored` events decoded.
+    pub block_stored_events: u64,
+    /// `BlockRemoved` events decoded.
+    pub block_removed_events: u64,
+    /// `AllBlocksCleared` events decoded.
+    pub all_blocks_cleared_events: u64,
+    /// Messages rejected whole, by reason.
+    pub decode_errors: BTreeMap<&'static str, u64>,
+    /// Events skipped for an unknown tag, by tag.
+    pub unknown_tags: BTreeMap<String, u64>,
+    /// Events rejected on their own, by reason.
+    pub invalid_events: BTreeMap<&'static str, u64>,
+    /// Seq gaps seen.
+    pub seq_gaps: u64,
+    /// Sources reset because their state became unknown.
+    pub source_resets: u64,
+    /// Engine restarts detected (seq went back).
+    pub restarts: u64,
+    /// Messages dropped as already applied.
+    pub duplicates: u64,
+    /// Sources whose first message had seq > 0.
+    pub started_mid_stream: u64,
+    /// What applying the events did to the index.
+    pub apply: ApplyStats,
+}
+
+impl IngestStats {
+    /// Counts the events and skipped events of a decoded batch.
+    pub fn count_batch(&mut self, batch: &EngineBatch) {
+        self.batches += 1;
+        if batch.events.is_empty() && batch.skipped.is_empty() {
+            self.empty_batches += 1;
+        }
+        for event in &batch.events {
+            match event {
+                Event::BlockStored(_) => self.block_stored_events += 1,
+                Event::BlockRemoved(_) => self.block_removed_events += 1,
+                Event::AllBlocksCleared => self.all_blocks_cleared_events += 1,
+            }
+        }
+        for skipped in &batch.skipped {
+            match &skipped.reason {
+                SkipReason::UnknownTag(tag) => {
+                    *self.unknown_tags.entry(tag.clone()).or_default() += 1
+                }
+                SkipReason::Invalid(e) => *self.invalid_events.entry(e.reason()).or_default() += 1,
+            }
+        }
+    }
+
+    /// Adds `other` into `self`.
+    pub fn merge(&mut self, other: &IngestStats) {
+        self.messages += other.messages;
+        self.batches += other.batches;
+        self.empty_batches += other.empty_batches;
+        self.block_stored_events += other.block_stored_events;
+        self.block_removed_events += other.block_removed_events;
+        self.all_blocks_cleared_events += other.all_blocks_cleared_events;
+        for (k, v) in &other.decode_errors {
+            *self.decode_errors.entry(k).or_default() += v;
+        }
+        for (k, v) in &other.unknown_tags {
+            *self.unknown_tags.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &other.invalid_events {
+            *self.invalid_events.entry(k).or_default() += v;
+        }
+        self.seq_gaps += other.seq_gaps;
+        self.source_resets += other.source_resets;
+        self.restarts += other.restarts;
+        self.duplicates += other.duplicates;
+        self.started_mid_stream += other.started_mid_stream;
+        self.apply.add(&other.apply);
+    }
+}
