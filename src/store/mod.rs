@@ -1,1 +1,7 @@
-//! Placeholder, filled in by its issue.
+//! Mirrors of the index. Redis in kthena's layout is the one backend today.
+//!
+//! | folder | job |
+//! | --- | --- |
+//! | `redis/` | the kthena-compatible Redis mirror (issue 3) |
+
+pub mod redis;
