@@ -370,14 +370,18 @@ impl Fields {
                 read_i64(r)?.map(|v| self.kv_cache_spec_sliding_window = Some(v))
             }
             Field::Locality => read_string(r)?.map(|s| self.locality = Some(s)),
-            Field::ExtraKeys if keep => Ok(self.extras.extra_keys = Some(r.read_value()?)),
-            Field::Ownership if keep => Ok(self.extras.ownership = Some(r.read_value()?)),
-            Field::SessionId if keep => Ok(self.extras.session_id = Some(r.read_value()?)),
-            Field::LookaheadTokenIds if keep => {
-                Ok(self.extras.lookahead_token_ids = Some(r.read_value()?))
+            Field::ExtraKeys
+            | Field::Ownership
+            | Field::SessionId
+            | Field::LookaheadTokenIds
+            | Field::CacheSalt
+            | Field::MmKeys
+                if keep =>
+            {
+                let value = r.read_value()?;
+                *self.extras.slot(field) = Some(value);
+                Ok(())
             }
-            Field::CacheSalt if keep => Ok(self.extras.cache_salt = Some(r.read_value()?)),
-            Field::MmKeys if keep => Ok(self.extras.mm_keys = Some(r.read_value()?)),
             _ => Ok(r.skip()?),
         };
         if let Err(kind) = outcome {
@@ -461,6 +465,20 @@ impl Fields {
                 validate_stored(&stored).map_err(SkipReason::Invalid)?;
                 Ok(Event::BlockStored(stored))
             }
+        }
+    }
+}
+
+impl StoredExtras {
+    /// The display-only slot a field is kept in.
+    fn slot(&mut self, field: Field) -> &mut Option<rmpv::Value> {
+        match field {
+            Field::ExtraKeys => &mut self.extra_keys,
+            Field::Ownership => &mut self.ownership,
+            Field::SessionId => &mut self.session_id,
+            Field::LookaheadTokenIds => &mut self.lookahead_token_ids,
+            Field::CacheSalt => &mut self.cache_salt,
+            _ => &mut self.mm_keys,
         }
     }
 }

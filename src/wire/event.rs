@@ -164,7 +164,7 @@ impl BlockStored {
             None => {
                 let n = self.block_hashes.len();
                 let t = self.token_ids.len();
-                (n > 0 && t % n == 0 && t > 0).then(|| t / n)
+                (n > 0 && t > 0 && t.is_multiple_of(n)).then(|| t / n)
             }
         }
     }

@@ -43,3 +43,6 @@ pub fn decode_message<F: AsRef<[u8]>>(
     })?;
     Ok((message.seq, batch))
 }
+
+#[cfg(test)]
+mod tests;
