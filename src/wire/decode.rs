@@ -28,6 +28,15 @@ impl DecodeOptions {
 
 /// Decodes one payload into a normalized batch.
 ///
+/// ```
+/// use kvindex::wire::{decode_batch, DecodeOptions, Event};
+/// // vLLM 0.9's array form: [ts, [["AllBlocksCleared"]]]
+/// let payload = [0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x91, 0xb0,
+///     b'A', b'l', b'l', b'B', b'l', b'o', b'c', b'k', b's', b'C', b'l', b'e', b'a', b'r', b'e', b'd'];
+/// let batch = decode_batch(&payload, DecodeOptions::INDEX).unwrap();
+/// assert_eq!(batch.events, vec![Event::AllBlocksCleared]);
+/// ```
+///
 /// # Errors
 /// A [`DecodeError`] when the payload is not a batch at all; events that are bad on their
 /// own are reported in [`EngineBatch::skipped`] and the rest of the batch is kept.
