@@ -367,11 +367,11 @@ impl Index {
                 // The engine reused a hash for other content: the old block is gone.
                 state.remove(m, hash);
                 self.drop_engine_media(state, m, old_std, old_media, true, sink);
-                state.insert(model, hash, std, media);
+                self.insert_slot(state, model, hash, std, media, sink);
                 (model, std, media, true)
             }
             (None, Some(std)) => {
-                state.insert(model, hash, std, media);
+                self.insert_slot(state, model, hash, std, media, sink);
                 (model, std, media, true)
             }
         };
@@ -392,6 +392,32 @@ impl Index {
             });
         }
         stats.blocks_stored += 1;
+    }
+
+    /// Adds an engine slot. Int keys hold only the 64 bits, so a hash with the same bits
+    /// and the other sign (found by fuzzing) is displaced: that block is dropped like a
+    /// reused hash, its mapping key included.
+    fn insert_slot(
+        &self,
+        state: &mut SourceState,
+        model: u32,
+        hash: &BlockHash,
+        std: u64,
+        media: MediaSet,
+        sink: &mut impl DeltaSink,
+    ) {
+        let Some((twin, old)) = state.insert(model, hash, std, media) else {
+            return;
+        };
+        self.drop_engine_media(state, model, old.std(), old.media(), true, sink);
+        if sink.wants_mappings() {
+            sink.push(Delta::Mapping {
+                pod: PodId(state.pod),
+                engine: state.engine,
+                engine_hash: twin,
+                std_hash: None,
+            });
+        }
     }
 
     /// Records `added` media (and a new engine copy) on the source's resident of the block;

@@ -415,13 +415,19 @@ impl Fields {
         }
         let len = r.read_map_len()?;
         for _ in 0..len {
+            // A nil value is consumed inside the arm: eating it in a match guard and then
+            // falling through to `skip` would skip the next key and desync the cursor.
             match read_key(r)? {
-                Some(b"cache_salt") if self.options.keep_extras && !r.eat_nil()? => {
-                    self.extras.cache_salt = Some(r.read_value()?);
+                Some(b"cache_salt") if self.options.keep_extras => {
+                    if !r.eat_nil()? {
+                        self.extras.cache_salt = Some(r.read_value()?);
+                    }
                 }
-                Some(b"lora_name") if !r.eat_nil()? => {
-                    if let Ok(name) = read_string(r)? {
-                        self.lora_name = Some(name);
+                Some(b"lora_name") => {
+                    if !r.eat_nil()? {
+                        if let Ok(name) = read_string(r)? {
+                            self.lora_name = Some(name);
+                        }
                     }
                 }
                 _ => r.skip()?,
