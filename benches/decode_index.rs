@@ -12,8 +12,15 @@
 //! - `std_hash/…`: `kvindex::hash::std_hash` over the same blocks' tokens: the floor that
 //!   decode + index is compared with (goal: decode+index ≤ 2 × hashing).
 //!
+//! Times are the benchmark thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time:
+//! the machines this runs on are shared, and CPU time leaves out the time other processes
+//! hold the core (cache interference from them still counts). Everything runs on one thread.
+//!
 //! Run: `cargo bench --bench decode_index` (one core is enough; figures in the README).
 
+use std::time::Duration;
+
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use rmpv::Value as V;
 
@@ -26,6 +33,46 @@ const BLOCKS: usize = 16_384;
 /// Blocks per batch (a scheduler step's worth of events).
 const BLOCKS_PER_BATCH: usize = 32;
 const BLOCK_SIZE: usize = 16;
+
+/// Criterion measurement of the calling thread's CPU time.
+struct ThreadCpu;
+
+fn thread_cpu_now() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux knows.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+impl Measurement for ThreadCpu {
+    type Intermediate = Duration;
+    type Value = Duration;
+
+    fn start(&self) -> Duration {
+        thread_cpu_now()
+    }
+    fn end(&self, start: Duration) -> Duration {
+        thread_cpu_now().saturating_sub(start)
+    }
+    fn add(&self, a: &Duration, b: &Duration) -> Duration {
+        *a + *b
+    }
+    fn zero(&self) -> Duration {
+        Duration::ZERO
+    }
+    fn to_f64(&self, value: &Duration) -> f64 {
+        value.as_nanos() as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        // Nanoseconds either way: wall time's formatter prints them with units.
+        static WALL: WallTime = WallTime;
+        WALL.formatter()
+    }
+}
 
 /// A small deterministic generator (xorshift64*), so every run sees the same stream.
 struct Rng(u64);
@@ -129,7 +176,7 @@ fn fresh_index() -> (Index, kvindex::index::SourceId) {
     (index, source)
 }
 
-fn bench(c: &mut Criterion) {
+fn bench(c: &mut Criterion<ThreadCpu>) {
     let cases = [
         ("array_1blk", Era::Array, 1),
         ("array_8blk", Era::Array, 8),
@@ -219,7 +266,7 @@ fn bench(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default().sample_size(30);
+    config = Criterion::default().with_measurement(ThreadCpu).sample_size(30);
     targets = bench
 }
 criterion_main!(benches);
