@@ -41,7 +41,7 @@ pub async fn dump(
     model: Option<&str>,
     pod: Option<&str>,
 ) -> Result<RedisDump, MirrorError> {
-    let mut conn = connect(url, None).await?;
+    let mut conn = connect(url).await?;
     let failed = |e: redis::RedisError| MirrorError::Command {
         url: redact_url(url),
         reason: e.to_string(),

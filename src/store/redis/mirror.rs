@@ -112,9 +112,6 @@ pub(super) struct Shared {
     pub(super) healthy: AtomicBool,
     pub(super) dirty: AtomicBool,
     pub(super) reconciling: AtomicBool,
-    /// Set by the connection's push channel when the connection dropped: Redis may have
-    /// restarted empty between two writes, so the writer reconciles.
-    pub(super) disconnected: AtomicBool,
     latencies: Mutex<Latencies>,
 }
 
@@ -150,33 +147,24 @@ impl Shared {
 }
 
 /// Opens a managed connection and checks it with a PING, so a bad URL, refused connection
-/// or failed auth is a start-up error. `shared` (when given) learns about disconnects.
+/// or failed auth is a start-up error.
 ///
 /// # Errors
 /// [`MirrorError`] naming the URL without its password.
-pub(super) async fn connect(
-    url: &str,
-    shared: Option<Arc<Shared>>,
-) -> Result<ConnectionManager, MirrorError> {
+pub(super) async fn connect(url: &str) -> Result<ConnectionManager, MirrorError> {
     let shown = redact_url(url);
     let scrub = |e: &redis::RedisError| scrub_password(url, &e.to_string());
     let client = redis::Client::open(url).map_err(|e| MirrorError::BadUrl {
         url: shown.clone(),
         reason: scrub(&e),
     })?;
-    let mut config = ConnectionManagerConfig::new()
+    // No push sender: it needs RESP3, and kthena's Redis may speak only RESP2. A dropped
+    // connection shows up as a failed command instead, which makes the mirror dirty.
+    let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
         .set_response_timeout(Some(RESPONSE_TIMEOUT))
         .set_number_of_retries(1)
         .set_max_delay(MAX_BACKOFF);
-    if let Some(shared) = shared {
-        config = config.set_push_sender(move |info: redis::PushInfo| {
-            if info.kind == redis::PushKind::Disconnection {
-                shared.disconnected.store(true, Ordering::Relaxed);
-            }
-            Ok::<(), std::convert::Infallible>(())
-        });
-    }
     let classify = |e: redis::RedisError| {
         let reason = scrub(&e);
         let text = reason.to_ascii_uppercase();
@@ -374,9 +362,6 @@ impl Writer {
     }
 
     fn absorb(&mut self, deltas: Vec<Delta>) {
-        if !self.dirty && self.shared.disconnected.load(Ordering::Relaxed) {
-            self.go_dirty("the connection dropped");
-        }
         for delta in deltas {
             if !self.config.mapping_keys && matches!(delta, Delta::Mapping { .. }) {
                 continue;
@@ -457,10 +442,6 @@ impl Writer {
         if self.pending.is_empty() {
             return;
         }
-        if self.shared.disconnected.load(Ordering::Relaxed) {
-            self.go_dirty("the connection dropped");
-            return;
-        }
         let batch: Vec<(Key, Op)> = self.pending.drain().collect();
         let mut pipe = redis::pipe();
         for (key, op) in &batch {
@@ -469,9 +450,6 @@ impl Writer {
         if let Err(err) = self.send(&pipe, batch.len()).await {
             self.touched.extend(batch.into_iter().map(|(k, _)| k));
             self.go_dirty(&scrub_password(&self.config.url, &err.to_string()));
-        } else if self.shared.disconnected.load(Ordering::Relaxed) {
-            // The connection dropped around this write: Redis may have lost earlier ones.
-            self.go_dirty("the connection dropped");
         }
     }
 

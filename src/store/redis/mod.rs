@@ -193,7 +193,7 @@ impl MirrorHandle {
         weights: TierWeights,
     ) -> Result<MirrorHandle, MirrorError> {
         let shared = Arc::new(Shared::default());
-        let conn = mirror::connect(&config.url, Some(Arc::clone(&shared))).await?;
+        let conn = mirror::connect(&config.url).await?;
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let url = redact_url(&config.url);
         let writer = mirror::Writer::new(config, index, weights, conn, Arc::clone(&shared));

@@ -23,8 +23,6 @@ impl Writer {
             return;
         }
         self.shared.reconciling.store(true, Ordering::Relaxed);
-        // A disconnect from here on needs another reconcile.
-        self.shared.disconnected.store(false, Ordering::Relaxed);
         let mut stale = std::mem::take(&mut self.touched);
         let (fields, mappings) = self.snapshot(&mut stale);
         let result = self.write_snapshot(&fields, &mappings, &stale).await;
