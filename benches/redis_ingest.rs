@@ -19,7 +19,9 @@ const BLOCKS_PER_ITER: u64 = 20_000;
 const BLOCK_SIZE: u32 = 16;
 
 fn event(first_hash: u64, blocks: u64, salt: u64) -> Event {
-    let block_hashes = (0..blocks).map(|i| BlockHash::Int(first_hash + i)).collect();
+    let block_hashes = (0..blocks)
+        .map(|i| BlockHash::Int(first_hash + i))
+        .collect();
     let token_ids = (0..blocks * u64::from(BLOCK_SIZE))
         .map(|t| (t ^ (first_hash * 31) ^ salt) as u32)
         .collect();
