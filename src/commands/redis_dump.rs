@@ -1,13 +1,27 @@
-//! `kvindex redis-dump`: not built yet (see its issue).
+//! `kvindex redis-dump`: kvindex's Redis keys in a canonical sorted JSON form.
+
+use crate::store::redis::dump;
 
 /// Arguments of `kvindex redis-dump`.
 #[derive(Debug, clap::Args)]
-pub struct RedisDumpArgs {}
+pub struct RedisDumpArgs {
+    /// Redis URL (`redis://[user:pass@]host:port/db` or `rediss://…`).
+    #[arg(long, default_value = "redis://127.0.0.1:6379/0")]
+    pub redis: String,
+    /// Only block keys of this model (and mapping keys pointing at their hashes).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Only this pod's fields and mapping keys (`{pod}.{namespace}`).
+    #[arg(long)]
+    pub pod: Option<String>,
+}
 
 /// Runs the command.
 ///
 /// # Errors
-/// Always, until the command is built.
-pub async fn run(_args: RedisDumpArgs) -> anyhow::Result<()> {
-    anyhow::bail!("this command is not built yet")
+/// When Redis cannot be reached or a command fails.
+pub async fn run(args: RedisDumpArgs) -> anyhow::Result<()> {
+    let dump = dump(&args.redis, args.model.as_deref(), args.pod.as_deref()).await?;
+    println!("{}", serde_json::to_string_pretty(&dump)?);
+    Ok(())
 }

@@ -7,8 +7,13 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::decode::EngineArg;
-use crate::index::{Discard, Index, IndexStats};
+use crate::index::{Delta, Discard, Index, IndexStats};
 use crate::ingest::{fixture, unix_now, IngestStats, OfflineReplay};
+use crate::medium::TierWeights;
+use crate::store::redis::{MirrorHandle, MirrorStats, RedisConfig, ValueFormat};
+
+/// How long the end of a replay waits for Redis to take the last writes.
+const REDIS_DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Arguments of `kvindex replay`.
 #[derive(Debug, clap::Args)]
@@ -31,6 +36,17 @@ pub struct ReplayArgs {
     /// Print the summary as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also mirror into Redis at this URL (`redis://[user:pass@]host:port/db`, `rediss://…`)
+    /// and wait until everything is written.
+    #[arg(long)]
+    pub redis: Option<String>,
+    /// Field value format in Redis: `tiered` (`ts|MEDIUM`) or `timestamp` (bare `ts`, for
+    /// kthena routers that predate tier support).
+    #[arg(long, value_enum, default_value_t = ValueFormat::Tiered)]
+    pub value_format: ValueFormat,
+    /// Do not write the engine-hash mapping keys.
+    #[arg(long)]
+    pub no_mapping_keys: bool,
 }
 
 /// What a replay did, printed at the end.
@@ -44,6 +60,9 @@ pub struct ReplaySummary {
     pub index: IndexStats,
     /// Wall time of the replay.
     pub elapsed_ms: u128,
+    /// Redis mirror figures, when `--redis` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis: Option<MirrorStats>,
 }
 
 impl ReplaySummary {
@@ -128,6 +147,14 @@ impl ReplaySummary {
             "index memory (estimate)".into(),
             format!("{} bytes", self.index.heap_bytes),
         ));
+        if let Some(r) = &self.redis {
+            rows.extend([
+                ("redis commands".into(), r.commands.to_string()),
+                ("redis pipelines".into(), r.pipelines.to_string()),
+                ("redis flush p50".into(), format!("{} us", r.flush_p50_us)),
+                ("redis flush p99".into(), format!("{} us", r.flush_p99_us)),
+            ]);
+        }
         rows.push(("elapsed".into(), format!("{} ms", self.elapsed_ms)));
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         rows.iter()
@@ -172,6 +199,71 @@ pub fn replay_into_index(args: &ReplayArgs) -> anyhow::Result<(Index, ReplaySumm
         ingest: replay.stats().clone(),
         index: index.stats(),
         elapsed_ms: started.elapsed().as_millis(),
+        redis: None,
+    };
+    if let Some(path) = &args.dump {
+        write_dump(&index, path)?;
+    }
+    Ok((index, summary))
+}
+
+/// Replays every file into a fresh index and mirrors it into Redis (`args.redis`), waiting
+/// until the mirror has written everything.
+///
+/// # Errors
+/// When a file cannot be read, the mirror cannot start, or the dump cannot be written.
+pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, ReplaySummary)> {
+    let url = args
+        .redis
+        .clone()
+        .context("replay into Redis needs a --redis URL")?;
+    let started = Instant::now();
+    let engine = args.engine.resolve(&args.files[0]);
+    let index = Index::new();
+    let config = RedisConfig {
+        url,
+        value_format: args.value_format,
+        mapping_keys: !args.no_mapping_keys,
+        ..RedisConfig::default()
+    };
+    let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default()).await?;
+    let sender = mirror.sender();
+    let mut replay = OfflineReplay::new(index.clone(), &args.pod, &args.model, engine);
+    let mut loaded = Vec::with_capacity(args.files.len());
+    for file in &args.files {
+        loaded.push((file, fixture::read_file(file)?));
+    }
+    let total: u64 = loaded.iter().map(|(_, m)| m.len() as u64).sum();
+    let progress = progress_bar(total);
+    for (file, messages) in loaded {
+        replay.start_file(&file.display().to_string());
+        for message in messages {
+            progress.inc(1);
+            match message {
+                Ok(message) => {
+                    let mut deltas: Vec<Delta> = Vec::new();
+                    replay.offer(&message, unix_now(), &mut deltas)?;
+                    sender.send(deltas).await;
+                }
+                Err(err) => {
+                    tracing::warn!(file = %file.display(), "Skipped a bad fixture line: {err}.");
+                    replay.count_bad_line();
+                }
+            }
+        }
+    }
+    progress.finish_and_clear();
+    tokio::time::timeout(REDIS_DRAIN_DEADLINE, mirror.flush())
+        .await
+        .context("Redis did not take the last writes in time")??;
+    let stats = mirror.stats();
+    mirror.shutdown(REDIS_DRAIN_DEADLINE).await;
+    let summary = ReplaySummary {
+        files: args.files.len(),
+        ingest: replay.stats().clone(),
+        index: index.stats(),
+        elapsed_ms: started.elapsed().as_millis(),
+        redis: Some(stats),
     };
     if let Some(path) = &args.dump {
         write_dump(&index, path)?;
@@ -207,7 +299,11 @@ fn progress_bar(total: u64) -> indicatif::ProgressBar {
 /// # Errors
 /// When a file cannot be read or the dump cannot be written.
 pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
-    let (_, summary) = replay_into_index(&args)?;
+    let (_, summary) = if args.redis.is_some() {
+        replay_into_redis(&args).await?
+    } else {
+        replay_into_index(&args)?
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {

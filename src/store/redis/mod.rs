@@ -1,12 +1,43 @@
 //! The Redis mirror of the index in kthena's exact layout (DESIGN.md §6).
 //!
-//! API CONTRACT (skeleton; issue 3 fills in the bodies — the daemon codes against these
-//! signatures, so keep them).
+//! | file | job |
+//! | --- | --- |
+//! | `mod.rs` | the public surface: [`RedisConfig`], [`MirrorHandle`], [`MirrorSender`] |
+//! | `layout.rs` | key and value spellings, byte for byte; URL redaction |
+//! | `mirror.rs` | the writer task: coalescing, one pipeline per flush, outage handling |
+//! | `reconcile.rs` | bringing Redis back in line with the index after an outage |
+//! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
+//! | `tests.rs` | unit tests of layout and coalescing |
+//!
+//! The index is the truth. Deltas flow one way into a bounded queue; the writer coalesces
+//! them per flush (last write of a field or mapping key wins, so writes to one key stay in
+//! order) and sends one pipeline. When Redis fails, the writer keeps draining the queue (ingest
+//! never stops), records which keys it could not write, and on reconnect rewrites everything
+//! the index holds and deletes the recorded keys the index no longer holds. It never SCANs.
+//!
+//! Value format: `tiered` writes `"{ts}|{MEDIUM}"`; kthena routers that predate tier support
+//! parse the value as an integer and keep an unparsable one fresh forever (never garbage
+//! collected), so operators of such routers must choose `timestamp` (bare `"{ts}"`).
 
+mod dump;
+mod layout;
+mod mirror;
+mod reconcile;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
 
 use crate::index::{Delta, Index};
 use crate::medium::TierWeights;
+
+pub use dump::{dump, MappingEntry, RedisDump};
+pub use layout::{block_key, field_value, mapping_key, redact_url, MAPPING_TTL_SECS};
+use mirror::{Msg, Shared};
 
 /// How field values are written.
 #[derive(
@@ -59,16 +90,46 @@ impl Default for RedisConfig {
     }
 }
 
-/// Why the mirror could not start or flush.
+/// Why the mirror could not start or flush. URLs are always shown without their password.
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {
-    /// Placeholder until issue 3 defines the real kinds.
-    #[error("redis mirror for {url}: {what}")]
-    Other {
+    /// The URL does not parse as a Redis URL.
+    #[error("invalid Redis URL {url}: {reason}")]
+    BadUrl {
         /// URL without its password.
         url: String,
-        /// What went wrong.
-        what: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// Redis did not answer (refused, unreachable, timed out, TLS failure).
+    #[error("cannot connect to Redis at {url}: {reason}")]
+    Connect {
+        /// URL without its password.
+        url: String,
+        /// What the connection attempt reported.
+        reason: String,
+    },
+    /// Redis refused the credentials (or wants some and got none).
+    #[error("Redis at {url} refused authentication: {reason}")]
+    Auth {
+        /// URL without its password.
+        url: String,
+        /// What Redis answered.
+        reason: String,
+    },
+    /// The writer task has stopped.
+    #[error("the Redis mirror for {url} has stopped")]
+    Stopped {
+        /// URL without its password.
+        url: String,
+    },
+    /// A Redis command failed (dump, offline tools).
+    #[error("Redis command failed at {url}: {reason}")]
+    Command {
+        /// URL without its password.
+        url: String,
+        /// What Redis answered.
+        reason: String,
     },
 }
 
@@ -89,65 +150,120 @@ pub struct MirrorStats {
     pub dirty: bool,
     /// A reconcile is running.
     pub reconciling: bool,
+    /// Reconciles completed (the start-up one included).
+    pub reconciles: u64,
 }
 
 /// A cloneable handle for ingest tasks to send deltas through.
 #[derive(Debug, Clone)]
 pub struct MirrorSender {
-    _private: (),
+    tx: mpsc::Sender<Msg>,
 }
 
 impl MirrorSender {
     /// Queues one batch of deltas; waits when the queue is full (backpressure).
-    pub async fn send(&self, _deltas: Vec<Delta>) {
-        unimplemented!("issue 3")
+    pub async fn send(&self, deltas: Vec<Delta>) {
+        if deltas.is_empty() {
+            return;
+        }
+        if self.tx.send(Msg::Deltas(deltas)).await.is_err() {
+            tracing::debug!("Dropped deltas: the Redis mirror has stopped.");
+        }
     }
 }
 
 /// The running mirror task.
 #[derive(Debug)]
 pub struct MirrorHandle {
-    _private: (),
+    tx: mpsc::Sender<Msg>,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+    url: String,
 }
 
 impl MirrorHandle {
     /// Connects (failing fast on a bad URL or failed auth) and starts the writer task.
+    /// The writer first reconciles Redis with whatever the index already holds.
     ///
     /// # Errors
     /// [`MirrorError`] naming the URL without its password.
     pub async fn start(
-        _config: RedisConfig,
-        _index: Index,
-        _weights: TierWeights,
+        config: RedisConfig,
+        index: Index,
+        weights: TierWeights,
     ) -> Result<MirrorHandle, MirrorError> {
-        unimplemented!("issue 3")
+        let shared = Arc::new(Shared::default());
+        let conn = mirror::connect(&config.url).await?;
+        let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
+        let url = redact_url(&config.url);
+        let writer = mirror::Writer::new(config, index, weights, conn, Arc::clone(&shared));
+        let task = tokio::spawn(writer.run(rx));
+        Ok(MirrorHandle {
+            tx,
+            shared,
+            task,
+            url,
+        })
     }
 
     /// A sender for ingest tasks.
     pub fn sender(&self) -> MirrorSender {
-        unimplemented!("issue 3")
+        MirrorSender {
+            tx: self.tx.clone(),
+        }
     }
 
-    /// Waits until every delta sent before this call is written to Redis.
+    /// Waits until every delta sent before this call is written to Redis (during an outage:
+    /// until Redis is back and reconciled).
     ///
     /// # Errors
-    /// [`MirrorError`] when the writer task is gone.
+    /// [`MirrorError::Stopped`] when the writer task is gone.
     pub async fn flush(&self) -> Result<(), MirrorError> {
-        unimplemented!("issue 3")
+        let stopped = || MirrorError::Stopped {
+            url: self.url.clone(),
+        };
+        let (done, wait) = oneshot::channel();
+        self.tx
+            .send(Msg::Flush(done))
+            .await
+            .map_err(|_| stopped())?;
+        wait.await.map_err(|_| stopped())
     }
 
     /// Current figures.
     pub fn stats(&self) -> MirrorStats {
-        unimplemented!("issue 3")
+        let s = &self.shared;
+        let (p50, p99) = s.latency_percentiles();
+        MirrorStats {
+            commands: s.commands.load(Ordering::Relaxed),
+            pipelines: s.pipelines.load(Ordering::Relaxed),
+            flush_p50_us: p50,
+            flush_p99_us: p99,
+            queue_depth: self.tx.max_capacity() - self.tx.capacity(),
+            dirty: s.dirty.load(Ordering::Relaxed),
+            reconciling: s.reconciling.load(Ordering::Relaxed),
+            reconciles: s.reconciles.load(Ordering::Relaxed),
+        }
     }
 
     /// Whether Redis answered the last write or ping.
     pub fn is_healthy(&self) -> bool {
-        unimplemented!("issue 3")
+        self.shared.healthy.load(Ordering::Relaxed)
     }
 
     /// Flushes what is queued (bounded by `deadline`) and stops the writer.
-    pub async fn shutdown(self, _deadline: Duration) {
-        unimplemented!("issue 3")
+    pub async fn shutdown(self, deadline: Duration) {
+        let MirrorHandle { tx, task, url, .. } = self;
+        let (done, wait) = oneshot::channel();
+        let drained = async {
+            if tx.send(Msg::Shutdown(done)).await.is_ok() {
+                let _ = wait.await;
+            }
+        };
+        if tokio::time::timeout(deadline, drained).await.is_err() {
+            tracing::warn!(url = %url, deadline_ms = deadline.as_millis() as u64, "Stopped the Redis mirror before it had written everything: the drain deadline passed.");
+        }
+        task.abort();
+        let _ = task.await;
     }
 }

@@ -1,0 +1,111 @@
+//! Ingest into Redis through the mirror, in blocks per second, with 1-block and 8-block
+//! `BlockStored` events (GPU, tiered values, mapping keys on: 2 commands per block).
+//! Each iteration applies 20,000 fresh blocks to the index, sends each event's deltas to the
+//! mirror and waits for the flush, so the figure is end to end (index + coalescing +
+//! pipelines + Redis). Needs a Redis at 127.0.0.1:6379 (db 0; keys use a bench-only pod name).
+//!
+//! Run: `cargo bench --bench redis_ingest` and compare with
+//! `redis-benchmark -P 64 -q -t hset,set -n 1000000`.
+
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kvindex::index::{Delta, Index, SourceSpec};
+use kvindex::medium::{Medium, TierWeights};
+use kvindex::store::redis::{MirrorHandle, RedisConfig};
+use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
+
+const BLOCKS_PER_ITER: u64 = 20_000;
+const BLOCK_SIZE: u32 = 16;
+
+fn event(first_hash: u64, blocks: u64, salt: u64) -> Event {
+    let block_hashes = (0..blocks)
+        .map(|i| BlockHash::Int(first_hash + i))
+        .collect();
+    let token_ids = (0..blocks * u64::from(BLOCK_SIZE))
+        .map(|t| (t ^ (first_hash * 31) ^ salt) as u32)
+        .collect();
+    Event::BlockStored(BlockStored {
+        block_hashes,
+        parent_block_hash: None,
+        token_ids,
+        block_size: Some(BLOCK_SIZE),
+        lora_id: None,
+        medium: Medium::GPU,
+        lora_name: None,
+        group_idx: None,
+        kv_cache_spec_kind: None,
+        kv_cache_spec_sliding_window: None,
+        locality: None,
+        extras: None,
+    })
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let mut group = c.benchmark_group("redis_ingest");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(8));
+    group.throughput(Throughput::Elements(BLOCKS_PER_ITER));
+    for blocks_per_event in [1u64, 8] {
+        let index = Index::new();
+        let source = index
+            .register_source(&SourceSpec {
+                pod: format!("bench-{blocks_per_event}.bench"),
+                model: "bench-model".to_owned(),
+                engine: Engine::Vllm,
+                dp_rank: 0,
+            })
+            .expect("register");
+        let mirror = rt
+            .block_on(MirrorHandle::start(
+                RedisConfig::default(),
+                index.clone(),
+                TierWeights::default(),
+            ))
+            .expect("Redis at 127.0.0.1:6379");
+        let sender = mirror.sender();
+        let mut next_hash = 0u64;
+        group.bench_function(format!("{blocks_per_event}-block events"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    // Pre-build the events so only ingest is timed.
+                    let batches: Vec<EngineBatch> = (0..BLOCKS_PER_ITER / blocks_per_event)
+                        .map(|_| {
+                            let e = event(next_hash, blocks_per_event, blocks_per_event);
+                            next_hash += blocks_per_event;
+                            EngineBatch {
+                                ts: 0.0,
+                                dp_rank: None,
+                                events: vec![e],
+                                skipped: Vec::new(),
+                            }
+                        })
+                        .collect();
+                    let started = Instant::now();
+                    rt.block_on(async {
+                        for batch in &batches {
+                            let mut deltas: Vec<Delta> = Vec::new();
+                            let _ = index.apply(source, batch, 1_700_000_000, &mut deltas);
+                            sender.send(deltas).await;
+                        }
+                        mirror.flush().await.expect("flush");
+                    });
+                    total += started.elapsed();
+                }
+                total
+            });
+        });
+        let stats = mirror.stats();
+        println!(
+            "{blocks_per_event}-block events: {} commands in {} pipelines, flush p50 {} us p99 {} us",
+            stats.commands, stats.pipelines, stats.flush_p50_us, stats.flush_p99_us
+        );
+        rt.block_on(mirror.shutdown(Duration::from_secs(30)));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

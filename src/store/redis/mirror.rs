@@ -1,0 +1,492 @@
+//! The writer task: coalesces deltas per flush, one pipeline per flush, and outage handling
+//! (dirty mode, capped backoff, reconcile on reconnect).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::layout::{block_key, field_value, mapping_key, redact_url, MAPPING_TTL_SECS};
+use super::{MirrorError, RedisConfig};
+use crate::index::{Delta, FieldValue, Index, ModelId, PodId};
+use crate::medium::TierWeights;
+use crate::wire::{BlockHash, Engine};
+
+/// First retry after a failure; doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+/// Retry interval cap while Redis stays down.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// A command that takes longer than this counts as a failed write.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A connection attempt that takes longer than this counts as Redis being down.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Flush latencies kept for the percentiles.
+const LATENCY_SAMPLES: usize = 4096;
+
+/// What ingest and the handle send to the writer, in one ordered queue.
+#[derive(Debug)]
+pub(super) enum Msg {
+    /// Deltas of one applied message.
+    Deltas(Vec<Delta>),
+    /// Answer once everything queued before is in Redis.
+    Flush(oneshot::Sender<()>),
+    /// Write what is queued, answer, and stop.
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// One Redis field or key the mirror writes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum Key {
+    /// Field `pod` of block key `(model, std)`.
+    Field {
+        /// Model.
+        model: ModelId,
+        /// Standardized hash.
+        std: u64,
+        /// Pod.
+        pod: PodId,
+    },
+    /// Mapping key of `pod`'s engine hash.
+    Mapping {
+        /// Pod.
+        pod: PodId,
+        /// Engine (key prefix).
+        engine: Engine,
+        /// Engine hash.
+        hash: BlockHash,
+    },
+}
+
+/// The latest wanted state of a [`Key`] within one flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    /// HSET with this value, or HDEL when `None`.
+    Field(Option<FieldValue>),
+    /// SET … EX with this std hash, or DEL when `None`.
+    Mapping(Option<u64>),
+}
+
+/// Splits a delta into its key and wanted state.
+pub(super) fn key_op(delta: Delta) -> (Key, Op) {
+    match delta {
+        Delta::Field {
+            model,
+            std_hash,
+            pod,
+            value,
+        } => (
+            Key::Field {
+                model,
+                std: std_hash,
+                pod,
+            },
+            Op::Field(value),
+        ),
+        Delta::Mapping {
+            pod,
+            engine,
+            engine_hash,
+            std_hash,
+        } => (
+            Key::Mapping {
+                pod,
+                engine,
+                hash: engine_hash,
+            },
+            Op::Mapping(std_hash),
+        ),
+    }
+}
+
+/// State shared between the writer and the handle.
+#[derive(Debug, Default)]
+pub(super) struct Shared {
+    pub(super) commands: AtomicU64,
+    pub(super) pipelines: AtomicU64,
+    pub(super) reconciles: AtomicU64,
+    pub(super) healthy: AtomicBool,
+    pub(super) dirty: AtomicBool,
+    pub(super) reconciling: AtomicBool,
+    latencies: Mutex<Latencies>,
+}
+
+#[derive(Debug, Default)]
+struct Latencies {
+    ring: Vec<u32>,
+    next: usize,
+}
+
+impl Shared {
+    fn record_latency(&self, took: Duration) {
+        let us = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
+        let mut l = self.latencies.lock();
+        if l.ring.len() < LATENCY_SAMPLES {
+            l.ring.push(us);
+        } else {
+            let i = l.next;
+            l.ring[i] = us;
+        }
+        l.next = (l.next + 1) % LATENCY_SAMPLES;
+    }
+
+    /// p50 and p99 of the recent flush latencies, microseconds.
+    pub(super) fn latency_percentiles(&self) -> (u64, u64) {
+        let mut v = self.latencies.lock().ring.clone();
+        if v.is_empty() {
+            return (0, 0);
+        }
+        v.sort_unstable();
+        let at = |q: f64| u64::from(v[((v.len() - 1) as f64 * q).round() as usize]);
+        (at(0.50), at(0.99))
+    }
+}
+
+/// Opens a managed connection and checks it with a PING, so a bad URL, refused connection
+/// or failed auth is a start-up error.
+///
+/// # Errors
+/// [`MirrorError`] naming the URL without its password.
+pub(super) async fn connect(url: &str) -> Result<ConnectionManager, MirrorError> {
+    let shown = redact_url(url);
+    let scrub = |e: &redis::RedisError| scrub_password(url, &e.to_string());
+    let client = redis::Client::open(url).map_err(|e| MirrorError::BadUrl {
+        url: shown.clone(),
+        reason: scrub(&e),
+    })?;
+    // No push sender: it needs RESP3, and kthena's Redis may speak only RESP2. A dropped
+    // connection shows up as a failed command instead, which makes the mirror dirty.
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_number_of_retries(1)
+        .set_max_delay(MAX_BACKOFF);
+    let classify = |e: redis::RedisError| {
+        let reason = scrub(&e);
+        let text = reason.to_ascii_uppercase();
+        if e.kind() == redis::ErrorKind::AuthenticationFailed
+            || text.contains("WRONGPASS")
+            || text.contains("NOAUTH")
+            || text.contains("INVALID PASSWORD")
+            || text.contains("INVALID USERNAME")
+        {
+            MirrorError::Auth {
+                url: shown.clone(),
+                reason,
+            }
+        } else {
+            MirrorError::Connect {
+                url: shown.clone(),
+                reason,
+            }
+        }
+    };
+    let mut conn = ConnectionManager::new_with_config(client, config)
+        .await
+        .map_err(classify)?;
+    redis::cmd("PING")
+        .query_async::<()>(&mut conn)
+        .await
+        .map_err(classify)?;
+    Ok(conn)
+}
+
+/// Removes the URL's password from a driver message, in case the driver echoes it.
+fn scrub_password(url: &str, message: &str) -> String {
+    let redacted = redact_url(url);
+    // The password is whatever redaction replaced; find it by comparing the two forms.
+    let prefix = url
+        .bytes()
+        .zip(redacted.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let suffix = url
+        .bytes()
+        .rev()
+        .zip(redacted.bytes().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    if prefix + suffix >= url.len() {
+        return message.to_owned();
+    }
+    let secret = &url[prefix..url.len() - suffix];
+    message.replace(secret, "***")
+}
+
+/// The writer task's state.
+pub(super) struct Writer {
+    config: RedisConfig,
+    index: Index,
+    weights: TierWeights,
+    pub(super) conn: ConnectionManager,
+    pub(super) shared: Arc<Shared>,
+    /// Wanted state per key since the last flush (coalescing).
+    pending: HashMap<Key, Op>,
+    /// Keys whose last write may not have reached Redis (failed pipeline or dropped while
+    /// dirty): the record the reconcile checks for fields that must be deleted.
+    pub(super) touched: HashSet<Key>,
+    dirty: bool,
+    backoff: Duration,
+    retry_at: Instant,
+    flush_at: Instant,
+    waiters: Vec<oneshot::Sender<()>>,
+    names: Names,
+}
+
+/// Caches of interned names (they never change once interned).
+#[derive(Default)]
+pub(super) struct Names {
+    models: Vec<Option<Arc<str>>>,
+    pods: Vec<Option<Arc<str>>>,
+}
+
+impl Names {
+    pub(super) fn model(&mut self, index: &Index, id: ModelId) -> Arc<str> {
+        cached(&mut self.models, id.0, || index.model_name(id))
+    }
+    pub(super) fn pod(&mut self, index: &Index, id: PodId) -> Arc<str> {
+        cached(&mut self.pods, id.0, || index.pod_name(id))
+    }
+}
+
+fn cached(cache: &mut Vec<Option<Arc<str>>>, id: u32, load: impl FnOnce() -> Arc<str>) -> Arc<str> {
+    let i = id as usize;
+    if cache.len() <= i {
+        cache.resize(i + 1, None);
+    }
+    cache[i].get_or_insert_with(load).clone()
+}
+
+impl Writer {
+    /// A writer that starts dirty, so its first act is a reconcile with the index.
+    pub(super) fn new(
+        config: RedisConfig,
+        index: Index,
+        weights: TierWeights,
+        conn: ConnectionManager,
+        shared: Arc<Shared>,
+    ) -> Writer {
+        shared.healthy.store(true, Ordering::Relaxed);
+        shared.dirty.store(true, Ordering::Relaxed);
+        let now = Instant::now();
+        Writer {
+            config,
+            index,
+            weights,
+            conn,
+            shared,
+            pending: HashMap::new(),
+            touched: HashSet::new(),
+            dirty: true,
+            backoff: MIN_BACKOFF,
+            retry_at: now,
+            flush_at: now,
+            waiters: Vec::new(),
+            names: Names::default(),
+        }
+    }
+
+    pub(super) fn index(&self) -> &Index {
+        &self.index
+    }
+
+    pub(super) fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// The task body: runs until shutdown or until every sender is gone.
+    pub(super) async fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+        loop {
+            let wake = if self.dirty {
+                Some(self.retry_at)
+            } else if self.pending.is_empty() {
+                None
+            } else {
+                Some(self.flush_at)
+            };
+            tokio::select! {
+                biased;
+                () = sleep_until(wake) => {
+                    if self.dirty {
+                        self.try_reconcile().await;
+                    } else {
+                        self.flush_now().await;
+                    }
+                }
+                msg = rx.recv() => match msg {
+                    Some(Msg::Deltas(deltas)) => {
+                        self.absorb(deltas);
+                        if !self.dirty && self.pending.len() >= self.config.flush_max_commands {
+                            self.flush_now().await;
+                        }
+                    }
+                    Some(Msg::Flush(done)) => {
+                        self.waiters.push(done);
+                        if !self.dirty {
+                            self.flush_now().await;
+                        }
+                        self.answer_waiters();
+                    }
+                    Some(Msg::Shutdown(done)) => {
+                        self.waiters.push(done);
+                        self.drain_before_exit().await;
+                        return;
+                    }
+                    None => {
+                        self.drain_before_exit().await;
+                        return;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Writes what is pending, retrying through an outage (the caller bounds the wait).
+    async fn drain_before_exit(&mut self) {
+        loop {
+            if self.dirty {
+                tokio::time::sleep_until(self.retry_at).await;
+                self.try_reconcile().await;
+            } else {
+                self.flush_now().await;
+                if !self.dirty {
+                    break;
+                }
+            }
+        }
+        self.answer_waiters();
+    }
+
+    fn absorb(&mut self, deltas: Vec<Delta>) {
+        for delta in deltas {
+            if !self.config.mapping_keys && matches!(delta, Delta::Mapping { .. }) {
+                continue;
+            }
+            let (key, op) = key_op(delta);
+            if self.dirty {
+                // Not written now: the reconcile writes the index's state of this key.
+                self.touched.insert(key);
+            } else {
+                if self.pending.is_empty() {
+                    self.flush_at = Instant::now() + self.config.flush_interval;
+                }
+                self.pending.insert(key, op);
+            }
+        }
+    }
+
+    fn answer_waiters(&mut self) {
+        if !self.dirty && self.pending.is_empty() {
+            for done in self.waiters.drain(..) {
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// Appends the command for `(key, op)` to `pipe`.
+    pub(super) fn push_command(&mut self, pipe: &mut redis::Pipeline, key: &Key, op: Op) {
+        match (key, op) {
+            (Key::Field { model, std, pod }, Op::Field(value)) => {
+                let bk = block_key(&self.names.model(&self.index, *model), *std);
+                let field = self.names.pod(&self.index, *pod);
+                match value {
+                    Some(v) => {
+                        let v = field_value(v, self.config.value_format, &self.weights);
+                        pipe.hset(bk, &*field, v).ignore();
+                    }
+                    None => {
+                        pipe.hdel(bk, &*field).ignore();
+                    }
+                }
+            }
+            (Key::Mapping { pod, engine, hash }, Op::Mapping(std)) => {
+                let mk = mapping_key(*engine, &self.names.pod(&self.index, *pod), hash);
+                match std {
+                    Some(std) => {
+                        pipe.set_ex(mk, std.to_string(), MAPPING_TTL_SECS).ignore();
+                    }
+                    None => {
+                        pipe.del(mk).ignore();
+                    }
+                }
+            }
+            // A key and an op of different kinds are never built together.
+            _ => {}
+        }
+    }
+
+    /// Sends one pipeline; records figures and health.
+    pub(super) async fn send(
+        &mut self,
+        pipe: &redis::Pipeline,
+        commands: usize,
+    ) -> Result<(), redis::RedisError> {
+        let started = std::time::Instant::now();
+        let result = pipe.query_async::<()>(&mut self.conn).await;
+        if result.is_ok() {
+            self.shared.record_latency(started.elapsed());
+            self.shared.pipelines.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .commands
+                .fetch_add(commands as u64, Ordering::Relaxed);
+            self.shared.healthy.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn flush_now(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let batch: Vec<(Key, Op)> = self.pending.drain().collect();
+        let mut pipe = redis::pipe();
+        for (key, op) in &batch {
+            self.push_command(&mut pipe, key, *op);
+        }
+        if let Err(err) = self.send(&pipe, batch.len()).await {
+            self.touched.extend(batch.into_iter().map(|(k, _)| k));
+            self.go_dirty(&scrub_password(&self.config.url, &err.to_string()));
+        }
+    }
+
+    /// Stops writing until a reconcile succeeds; pending keys join the record.
+    pub(super) fn go_dirty(&mut self, reason: &str) {
+        if self.dirty {
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        } else {
+            tracing::warn!(
+                url = %redact_url(&self.config.url),
+                reason,
+                "Redis writes failed; the mirror pauses and will reconcile from the index once Redis answers."
+            );
+            self.backoff = MIN_BACKOFF;
+        }
+        self.dirty = true;
+        self.shared.dirty.store(true, Ordering::Relaxed);
+        self.shared.healthy.store(false, Ordering::Relaxed);
+        let keys: Vec<Key> = self.pending.drain().map(|(k, _)| k).collect();
+        self.touched.extend(keys);
+        self.retry_at = Instant::now() + self.backoff;
+    }
+
+    /// Marks the mirror clean after a reconcile.
+    pub(super) fn go_clean(&mut self) {
+        self.dirty = false;
+        self.backoff = MIN_BACKOFF;
+        self.shared.dirty.store(false, Ordering::Relaxed);
+        self.shared.healthy.store(true, Ordering::Relaxed);
+        self.shared.reconciles.fetch_add(1, Ordering::Relaxed);
+        self.answer_waiters();
+    }
+}
+
+async fn sleep_until(wake: Option<Instant>) {
+    match wake {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

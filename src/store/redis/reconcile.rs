@@ -1,0 +1,137 @@
+//! Bringing Redis back in line with the index after an outage (or at start-up): every field
+//! and mapping key the index holds is written, and every recorded key whose last write may
+//! not have landed and that the index no longer holds is deleted. Only kvindex's own keys
+//! are touched; nothing is SCANned.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use super::layout::redact_url;
+use super::mirror::{Key, Op, Writer};
+use crate::index::{FieldValue, ModelId, PodId};
+use crate::wire::{BlockHash, Engine};
+
+/// Commands per pipeline during a reconcile (bounded memory and response size).
+const RECONCILE_CHUNK: usize = 10_000;
+
+impl Writer {
+    /// One reconcile attempt; on failure the writer stays dirty and retries after backoff.
+    pub(super) async fn try_reconcile(&mut self) {
+        // Redis must answer before the index is walked (the walk is the expensive part).
+        if let Err(err) = redis::cmd("PING").query_async::<()>(&mut self.conn).await {
+            self.go_dirty(&err.to_string());
+            return;
+        }
+        self.shared.reconciling.store(true, Ordering::Relaxed);
+        let mut stale = std::mem::take(&mut self.touched);
+        let (fields, mappings) = self.snapshot(&mut stale);
+        let result = self.write_snapshot(&fields, &mappings, &stale).await;
+        self.shared.reconciling.store(false, Ordering::Relaxed);
+        match result {
+            Ok(()) => {
+                tracing::info!(
+                    url = %redact_url(&self.config().url),
+                    fields = fields.len(),
+                    mappings = mappings.len(),
+                    deleted = stale.len(),
+                    "Reconciled the Redis mirror with the index."
+                );
+                self.go_clean();
+            }
+            Err(err) => {
+                // Whatever was not confirmed is recorded again.
+                self.touched.extend(stale);
+                self.go_dirty(&err.to_string());
+            }
+        }
+    }
+
+    /// The index's fields and mappings; removes from `stale` every key the index holds.
+    #[allow(clippy::type_complexity)]
+    fn snapshot(
+        &self,
+        stale: &mut HashSet<Key>,
+    ) -> (
+        Vec<(ModelId, u64, PodId, FieldValue)>,
+        Vec<(PodId, Engine, BlockHash, u64)>,
+    ) {
+        let mut fields = Vec::new();
+        self.index().for_each_field(|model, std, pod, value| {
+            fields.push((model, std, pod, value));
+        });
+        let mut mappings = Vec::new();
+        if self.config().mapping_keys {
+            self.index().for_each_mapping(|pod, engine, hash, std| {
+                mappings.push((pod, engine, hash, std));
+            });
+        }
+        if !stale.is_empty() {
+            for &(model, std, pod, _) in &fields {
+                stale.remove(&Key::Field { model, std, pod });
+            }
+            for (pod, engine, hash, _) in &mappings {
+                stale.remove(&Key::Mapping {
+                    pod: *pod,
+                    engine: *engine,
+                    hash: hash.clone(),
+                });
+            }
+        }
+        (fields, mappings)
+    }
+
+    async fn write_snapshot(
+        &mut self,
+        fields: &[(ModelId, u64, PodId, FieldValue)],
+        mappings: &[(PodId, Engine, BlockHash, u64)],
+        stale: &HashSet<Key>,
+    ) -> Result<(), redis::RedisError> {
+        let mut ops: Vec<(Key, Op)> = Vec::with_capacity(RECONCILE_CHUNK);
+        let mut pipe = redis::pipe();
+        let stale_ops = stale.iter().map(|k| {
+            let op = match k {
+                Key::Field { .. } => Op::Field(None),
+                Key::Mapping { .. } => Op::Mapping(None),
+            };
+            (k.clone(), op)
+        });
+        let field_ops = fields.iter().map(|&(model, std, pod, value)| {
+            (Key::Field { model, std, pod }, Op::Field(Some(value)))
+        });
+        let mapping_ops = mappings.iter().map(|(pod, engine, hash, std)| {
+            (
+                Key::Mapping {
+                    pod: *pod,
+                    engine: *engine,
+                    hash: hash.clone(),
+                },
+                Op::Mapping(Some(*std)),
+            )
+        });
+        // Deletes first: a key both stale and wanted cannot happen (stale excludes wanted).
+        for (key, op) in stale_ops.chain(field_ops).chain(mapping_ops) {
+            ops.push((key, op));
+            if ops.len() == RECONCILE_CHUNK {
+                self.send_chunk(&mut pipe, &mut ops).await?;
+            }
+        }
+        if !ops.is_empty() {
+            self.send_chunk(&mut pipe, &mut ops).await?;
+        }
+        Ok(())
+    }
+
+    async fn send_chunk(
+        &mut self,
+        pipe: &mut redis::Pipeline,
+        ops: &mut Vec<(Key, Op)>,
+    ) -> Result<(), redis::RedisError> {
+        pipe.clear();
+        for (key, op) in ops.iter() {
+            self.push_command(pipe, key, *op);
+        }
+        let n = ops.len();
+        ops.clear();
+        self.send(pipe, n).await
+    }
+}

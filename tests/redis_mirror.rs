@@ -1,0 +1,563 @@
+//! The Redis mirror against a real Redis: kthena's layout byte for byte, multi-tier values,
+//! fixture streams leaving exactly the index's residency, outages, and start-up errors.
+//! Tests share 127.0.0.1:6379 and isolate themselves by unique pod and model names; the
+//! outage and auth tests run their own `redis-server` on a free port.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kvindex::index::{Delta, Index, SourceId, SourceSpec};
+use kvindex::ingest::{fixture, unix_now, OfflineReplay};
+use kvindex::medium::{Medium, TierWeights};
+use kvindex::store::redis::{
+    block_key, dump, field_value, mapping_key, MirrorError, MirrorHandle, RedisConfig, RedisDump,
+    ValueFormat,
+};
+use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
+
+const REDIS: &str = "redis://127.0.0.1:6379/0";
+/// Upper bound for anything that waits on Redis in these tests.
+const WAIT: Duration = Duration::from_secs(30);
+
+fn unique(name: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{name}-{}-{}-{}",
+        std::process::id(),
+        unix_now(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn config(url: &str, format: ValueFormat) -> RedisConfig {
+    RedisConfig {
+        url: url.to_owned(),
+        value_format: format,
+        ..RedisConfig::default()
+    }
+}
+
+/// What Redis should hold for `pod` given the index: fields and mapping values.
+fn expected_of(index: &Index, pod: &str, format: ValueFormat) -> RedisDump {
+    let weights = TierWeights::default();
+    let mut want = RedisDump::default();
+    index.for_each_field(|model, std, p, value| {
+        if &*index.pod_name(p) == pod {
+            want.blocks
+                .entry(block_key(&index.model_name(model), std))
+                .or_default()
+                .insert(pod.to_owned(), field_value(value, format, &weights));
+        }
+    });
+    index.for_each_mapping(|p, engine, hash, std| {
+        if &*index.pod_name(p) == pod {
+            want.mappings.insert(
+                mapping_key(engine, pod, &hash),
+                kvindex::store::redis::MappingEntry {
+                    value: std.to_string(),
+                    ttl: 86_400,
+                },
+            );
+        }
+    });
+    want
+}
+
+/// Checks TTLs are ≈ 24 h and then normalises them, so dumps compare by value.
+fn normalise_ttls(dump: &mut RedisDump) {
+    for (key, m) in dump.mappings.iter_mut() {
+        assert!(
+            (86_000..=86_400).contains(&m.ttl),
+            "{key}: TTL {} is not about 24 h",
+            m.ttl
+        );
+        m.ttl = 86_400;
+    }
+}
+
+fn assert_plausible_values(dump: &RedisDump) {
+    let now = unix_now();
+    for (key, fields) in &dump.blocks {
+        for (field, value) in fields {
+            let ts: u32 = value
+                .split('|')
+                .next()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("{key} {field}: value {value:?} has no timestamp"));
+            assert!(
+                ts <= now && now - ts < 120,
+                "{key} {field}: implausible ts {ts}"
+            );
+        }
+    }
+}
+
+async fn redis_state(url: &str, pod: &str) -> RedisDump {
+    let mut d = dump(url, None, Some(pod)).await.unwrap();
+    normalise_ttls(&mut d);
+    d
+}
+
+async fn replay_stream(stream: &str, pod: &str, model: &str) -> Index {
+    let engine = if stream.starts_with("sglang") {
+        Engine::Sglang
+    } else {
+        Engine::Vllm
+    };
+    let index = Index::new();
+    let mirror = MirrorHandle::start(
+        config(REDIS, ValueFormat::Tiered),
+        index.clone(),
+        TierWeights::default(),
+    )
+    .await
+    .unwrap();
+    let sender = mirror.sender();
+    let mut replay = OfflineReplay::new(index.clone(), pod, model, engine);
+    replay.start_file(stream);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/{stream}.jsonl"));
+    for m in fixture::read_file(&path).unwrap() {
+        let mut deltas: Vec<Delta> = Vec::new();
+        replay.offer(&m.unwrap(), unix_now(), &mut deltas).unwrap();
+        sender.send(deltas).await;
+    }
+    tokio::time::timeout(WAIT, mirror.flush())
+        .await
+        .unwrap()
+        .unwrap();
+    mirror.shutdown(WAIT).await;
+    index
+}
+
+#[tokio::test]
+async fn every_fixture_stream_leaves_exactly_the_index_residency_in_redis() {
+    for stream in [
+        "sglang-s02-0.5.8.post1",
+        "sglang-s06-0.5.21",
+        "vllm-e01-0.9.0",
+        "vllm-e03-0.13.0-bytes",
+        "vllm-e03-0.13.0-int",
+        "vllm-e08-0.25.1-int",
+        "vllm-e13-0.33.0-bytes",
+    ] {
+        let pod = format!("{}.ns", unique("fx"));
+        let model = unique("fx-model");
+        let index = replay_stream(stream, &pod, &model).await;
+        let got = redis_state(REDIS, &pod).await;
+        assert_plausible_values(&got);
+        assert_eq!(
+            got,
+            expected_of(&index, &pod, ValueFormat::Tiered),
+            "{stream}"
+        );
+        assert!(!got.blocks.is_empty(), "{stream}: nothing resident");
+    }
+}
+
+#[tokio::test]
+async fn sglang_0_5_21_stream_ends_with_the_four_gpu_blocks_of_its_scenario() {
+    // The scenario ends with A B C (rank 0, stored again after the clear) and X (rank 1), all
+    // on GPU; SGLang sends one block per event, so each has one mapping key per engine hash.
+    let pod = format!("{}.ns", unique("sg"));
+    let model = unique("sg-model");
+    let index = replay_stream("sglang-s06-0.5.21", &pod, &model).await;
+    let got = redis_state(REDIS, &pod).await;
+    assert_eq!(got.blocks.len(), 4, "{got:#?}");
+    for (key, fields) in &got.blocks {
+        assert!(
+            key.starts_with(&format!("matrix:kv:block:{model}@")),
+            "{key}"
+        );
+        let value = &fields[&pod];
+        assert!(value.ends_with("|GPU"), "{key}: {value}");
+    }
+    assert_eq!(got.mappings.len(), 4, "{:#?}", got.mappings);
+    for (key, m) in &got.mappings {
+        assert!(key.starts_with(&format!("sglang:kv:block:{pod}@")), "{key}");
+        assert!(
+            got.blocks
+                .contains_key(&format!("matrix:kv:block:{model}@{}", m.value)),
+            "{key} maps to {} which is not a block key",
+            m.value
+        );
+    }
+    assert_eq!(index.stats().entries, 4);
+}
+
+fn stored(hash: u64, tokens: Vec<u32>, medium: Medium) -> Event {
+    Event::BlockStored(BlockStored {
+        block_hashes: vec![BlockHash::Int(hash)],
+        parent_block_hash: None,
+        token_ids: tokens,
+        block_size: Some(4),
+        lora_id: None,
+        medium,
+        lora_name: None,
+        group_idx: None,
+        kv_cache_spec_kind: None,
+        kv_cache_spec_sliding_window: None,
+        locality: None,
+        extras: None,
+    })
+}
+
+fn removed(hash: u64, medium: Medium) -> Event {
+    Event::BlockRemoved(BlockRemoved {
+        block_hashes: vec![BlockHash::Int(hash)],
+        medium,
+        group_idx: None,
+        locality: None,
+        ownership: None,
+    })
+}
+
+fn batch(events: Vec<Event>) -> EngineBatch {
+    EngineBatch {
+        ts: 0.0,
+        dp_rank: None,
+        events,
+        skipped: Vec::new(),
+    }
+}
+
+struct Rig {
+    index: Index,
+    source: SourceId,
+    mirror: MirrorHandle,
+    pod: String,
+    model: String,
+}
+
+impl Rig {
+    async fn new(url: &str, format: ValueFormat) -> Rig {
+        let index = Index::new();
+        let pod = format!("{}.ns", unique("pod"));
+        let model = unique("model");
+        let source = index
+            .register_source(&SourceSpec {
+                pod: pod.clone(),
+                model: model.clone(),
+                engine: Engine::Vllm,
+                dp_rank: 0,
+            })
+            .unwrap();
+        let mirror =
+            MirrorHandle::start(config(url, format), index.clone(), TierWeights::default())
+                .await
+                .unwrap();
+        Rig {
+            index,
+            source,
+            mirror,
+            pod,
+            model,
+        }
+    }
+
+    async fn apply(&self, events: Vec<Event>) {
+        let mut deltas: Vec<Delta> = Vec::new();
+        self.index
+            .apply(self.source, &batch(events), unix_now(), &mut deltas)
+            .unwrap();
+        self.mirror.sender().send(deltas).await;
+    }
+
+    async fn flush(&self) {
+        tokio::time::timeout(WAIT, self.mirror.flush())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    fn key(&self, tokens: &[u32]) -> String {
+        block_key(&self.model, kvindex::hash::std_hash(tokens))
+    }
+}
+
+fn hget(url: &str, key: &str, field: &str) -> Option<String> {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    redis::cmd("HGET")
+        .arg(key)
+        .arg(field)
+        .query(&mut conn)
+        .unwrap()
+}
+
+fn get_with_ttl(url: &str, key: &str) -> (Option<String>, i64) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let v: Option<String> = redis::cmd("GET").arg(key).query(&mut conn).unwrap();
+    let ttl: i64 = redis::cmd("TTL").arg(key).query(&mut conn).unwrap();
+    (v, ttl)
+}
+
+#[tokio::test]
+async fn kthena_reads_bare_timestamps_or_tiered_values_and_mapping_keys() {
+    for format in [ValueFormat::Timestamp, ValueFormat::Tiered] {
+        let rig = Rig::new(REDIS, format).await;
+        let before = unix_now();
+        let mut keys = Vec::new();
+        for i in 0..5u32 {
+            let tokens = vec![i, i + 1, i + 2, i + 3];
+            rig.apply(vec![stored(
+                1000 + u64::from(i),
+                tokens.clone(),
+                Medium::GPU,
+            )])
+            .await;
+            keys.push((1000 + u64::from(i), tokens));
+        }
+        rig.flush().await;
+        let after = unix_now();
+        for (hash, tokens) in &keys {
+            let value = hget(REDIS, &rig.key(tokens), &rig.pod).unwrap();
+            let (ts, rest) = match value.split_once('|') {
+                Some((ts, m)) => (ts, Some(m)),
+                None => (value.as_str(), None),
+            };
+            let ts: u32 = ts.parse().unwrap();
+            assert!((before..=after).contains(&ts), "{value}");
+            match format {
+                ValueFormat::Timestamp => assert_eq!(rest, None, "{value}"),
+                ValueFormat::Tiered => assert_eq!(rest, Some("GPU"), "{value}"),
+            }
+            let (v, ttl) = get_with_ttl(REDIS, &format!("vllm:kv:block:{}@{hash}", rig.pod));
+            assert_eq!(v, Some(kvindex::hash::std_hash(tokens).to_string()));
+            assert!((86_000..=86_400).contains(&ttl), "TTL {ttl}");
+        }
+        rig.mirror.shutdown(WAIT).await;
+    }
+}
+
+#[tokio::test]
+async fn a_block_moving_between_tiers_keeps_its_field_until_no_tier_holds_it() {
+    let rig = Rig::new(REDIS, ValueFormat::Tiered).await;
+    let cpu = Medium::intern("CPU");
+    let tokens = vec![9, 8, 7, 6];
+    let key = rig.key(&tokens);
+    rig.apply(vec![stored(77, tokens.clone(), Medium::GPU)])
+        .await;
+    // The CPU copy of the same engine block (tokenless, as vLLM's offload sends it).
+    rig.apply(vec![stored(77, Vec::new(), cpu)]).await;
+    rig.flush().await;
+    assert!(hget(REDIS, &key, &rig.pod).unwrap().ends_with("|GPU"));
+    rig.apply(vec![removed(77, Medium::GPU)]).await;
+    rig.flush().await;
+    assert!(hget(REDIS, &key, &rig.pod).unwrap().ends_with("|CPU"));
+    rig.apply(vec![removed(77, cpu)]).await;
+    rig.flush().await;
+    assert_eq!(hget(REDIS, &key, &rig.pod), None);
+    let mapping = format!("vllm:kv:block:{}@77", rig.pod);
+    assert_eq!(get_with_ttl(REDIS, &mapping).0, None);
+    rig.mirror.shutdown(WAIT).await;
+}
+
+#[tokio::test]
+async fn a_store_then_remove_inside_one_flush_leaves_nothing_and_stores_survive() {
+    let rig = Rig::new(REDIS, ValueFormat::Tiered).await;
+    let (a, b) = (vec![1, 1, 1, 1], vec![2, 2, 2, 2]);
+    rig.apply(vec![stored(1, a.clone(), Medium::GPU)]).await;
+    rig.apply(vec![stored(2, b.clone(), Medium::GPU)]).await;
+    rig.apply(vec![removed(1, Medium::NONE)]).await;
+    rig.flush().await;
+    assert_eq!(hget(REDIS, &rig.key(&a), &rig.pod), None);
+    assert!(hget(REDIS, &rig.key(&b), &rig.pod).is_some());
+    assert_eq!(
+        redis_state(REDIS, &rig.pod).await,
+        expected_of(&rig.index, &rig.pod, ValueFormat::Tiered)
+    );
+    rig.mirror.shutdown(WAIT).await;
+}
+
+/// A `redis-server` child on a free port, without persistence; killed on drop.
+struct OwnRedis {
+    child: Child,
+    port: u16,
+}
+
+impl OwnRedis {
+    fn start(port: Option<u16>, extra: &[&str]) -> OwnRedis {
+        let port = port.unwrap_or_else(|| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        });
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed");
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(started.elapsed() < WAIT, "redis-server did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        OwnRedis { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[tokio::test]
+async fn an_outage_loses_nothing_and_leaves_no_stale_field() {
+    let mut server = OwnRedis::start(None, &[]);
+    let url = server.url();
+    let rig = Rig::new(&url, ValueFormat::Tiered).await;
+    let tokens = |i: u32| vec![i, i * 3, i * 5, 7];
+    for i in 0..200u32 {
+        rig.apply(vec![stored(u64::from(i), tokens(i), Medium::GPU)])
+            .await;
+    }
+    rig.flush().await;
+    assert_eq!(
+        redis_state(&url, &rig.pod).await,
+        expected_of(&rig.index, &rig.pod, ValueFormat::Tiered)
+    );
+
+    server.kill();
+    // Ingest goes on: new blocks, and removes of blocks Redis had (must not come back).
+    for i in 200..400u32 {
+        rig.apply(vec![stored(u64::from(i), tokens(i), Medium::GPU)])
+            .await;
+    }
+    for i in (0..200u32).step_by(2) {
+        rig.apply(vec![removed(u64::from(i), Medium::NONE)]).await;
+    }
+    assert_eq!(rig.index.stats().entries, 300);
+
+    let port = server.port;
+    let _restarted = OwnRedis::start(Some(port), &[]);
+    rig.flush().await;
+    let got = redis_state(&url, &rig.pod).await;
+    assert_eq!(got, expected_of(&rig.index, &rig.pod, ValueFormat::Tiered));
+    assert_eq!(got.blocks.len(), 300);
+    assert!(rig.mirror.stats().reconciles >= 2);
+    assert!(rig.mirror.is_healthy());
+    rig.mirror.shutdown(WAIT).await;
+}
+
+#[tokio::test]
+async fn a_failed_outage_write_is_repaired_when_redis_kept_its_data() {
+    // Redis answers again with its old data: fields removed during the outage must go.
+    let server = OwnRedis::start(None, &[]);
+    let url = server.url();
+    let rig = Rig::new(&url, ValueFormat::Tiered).await;
+    let tokens = |i: u32| vec![i, 2, 3, 4];
+    for i in 0..50u32 {
+        rig.apply(vec![stored(u64::from(i), tokens(i), Medium::GPU)])
+            .await;
+    }
+    rig.flush().await;
+    // Pause Redis (SIGSTOP) so writes time out, ingest removes, then resume it.
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    for i in 0..25u32 {
+        rig.apply(vec![removed(u64::from(i), Medium::NONE)]).await;
+    }
+    let stats_wait = std::time::Instant::now();
+    while !rig.mirror.stats().dirty {
+        assert!(
+            stats_wait.elapsed() < WAIT,
+            "the mirror never noticed the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    rig.flush().await;
+    let got = redis_state(&url, &rig.pod).await;
+    assert_eq!(got.blocks.len(), 25);
+    assert_eq!(got, expected_of(&rig.index, &rig.pod, ValueFormat::Tiered));
+    rig.mirror.shutdown(WAIT).await;
+}
+
+#[tokio::test]
+async fn bad_urls_and_failed_auth_are_start_up_errors_without_the_password() {
+    let bad = MirrorHandle::start(
+        config("nope://127.0.0.1", ValueFormat::Tiered),
+        Index::new(),
+        TierWeights::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(bad, MirrorError::BadUrl { .. }), "{bad}");
+
+    let server = OwnRedis::start(None, &["--requirepass", "right-horse"]);
+    let wrong = format!("redis://:wrong-battery@127.0.0.1:{}/0", server.port);
+    let err = MirrorHandle::start(
+        config(&wrong, ValueFormat::Tiered),
+        Index::new(),
+        TierWeights::default(),
+    )
+    .await
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, MirrorError::Auth { .. }), "{text}");
+    assert!(!text.contains("wrong-battery"), "{text}");
+    assert!(
+        text.contains(&format!("127.0.0.1:{}", server.port)),
+        "{text}"
+    );
+
+    let none = MirrorHandle::start(
+        config(&server.url(), ValueFormat::Tiered),
+        Index::new(),
+        TierWeights::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(none, MirrorError::Auth { .. }), "{none}");
+
+    let right = format!("redis://:right-horse@127.0.0.1:{}/3", server.port);
+    let mirror = MirrorHandle::start(
+        config(&right, ValueFormat::Tiered),
+        Index::new(),
+        TierWeights::default(),
+    )
+    .await
+    .unwrap();
+    assert!(mirror.is_healthy());
+    mirror.shutdown(WAIT).await;
+}
+
+#[tokio::test]
+async fn the_db_index_comes_from_the_url() {
+    let server = OwnRedis::start(None, &[]);
+    let url = format!("redis://127.0.0.1:{}/5", server.port);
+    let rig = Rig::new(&url, ValueFormat::Tiered).await;
+    rig.apply(vec![stored(5, vec![5, 5, 5, 5], Medium::GPU)])
+        .await;
+    rig.flush().await;
+    assert!(hget(&url, &rig.key(&[5, 5, 5, 5]), &rig.pod).is_some());
+    let db0 = format!("redis://127.0.0.1:{}/0", server.port);
+    assert_eq!(hget(&db0, &rig.key(&[5, 5, 5, 5]), &rig.pod), None);
+    rig.mirror.shutdown(WAIT).await;
+}
