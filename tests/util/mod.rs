@@ -83,6 +83,16 @@ impl FakePub {
         FakePub { socket }
     }
 
+    /// Binds an ephemeral port on 127.0.0.1; returns the socket and its port.
+    pub async fn bind_any() -> (FakePub, u16) {
+        let mut socket = PubSocket::new();
+        let endpoint = socket.bind("tcp://127.0.0.1:0").await.unwrap();
+        let zeromq::Endpoint::Tcp(_, port) = endpoint else {
+            panic!("not tcp: {endpoint}");
+        };
+        (FakePub { socket }, port)
+    }
+
     /// Sends frames exactly as recorded, paced (the crate's PUB drops under a flat-out loop).
     pub async fn send(&mut self, frames: &[Vec<u8>]) {
         let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
