@@ -1,1 +1,724 @@
-//! The YAML config file (issue 4).
+//! The YAML config file: serde [`RawConfig`] (typos rejected) → validated [`Config`].
+//!
+//! Every problem is collected and reported at once, each naming the field and its line,
+//! before anything is bound. Environment variables override the common fields
+//! (`KVINDEX_REDIS_URL`, `KVINDEX_REDIS_VALUE_FORMAT`, `KVINDEX_API_LISTEN`,
+//! `KVINDEX_API_TOKEN`, `KVINDEX_METRICS_LISTEN`), read through [`Env`] so tests need no
+//! real environment.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+use crate::medium::TierWeights;
+use crate::store::redis::{RedisConfig, ValueFormat};
+use crate::wire::Engine;
+
+/// Highest DP rank count per target (ranks are `u8` in the index).
+pub const MAX_DP_RANKS: u32 = 256;
+
+/// The file as written: every section optional, unknown keys rejected.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Redis mirror; absent = in-memory index only (embedded default).
+    #[serde(default)]
+    pub redis: Option<RawRedis>,
+    /// HTTP query API; absent = not served.
+    #[serde(default)]
+    pub api: Option<RawApi>,
+    /// Prometheus `/metrics`, `/healthz`, `/readyz` listener.
+    #[serde(default)]
+    pub metrics: Option<RawMetrics>,
+    /// Score weights per storage tier, each in [0.0, 1.0].
+    #[serde(default)]
+    pub tier_weights: Option<BTreeMap<String, f64>>,
+    /// Weight of tiers `tier_weights` does not name (default 1.0, kthena's rule).
+    #[serde(default)]
+    pub unknown_medium_weight: Option<Spanned<f64>>,
+    /// Engine pods to subscribe to.
+    #[serde(default)]
+    pub targets: Vec<Spanned<RawTarget>>,
+}
+
+/// `redis:` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedis {
+    /// `redis://host:port/db` or `rediss://…`.
+    pub url: Option<Spanned<String>>,
+    /// `tiered` (default) or `timestamp` (for kthena routers that predate tiers).
+    pub value_format: Option<ValueFormat>,
+    /// Write kthena's engine-hash mapping keys (default true).
+    pub mapping_keys: Option<bool>,
+    /// Flush after this many pending commands (default 1000).
+    pub flush_max_commands: Option<usize>,
+    /// Flush at least this often, milliseconds (default 5).
+    pub flush_interval_ms: Option<u64>,
+    /// Delta batches queued before ingest waits (default 1024).
+    pub queue_capacity: Option<usize>,
+}
+
+/// `api:` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawApi {
+    /// Listen address (default 127.0.0.1:8080).
+    pub listen: Option<Spanned<String>>,
+    /// Bearer token required by the API (none = open).
+    pub token: Option<String>,
+}
+
+/// `metrics:` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    /// Listen address (default 127.0.0.1:9090).
+    pub listen: Option<Spanned<String>>,
+}
+
+/// One `targets:` entry as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTarget {
+    /// Pod name.
+    pub pod: Option<String>,
+    /// Namespace (default `default`).
+    pub namespace: Option<String>,
+    /// Served model name.
+    pub model: Option<String>,
+    /// `vllm`, `sglang` or `trtllm`.
+    pub engine: Option<String>,
+    /// `tcp://host:port` of DP rank 0's PUB socket.
+    pub endpoint: Option<String>,
+    /// `tcp://host:port` of DP rank 0's replay ROUTER.
+    pub replay_endpoint: Option<String>,
+    /// Subscription filter (`""` = everything).
+    pub topic: Option<String>,
+    /// DP ranks: rank r publishes on port + r (default 1).
+    pub dp_ranks: Option<u32>,
+}
+
+/// The validated config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Redis mirror settings, when one is configured.
+    pub redis: Option<RedisConfig>,
+    /// HTTP API settings, when configured.
+    pub api: Option<ApiConfig>,
+    /// Metrics listener.
+    pub metrics_listen: SocketAddr,
+    /// Tier weights.
+    pub weights: TierWeights,
+    /// Targets, in file order.
+    pub targets: Vec<Target>,
+}
+
+/// HTTP API settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Bearer token.
+    pub token: Option<String>,
+}
+
+/// One engine pod to subscribe to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Target {
+    /// Pod name.
+    pub pod: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Served model.
+    pub model: String,
+    /// Engine family.
+    pub engine: Engine,
+    /// DP rank 0's PUB endpoint.
+    pub endpoint: TcpEndpoint,
+    /// DP rank 0's replay endpoint.
+    pub replay_endpoint: Option<TcpEndpoint>,
+    /// Subscription filter.
+    pub topic: String,
+    /// DP ranks.
+    pub dp_ranks: u32,
+}
+
+impl Target {
+    /// The pod identifier written to Redis: `{pod}.{namespace}`.
+    pub fn pod_id(&self) -> String {
+        format!("{}.{}", self.pod, self.namespace)
+    }
+}
+
+/// A `tcp://host:port` endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TcpEndpoint {
+    /// Host name or address.
+    pub host: String,
+    /// Port of DP rank 0.
+    pub port: u16,
+}
+
+impl TcpEndpoint {
+    /// Parses `tcp://host:port`.
+    ///
+    /// # Errors
+    /// A sentence saying what is wrong.
+    pub fn parse(text: &str) -> Result<TcpEndpoint, String> {
+        let rest = text
+            .strip_prefix("tcp://")
+            .ok_or_else(|| format!("`{text}` is not a tcp://host:port endpoint"))?;
+        let (host, port) = rest
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`{text}` has no port"))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("`{text}` has an invalid port"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || port == 0 {
+            return Err(format!("`{text}` needs a host and a non-zero port"));
+        }
+        Ok(TcpEndpoint {
+            host: host.to_owned(),
+            port,
+        })
+    }
+
+    /// The endpoint of DP rank `rank` (port + rank), `None` past port 65535.
+    pub fn for_rank(&self, rank: u32) -> Option<String> {
+        let port = u16::try_from(u32::from(self.port) + rank).ok()?;
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        Some(format!("tcp://{host}:{port}"))
+    }
+}
+
+impl fmt::Display for TcpEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.for_rank(0).unwrap_or_default())
+    }
+}
+
+/// One problem in a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// Dotted field path (`targets[1].endpoint`).
+    pub field: String,
+    /// 1-based line, when known.
+    pub line: Option<u64>,
+    /// What is wrong.
+    pub what: String,
+}
+
+impl fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{} (line {line}): {}", self.field, self.what),
+            None => write!(f, "{}: {}", self.field, self.what),
+        }
+    }
+}
+
+/// Why a config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Io {
+        /// Path.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Not YAML of the expected shape (the parser's message names the line).
+    #[error("config is not valid: {0}")]
+    Syntax(String),
+    /// Valid YAML, invalid values: every issue at once.
+    #[error("config is not valid:\n{}", .0.iter().map(|i| format!("  - {i}")).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<ConfigIssue>),
+}
+
+/// Where environment overrides come from.
+pub trait Env {
+    /// The variable's value, if set.
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+/// No environment (tests, `from_str`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoEnv;
+
+impl Env for NoEnv {
+    fn get(&self, _name: &str) -> Option<String> {
+        None
+    }
+}
+
+impl<S: std::hash::BuildHasher> Env for std::collections::HashMap<String, String, S> {
+    fn get(&self, name: &str) -> Option<String> {
+        std::collections::HashMap::get(self, name).cloned()
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file, with environment overrides.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming every bad field.
+    pub fn from_path(path: &Path, env: &impl Env) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_str_with_env(&text, env)
+    }
+
+    /// Parses and validates config text without environment overrides.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming every bad field.
+    #[allow(clippy::should_implement_trait)] // The ripgrep-style name the style guide asks for.
+    pub fn from_str(text: &str) -> Result<Config, ConfigError> {
+        Config::from_str_with_env(text, &NoEnv)
+    }
+
+    /// Parses and validates config text, then applies environment overrides.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming every bad field.
+    pub fn from_str_with_env(text: &str, env: &impl Env) -> Result<Config, ConfigError> {
+        // An empty file is an empty config (no targets), not a syntax error.
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?
+        };
+        validate(raw, env)
+    }
+}
+
+fn issue(field: impl Into<String>, line: Option<u64>, what: impl Into<String>) -> ConfigIssue {
+    ConfigIssue {
+        field: field.into(),
+        line,
+        what: what.into(),
+    }
+}
+
+fn parse_addr(
+    field: &str,
+    line: Option<u64>,
+    text: &str,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<SocketAddr> {
+    match text.parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            issues.push(issue(
+                field,
+                line,
+                format!("`{text}` is not an ip:port listen address"),
+            ));
+            None
+        }
+    }
+}
+
+/// Turns a raw config into a validated one, collecting every issue.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] with all issues.
+pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
+    let mut issues = Vec::new();
+
+    let env_url = env.get("KVINDEX_REDIS_URL");
+    let redis = match (raw.redis, env_url) {
+        (None, None) => None,
+        (section, env_url) => {
+            let section = section.unwrap_or_default();
+            let mut c = RedisConfig::default();
+            let (url, line) = match (&env_url, &section.url) {
+                (Some(u), _) => (u.clone(), None),
+                (None, Some(s)) => (s.value.clone(), Some(s.referenced.line())),
+                (None, None) => (c.url.clone(), None),
+            };
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                issues.push(issue(
+                    "redis.url",
+                    line,
+                    "must start with redis:// or rediss://",
+                ));
+            }
+            c.url = url;
+            if let Some(v) = section.value_format {
+                c.value_format = v;
+            }
+            if let Some(v) = env.get("KVINDEX_REDIS_VALUE_FORMAT") {
+                match v.as_str() {
+                    "tiered" => c.value_format = ValueFormat::Tiered,
+                    "timestamp" => c.value_format = ValueFormat::Timestamp,
+                    other => issues.push(issue(
+                        "KVINDEX_REDIS_VALUE_FORMAT",
+                        None,
+                        format!("`{other}` is neither tiered nor timestamp"),
+                    )),
+                }
+            }
+            if let Some(v) = section.mapping_keys {
+                c.mapping_keys = v;
+            }
+            if let Some(v) = section.flush_max_commands {
+                if v == 0 {
+                    issues.push(issue(
+                        "redis.flush_max_commands",
+                        None,
+                        "must be at least 1",
+                    ));
+                }
+                c.flush_max_commands = v;
+            }
+            if let Some(v) = section.flush_interval_ms {
+                c.flush_interval = Duration::from_millis(v.max(1));
+            }
+            if let Some(v) = section.queue_capacity {
+                if v == 0 {
+                    issues.push(issue("redis.queue_capacity", None, "must be at least 1"));
+                }
+                c.queue_capacity = v;
+            }
+            Some(c)
+        }
+    };
+
+    let env_api = env.get("KVINDEX_API_LISTEN");
+    let api = match (raw.api, env_api) {
+        (None, None) => None,
+        (section, env_listen) => {
+            let section = section.unwrap_or_default();
+            let (text, line) = match (&env_listen, &section.listen) {
+                (Some(t), _) => (t.clone(), None),
+                (None, Some(s)) => (s.value.clone(), Some(s.referenced.line())),
+                (None, None) => ("127.0.0.1:8080".to_owned(), None),
+            };
+            let listen = parse_addr("api.listen", line, &text, &mut issues);
+            let token = env.get("KVINDEX_API_TOKEN").or(section.token);
+            listen.map(|listen| ApiConfig { listen, token })
+        }
+    };
+
+    let (metrics_text, metrics_line) = match (
+        env.get("KVINDEX_METRICS_LISTEN"),
+        raw.metrics.and_then(|m| m.listen),
+    ) {
+        (Some(t), _) => (t, None),
+        (None, Some(s)) => (s.value, Some(s.referenced.line())),
+        (None, None) => ("127.0.0.1:9090".to_owned(), None),
+    };
+    let metrics_listen = parse_addr("metrics.listen", metrics_line, &metrics_text, &mut issues)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9090)));
+
+    let unknown = raw.unknown_medium_weight.as_ref().map_or(1.0, |s| s.value);
+    let unknown_line = raw
+        .unknown_medium_weight
+        .as_ref()
+        .map(|s| s.referenced.line());
+    let configured = raw.tier_weights.unwrap_or_default();
+    let weights = match TierWeights::new(configured.iter().map(|(k, v)| (k.as_str(), *v)), unknown)
+    {
+        Ok(w) => w,
+        Err(errors) => {
+            for e in errors {
+                let (field, line) = match &e {
+                    crate::medium::WeightError::OutOfRange { tier, .. }
+                        if tier == "unknown_medium_weight" =>
+                    {
+                        ("unknown_medium_weight".to_owned(), unknown_line)
+                    }
+                    crate::medium::WeightError::OutOfRange { tier, .. } => {
+                        (format!("tier_weights.{tier}"), None)
+                    }
+                    crate::medium::WeightError::EmptyName => ("tier_weights".to_owned(), None),
+                };
+                issues.push(issue(field, line, e.to_string()));
+            }
+            TierWeights::default()
+        }
+    };
+
+    let mut targets = Vec::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, spanned) in raw.targets.into_iter().enumerate() {
+        let line = Some(spanned.referenced.line());
+        let t = spanned.value;
+        let at = |f: &str| format!("targets[{i}].{f}");
+        let before = issues.len();
+        let pod = t.pod.unwrap_or_default();
+        if pod.is_empty() {
+            issues.push(issue(at("pod"), line, "is required"));
+        }
+        let namespace = t.namespace.unwrap_or_else(|| "default".to_owned());
+        let model = t.model.unwrap_or_default();
+        if model.is_empty() {
+            issues.push(issue(at("model"), line, "is required"));
+        }
+        let engine = match t.engine.as_deref().map(str::parse::<Engine>) {
+            Some(Ok(e)) => Some(e),
+            Some(Err(what)) => {
+                issues.push(issue(at("engine"), line, what));
+                None
+            }
+            None => {
+                issues.push(issue(
+                    at("engine"),
+                    line,
+                    "is required (vllm, sglang or trtllm)",
+                ));
+                None
+            }
+        };
+        let endpoint = match t.endpoint.as_deref().map(TcpEndpoint::parse) {
+            Some(Ok(e)) => Some(e),
+            Some(Err(what)) => {
+                issues.push(issue(at("endpoint"), line, what));
+                None
+            }
+            None => {
+                issues.push(issue(at("endpoint"), line, "is required"));
+                None
+            }
+        };
+        let replay_endpoint = match t.replay_endpoint.as_deref().map(TcpEndpoint::parse) {
+            Some(Ok(e)) => Some(e),
+            Some(Err(what)) => {
+                issues.push(issue(at("replay_endpoint"), line, what));
+                None
+            }
+            None => None,
+        };
+        let dp_ranks = t.dp_ranks.unwrap_or(1);
+        if dp_ranks == 0 || dp_ranks > MAX_DP_RANKS {
+            issues.push(issue(
+                at("dp_ranks"),
+                line,
+                format!("must lie in 1..={MAX_DP_RANKS}"),
+            ));
+        }
+        for (name, ep) in [
+            ("endpoint", &endpoint),
+            ("replay_endpoint", &replay_endpoint),
+        ] {
+            if let Some(ep) = ep {
+                if ep.for_rank(dp_ranks.saturating_sub(1)).is_none() {
+                    issues.push(issue(at(name), line, "port + dp_ranks passes 65535"));
+                }
+            }
+        }
+        let id = format!("{pod}.{namespace}");
+        if let Some(first) = seen.insert(id.clone(), i) {
+            issues.push(issue(
+                at("pod"),
+                line,
+                format!("`{id}` is already targets[{first}]"),
+            ));
+        }
+        if issues.len() == before {
+            if let (Some(engine), Some(endpoint)) = (engine, endpoint) {
+                targets.push(Target {
+                    pod,
+                    namespace,
+                    model,
+                    engine,
+                    endpoint,
+                    replay_endpoint,
+                    topic: t.topic.unwrap_or_default(),
+                    dp_ranks,
+                });
+            }
+        }
+    }
+
+    if issues.is_empty() {
+        Ok(Config {
+            redis,
+            api,
+            metrics_listen,
+            weights,
+            targets,
+        })
+    } else {
+        Err(ConfigError::Invalid(issues))
+    }
+}
+
+impl Config {
+    /// The resolved config as JSON, for `check-config` (the API token is masked).
+    pub fn to_json(&self) -> serde_json::Value {
+        let redis = self.redis.as_ref().map(|r| {
+            serde_json::json!({
+                "url": redact_url(&r.url),
+                "value_format": r.value_format,
+                "mapping_keys": r.mapping_keys,
+                "flush_max_commands": r.flush_max_commands,
+                "flush_interval_ms": r.flush_interval.as_millis() as u64,
+                "queue_capacity": r.queue_capacity,
+            })
+        });
+        let api = self.api.as_ref().map(|a| {
+            serde_json::json!({
+                "listen": a.listen.to_string(),
+                "token": a.token.as_ref().map(|_| "***"),
+            })
+        });
+        let weights: BTreeMap<&str, f64> = self.weights.entries().collect();
+        serde_json::json!({
+            "redis": redis,
+            "api": api,
+            "metrics": {"listen": self.metrics_listen.to_string()},
+            "tier_weights": weights,
+            "unknown_medium_weight": self.weights.unknown_medium_weight(),
+            "targets": self.targets.iter().map(|t| serde_json::json!({
+                "pod": t.pod,
+                "namespace": t.namespace,
+                "model": t.model,
+                "engine": t.engine,
+                "endpoints": (0..t.dp_ranks).filter_map(|r| t.endpoint.for_rank(r)).collect::<Vec<_>>(),
+                "replay_endpoints": t.replay_endpoint.as_ref().map(|e| (0..t.dp_ranks).filter_map(|r| e.for_rank(r)).collect::<Vec<_>>()),
+                "topic": t.topic,
+                "dp_ranks": t.dp_ranks,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// A Redis URL with its password replaced by `***`.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((creds, host)) = rest.rsplit_once('@') {
+            let user = creds.split(':').next().unwrap_or("");
+            return format!("{scheme}://{user}:***@{host}");
+        }
+    }
+    url.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ISSUE_SHAPE: &str = r#"
+redis:
+  url: redis://127.0.0.1:6379/0
+  value_format: tiered          # or: timestamp
+api:
+  listen: 127.0.0.1:8080
+metrics:
+  listen: 127.0.0.1:9090
+targets:
+  - pod: vllm-0
+    namespace: default
+    model: meta-llama/Llama-3.1-8B-Instruct
+    engine: vllm
+    endpoint: tcp://vllm-0.vllm.default.svc:5557
+    replay_endpoint: tcp://vllm-0.vllm.default.svc:5558   # optional
+    topic: ""                                             # optional; "" = all
+    dp_ranks: 2                                           # optional; default 1
+"#;
+
+    #[test]
+    fn the_issue_shape_parses_as_written() {
+        let c = Config::from_str(ISSUE_SHAPE).unwrap();
+        let t = &c.targets[0];
+        assert_eq!(t.pod_id(), "vllm-0.default");
+        assert_eq!(t.dp_ranks, 2);
+        assert_eq!(
+            t.endpoint.for_rank(1).as_deref(),
+            Some("tcp://vllm-0.vllm.default.svc:5558")
+        );
+        assert_eq!(c.redis.unwrap().value_format, ValueFormat::Tiered);
+        assert_eq!(c.api.unwrap().listen.port(), 8080);
+    }
+
+    #[test]
+    fn no_sections_means_embedded_defaults() {
+        let c = Config::from_str("targets: []\n").unwrap();
+        assert!(c.redis.is_none() && c.api.is_none());
+        assert_eq!(c.metrics_listen.to_string(), "127.0.0.1:9090");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_line() {
+        let err = Config::from_str("metrics:\n  listn: 1.2.3.4:5\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("listn"), "{text}");
+        assert!(text.contains('2'), "{text}");
+    }
+
+    #[test]
+    fn every_issue_is_reported_at_once_with_lines() {
+        let text = "tier_weights:\n  gpu: 1.5\ntargets:\n  - pod: a\n    model: m\n    engine: nope\n    endpoint: http://x\n  - pod: b\n    model: m\n    engine: vllm\n    endpoint: tcp://h:1\n    dp_ranks: 0\n";
+        let ConfigError::Invalid(issues) = Config::from_str(text).unwrap_err() else {
+            panic!("expected validation issues");
+        };
+        let fields: Vec<_> = issues.iter().map(|i| i.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "tier_weights.gpu",
+                "targets[0].engine",
+                "targets[0].endpoint",
+                "targets[1].dp_ranks"
+            ]
+        );
+        assert_eq!(issues[1].line, Some(4));
+        assert_eq!(issues[3].line, Some(8));
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env: std::collections::HashMap<String, String> = [
+            (
+                "KVINDEX_REDIS_URL".to_owned(),
+                "redis://127.0.0.1:6380/2".to_owned(),
+            ),
+            (
+                "KVINDEX_METRICS_LISTEN".to_owned(),
+                "127.0.0.1:0".to_owned(),
+            ),
+        ]
+        .into();
+        let c = Config::from_str_with_env(ISSUE_SHAPE, &env).unwrap();
+        assert_eq!(c.redis.unwrap().url, "redis://127.0.0.1:6380/2");
+        assert_eq!(c.metrics_listen.port(), 0);
+    }
+
+    #[test]
+    fn duplicate_pods_are_an_error() {
+        let t = "  - {pod: a, model: m, engine: vllm, endpoint: 'tcp://h:1'}\n";
+        let err = Config::from_str(&format!("targets:\n{t}{t}")).unwrap_err();
+        assert!(err.to_string().contains("already targets[0]"), "{err}");
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+    }
+}

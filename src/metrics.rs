@@ -1,1 +1,286 @@
-//! Prometheus metrics (issue 4).
+//! Prometheus metrics: one typed function per counter, labels from small fixed enums.
+//!
+//! The recorder is installed once per process ([`install`]); before that every function is
+//! a no-op, so library users and tests that do not install it pay nothing.
+
+use std::sync::OnceLock;
+
+use metrics::{counter, gauge, histogram, Counter};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::wire::{Engine, EventKind};
+
+/// Why a source was reset (its state became unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetReason {
+    /// A gap and no replay endpoint.
+    NoReplayEndpoint,
+    /// A replay that could not fill the gap.
+    ReplayFailed,
+}
+
+impl ResetReason {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::NoReplayEndpoint => "no_replay_endpoint",
+            ResetReason::ReplayFailed => "replay_failed",
+        }
+    }
+}
+
+/// Why a replay failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayFailure {
+    /// Could not connect or send the request in time.
+    Connect,
+    /// A recv timed out (no end marker).
+    Timeout,
+    /// Seqs were missing (or the reply started after the wanted seq).
+    Holes,
+    /// A reply frame was malformed.
+    Malformed,
+    /// More batches than the replay cap.
+    TooLarge,
+}
+
+impl ReplayFailure {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayFailure::Connect => "connect",
+            ReplayFailure::Timeout => "timeout",
+            ReplayFailure::Holes => "holes",
+            ReplayFailure::Malformed => "malformed",
+            ReplayFailure::TooLarge => "too_large",
+        }
+    }
+}
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the global Prometheus recorder (once; later calls return the same handle).
+/// `None` when another recorder was installed first.
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new().install_recorder().ok()?;
+            describe();
+            Some(handle)
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!("kvindex_messages_total", "ZMQ messages received.");
+    describe_counter!("kvindex_batches_total", "Batches decoded.");
+    describe_counter!(
+        "kvindex_events_total",
+        "Events decoded, by type and engine."
+    );
+    describe_counter!(
+        "kvindex_decode_errors_total",
+        "Messages rejected, by reason."
+    );
+    describe_counter!(
+        "kvindex_invalid_events_total",
+        "Events rejected alone, by reason."
+    );
+    describe_counter!("kvindex_unknown_tags_total", "Events with an unknown tag.");
+    describe_counter!("kvindex_seq_gaps_total", "Seq gaps seen.");
+    describe_counter!(
+        "kvindex_duplicates_total",
+        "Messages dropped as already applied."
+    );
+    describe_counter!("kvindex_replays_requested_total", "Replays requested.");
+    describe_counter!(
+        "kvindex_replays_succeeded_total",
+        "Replays that filled their gap."
+    );
+    describe_counter!(
+        "kvindex_replays_failed_total",
+        "Replays that failed, by reason."
+    );
+    describe_counter!("kvindex_source_resets_total", "Sources reset, by reason.");
+    describe_counter!(
+        "kvindex_restarts_detected_total",
+        "Engine restarts detected."
+    );
+    describe_counter!(
+        "kvindex_connects_total",
+        "Subscriber connections established."
+    );
+    describe_gauge!("kvindex_targets_connected", "DP-rank sockets connected.");
+    describe_gauge!("kvindex_targets", "Configured targets.");
+    describe_gauge!(
+        "kvindex_last_message_age_seconds",
+        "Seconds since the last message of a target."
+    );
+    describe_gauge!(
+        "kvindex_resident_blocks",
+        "Resident (block, pod) entries per medium."
+    );
+    describe_gauge!(
+        "kvindex_mirror_queue_depth",
+        "Delta batches waiting for Redis."
+    );
+    describe_gauge!(
+        "kvindex_mirror_dirty",
+        "1 while Redis writes are pending a reconcile."
+    );
+    describe_gauge!("kvindex_mirror_reconciling", "1 while a reconcile runs.");
+    describe_gauge!(
+        "kvindex_mirror_flush_p99_seconds",
+        "Redis flush latency p99."
+    );
+    describe_histogram!(
+        "kvindex_pipeline_seconds",
+        "Time from receiving a message to its deltas being queued."
+    );
+}
+
+/// Counter handles of one source, registered once so the hot path does no lookups.
+#[derive(Clone)]
+pub struct SourceMetrics {
+    engine: &'static str,
+    messages: Counter,
+    batches: Counter,
+    stored: Counter,
+    removed: Counter,
+    cleared: Counter,
+    unknown_tags: Counter,
+    seq_gaps: Counter,
+    duplicates: Counter,
+    restarts: Counter,
+    connects: Counter,
+}
+
+impl SourceMetrics {
+    /// Handles for a source of `engine`.
+    pub fn new(engine: Engine) -> SourceMetrics {
+        let e = engine.as_str();
+        let ev = |kind: EventKind| counter!("kvindex_events_total", "engine" => e, "type" => kind.as_str());
+        SourceMetrics {
+            engine: e,
+            messages: counter!("kvindex_messages_total", "engine" => e),
+            batches: counter!("kvindex_batches_total", "engine" => e),
+            stored: ev(EventKind::BlockStored),
+            removed: ev(EventKind::BlockRemoved),
+            cleared: ev(EventKind::AllBlocksCleared),
+            unknown_tags: counter!("kvindex_unknown_tags_total", "engine" => e),
+            seq_gaps: counter!("kvindex_seq_gaps_total", "engine" => e),
+            duplicates: counter!("kvindex_duplicates_total", "engine" => e),
+            restarts: counter!("kvindex_restarts_detected_total", "engine" => e),
+            connects: counter!("kvindex_connects_total", "engine" => e),
+        }
+    }
+
+    /// A message arrived.
+    pub fn message(&self) {
+        self.messages.increment(1);
+    }
+
+    /// A batch decoded, with its event counts.
+    pub fn batch(&self, stored: u64, removed: u64, cleared: u64, unknown_tags: u64) {
+        self.batches.increment(1);
+        self.stored.increment(stored);
+        self.removed.increment(removed);
+        self.cleared.increment(cleared);
+        self.unknown_tags.increment(unknown_tags);
+    }
+
+    /// A message was rejected (`reason` is a fixed wire label).
+    pub fn decode_error(&self, reason: &'static str) {
+        counter!("kvindex_decode_errors_total", "engine" => self.engine, "reason" => reason)
+            .increment(1);
+    }
+
+    /// An event was rejected alone (`reason` is a fixed wire label).
+    pub fn invalid_event(&self, reason: &'static str) {
+        counter!("kvindex_invalid_events_total", "engine" => self.engine, "reason" => reason)
+            .increment(1);
+    }
+
+    /// A seq gap was seen.
+    pub fn seq_gap(&self) {
+        self.seq_gaps.increment(1);
+    }
+
+    /// A duplicate was dropped.
+    pub fn duplicate(&self) {
+        self.duplicates.increment(1);
+    }
+
+    /// An engine restart was detected.
+    pub fn restart(&self) {
+        self.restarts.increment(1);
+    }
+
+    /// The socket connected.
+    pub fn connected(&self) {
+        self.connects.increment(1);
+        gauge!("kvindex_targets_connected").increment(1.0);
+    }
+
+    /// The socket disconnected (after having connected).
+    pub fn disconnected(&self) {
+        gauge!("kvindex_targets_connected").decrement(1.0);
+    }
+
+    /// A replay was requested.
+    pub fn replay_requested(&self) {
+        counter!("kvindex_replays_requested_total", "engine" => self.engine).increment(1);
+    }
+
+    /// A replay filled its gap.
+    pub fn replay_succeeded(&self) {
+        counter!("kvindex_replays_succeeded_total", "engine" => self.engine).increment(1);
+    }
+
+    /// A replay failed.
+    pub fn replay_failed(&self, reason: ReplayFailure) {
+        counter!("kvindex_replays_failed_total", "engine" => self.engine, "reason" => reason.as_str())
+            .increment(1);
+    }
+
+    /// A source was reset.
+    pub fn source_reset(&self, reason: ResetReason) {
+        counter!("kvindex_source_resets_total", "engine" => self.engine, "reason" => reason.as_str())
+            .increment(1);
+    }
+
+    /// Time from receive to deltas queued.
+    pub fn pipeline(&self, seconds: f64) {
+        histogram!("kvindex_pipeline_seconds").record(seconds);
+    }
+}
+
+/// The number of configured targets.
+pub fn targets(n: usize) {
+    gauge!("kvindex_targets").set(n as f64);
+}
+
+/// Seconds since the last message of target `pod` (label bounded by the target list).
+pub fn last_message_age(pod: &str, seconds: f64) {
+    gauge!("kvindex_last_message_age_seconds", "pod" => pod.to_owned()).set(seconds);
+}
+
+/// Drops the per-target gauge of a removed target (sets it to NaN is not useful; zero it).
+pub fn forget_target(pod: &str) {
+    gauge!("kvindex_last_message_age_seconds", "pod" => pod.to_owned()).set(0.0);
+}
+
+/// Resident (block, pod) entries on `medium` (`""` = none reported).
+pub fn resident_blocks(medium: &str, n: usize) {
+    let medium = if medium.is_empty() { "none" } else { medium };
+    gauge!("kvindex_resident_blocks", "medium" => medium.to_owned()).set(n as f64);
+}
+
+/// Mirror figures.
+pub fn mirror(queue_depth: usize, dirty: bool, reconciling: bool, flush_p99_us: u64) {
+    gauge!("kvindex_mirror_queue_depth").set(queue_depth as f64);
+    gauge!("kvindex_mirror_dirty").set(f64::from(u8::from(dirty)));
+    gauge!("kvindex_mirror_reconciling").set(f64::from(u8::from(reconciling)));
+    gauge!("kvindex_mirror_flush_p99_seconds").set(flush_p99_us as f64 / 1e6);
+}

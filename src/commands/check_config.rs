@@ -1,13 +1,24 @@
-//! `kvindex check-config`: not built yet (see its issue).
+//! `kvindex check-config FILE`: validates a config and prints it resolved.
+
+use std::path::PathBuf;
+
+use super::UsageError;
+use crate::config::{Config, ProcessEnv};
 
 /// Arguments of `kvindex check-config`.
 #[derive(Debug, clap::Args)]
-pub struct CheckConfigArgs {}
+pub struct CheckConfigArgs {
+    /// The YAML config file.
+    pub file: PathBuf,
+}
 
-/// Runs the command.
+/// Runs the command: the resolved config (with environment overrides) as JSON on stdout.
 ///
 /// # Errors
-/// Always, until the command is built.
-pub fn run(_args: CheckConfigArgs) -> anyhow::Result<()> {
-    anyhow::bail!("this command is not built yet")
+/// A [`UsageError`] listing every problem, each with its field and line.
+pub fn run(args: CheckConfigArgs) -> anyhow::Result<()> {
+    let config = Config::from_path(&args.file, &ProcessEnv)
+        .map_err(|e| anyhow::Error::new(UsageError(e.to_string())))?;
+    println!("{}", serde_json::to_string_pretty(&config.to_json())?);
+    Ok(())
 }

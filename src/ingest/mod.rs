@@ -7,12 +7,18 @@
 //! | `feed.rs` | [`SourceFeed`]: frames → seq tracking → index for one source |
 //! | `stats.rs` | [`IngestStats`] counters |
 //! | `offline.rs` | [`OfflineReplay`]: recorded streams through the same path |
+//! | `subscriber.rs` | one SUB socket + task per (target, DP rank): connect loop, seq, replay |
+//! | `replay_client.rs` | the replay DEALER: request, both reply shapes, contiguity |
+//! | `supervisor/` | the target set, hot reload, `PodsView` |
 
 mod feed;
 pub mod fixture;
 mod offline;
+pub mod replay_client;
 mod seq;
 mod stats;
+pub mod subscriber;
+pub mod supervisor;
 
 pub use feed::{FeedOutcome, SourceFeed};
 pub use offline::OfflineReplay;

@@ -1,0 +1,294 @@
+//! [`Supervisor`]: the running targets and their subscriber tasks.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::api::{PodStatus, PodsView};
+use crate::config::Target;
+use crate::index::{Delta, Index};
+use crate::ingest::replay_client::ReplayLimits;
+use crate::ingest::subscriber::{self, LinkState, RankStatus, SubscriberCtx, SubscriberSpec};
+use crate::store::redis::MirrorSender;
+
+/// How long a stopping target's tasks may take before they are aborted.
+const STOP_DEADLINE: Duration = Duration::from_secs(2);
+
+struct Running {
+    target: Target,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    ranks: Vec<Arc<Mutex<RankStatus>>>,
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReloadSummary {
+    /// Pod identifiers started.
+    pub added: Vec<String>,
+    /// Pod identifiers stopped and forgotten.
+    pub removed: Vec<String>,
+    /// Pod identifiers restarted with a changed definition.
+    pub restarted: Vec<String>,
+}
+
+/// One target with the status of each of its ranks.
+#[derive(Debug, Clone)]
+pub struct TargetStatus {
+    /// The target.
+    pub target: Target,
+    /// Per DP rank.
+    pub ranks: Vec<RankStatus>,
+}
+
+/// Owns the subscriber tasks of every target.
+pub struct Supervisor {
+    index: Index,
+    mirror: Option<MirrorSender>,
+    cancel: CancellationToken,
+    replay_limits: ReplayLimits,
+    running: Mutex<BTreeMap<String, Running>>,
+    // Reloads are serialized so two cannot interleave their stop/start halves.
+    reload_lock: tokio::sync::Mutex<()>,
+}
+
+impl Supervisor {
+    /// A supervisor with no targets; `cancel` is the daemon's token (each target gets a child).
+    pub fn new(
+        index: Index,
+        mirror: Option<MirrorSender>,
+        cancel: CancellationToken,
+        replay_limits: ReplayLimits,
+    ) -> Arc<Supervisor> {
+        Arc::new(Supervisor {
+            index,
+            mirror,
+            cancel,
+            replay_limits,
+            running: Mutex::new(BTreeMap::new()),
+            reload_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Makes the running set equal `targets`: new ones start, removed ones stop and are
+    /// forgotten (index and mirror), changed ones restart from a clean state.
+    pub async fn apply(&self, targets: Vec<Target>) -> ReloadSummary {
+        let _guard = self.reload_lock.lock().await;
+        let wanted: BTreeMap<String, Target> =
+            targets.into_iter().map(|t| (t.pod_id(), t)).collect();
+        let mut summary = ReloadSummary::default();
+        let mut to_stop = Vec::new();
+        let mut to_start = Vec::new();
+        {
+            let mut running = self.running.lock();
+            let ids: Vec<String> = running.keys().cloned().collect();
+            for id in ids {
+                match wanted.get(&id) {
+                    None => {
+                        summary.removed.push(id.clone());
+                        if let Some(r) = running.remove(&id) {
+                            to_stop.push((id, r));
+                        }
+                    }
+                    Some(t) if running.get(&id).is_some_and(|r| &r.target != t) => {
+                        summary.restarted.push(id.clone());
+                        if let Some(r) = running.remove(&id) {
+                            to_stop.push((id.clone(), r));
+                        }
+                        to_start.push(t.clone());
+                    }
+                    Some(_) => {}
+                }
+            }
+            for (id, t) in &wanted {
+                if !running.contains_key(id) && !summary.restarted.contains(id) {
+                    summary.added.push(id.clone());
+                    to_start.push(t.clone());
+                }
+            }
+        }
+        for (id, r) in to_stop {
+            self.stop(&id, r).await;
+        }
+        for t in to_start {
+            let id = t.pod_id();
+            let r = self.start(t);
+            self.running.lock().insert(id, r);
+        }
+        crate::metrics::targets(self.running.lock().len());
+        if summary != ReloadSummary::default() {
+            info!(
+                added = ?summary.added,
+                removed = ?summary.removed,
+                restarted = ?summary.restarted,
+                "Target set changed."
+            );
+        }
+        summary
+    }
+
+    fn start(&self, target: Target) -> Running {
+        let cancel = self.cancel.child_token();
+        let mut tasks = Vec::new();
+        let mut ranks = Vec::new();
+        for rank in 0..target.dp_ranks {
+            let status = Arc::new(Mutex::new(RankStatus::default()));
+            let (Some(endpoint), Ok(rank_u8)) =
+                (target.endpoint.for_rank(rank), u8::try_from(rank))
+            else {
+                warn!(pod = %target.pod_id(), rank, "DP rank out of range; not subscribed.");
+                continue;
+            };
+            let spec = SubscriberSpec {
+                pod: target.pod_id(),
+                model: target.model.clone(),
+                engine: target.engine,
+                rank: rank_u8,
+                endpoint,
+                replay_endpoint: target
+                    .replay_endpoint
+                    .as_ref()
+                    .and_then(|e| e.for_rank(rank)),
+                topic: target.topic.clone(),
+                replay_limits: self.replay_limits,
+            };
+            let ctx = SubscriberCtx {
+                index: self.index.clone(),
+                mirror: self.mirror.clone(),
+                status: status.clone(),
+                cancel: cancel.child_token(),
+            };
+            tasks.push(tokio::spawn(subscriber::run(spec, ctx)));
+            ranks.push(status);
+        }
+        Running {
+            target,
+            cancel,
+            tasks,
+            ranks,
+        }
+    }
+
+    async fn stop(&self, id: &str, running: Running) {
+        running.cancel.cancel();
+        for task in running.tasks {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(STOP_DEADLINE, task).await.is_err() {
+                abort.abort();
+            }
+        }
+        let mut deltas: Vec<Delta> = Vec::new();
+        self.index.forget_pod(id, &mut deltas);
+        crate::metrics::forget_target(id);
+        if let Some(mirror) = &self.mirror {
+            if !deltas.is_empty() {
+                mirror.send(deltas).await;
+            }
+        }
+    }
+
+    /// Stops every target (the index keeps their blocks: the process is exiting).
+    pub async fn shutdown(&self, deadline: Duration) {
+        let all: Vec<Running> = std::mem::take(&mut *self.running.lock())
+            .into_values()
+            .collect();
+        for r in &all {
+            r.cancel.cancel();
+        }
+        let joins = futures::future::join_all(all.into_iter().flat_map(|r| r.tasks));
+        if tokio::time::timeout(deadline, joins).await.is_err() {
+            warn!("Subscribers did not stop in time.");
+        }
+    }
+
+    /// The status of every target, sorted by pod identifier.
+    pub fn status(&self) -> Vec<TargetStatus> {
+        self.running
+            .lock()
+            .values()
+            .map(|r| TargetStatus {
+                target: r.target.clone(),
+                ranks: r.ranks.iter().map(|s| s.lock().clone()).collect(),
+            })
+            .collect()
+    }
+
+    /// DP-rank sockets connected now, over all targets.
+    pub fn connected_ranks(&self) -> usize {
+        self.running
+            .lock()
+            .values()
+            .flat_map(|r| r.ranks.iter())
+            .filter(|s| s.lock().state == LinkState::Connected)
+            .count()
+    }
+
+    /// Publishes the per-target last-message age gauges.
+    pub fn publish_ages(&self) {
+        for t in self.status() {
+            if let Some(age) = t
+                .ranks
+                .iter()
+                .filter_map(|r| r.last_message)
+                .map(|i| i.elapsed().as_secs_f64())
+                .reduce(f64::min)
+            {
+                crate::metrics::last_message_age(&t.target.pod_id(), age);
+            }
+        }
+    }
+}
+
+impl PodsView for Supervisor {
+    fn pods(&self) -> Vec<PodStatus> {
+        // One walk of the index for every pod's per-medium counts.
+        let mut by_pod: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
+        self.index.for_each_field(|_, _, p, value| {
+            let entry = by_pod.entry(p.0).or_default();
+            for m in value.media.spellings() {
+                *entry.entry(m.to_owned()).or_insert(0) += 1;
+            }
+        });
+        self.status()
+            .into_iter()
+            .map(|t| {
+                let state = if t.ranks.iter().all(|r| r.state == LinkState::Connected) {
+                    LinkState::Connected
+                } else if t.ranks.iter().any(|r| r.state == LinkState::Disconnected) {
+                    LinkState::Disconnected
+                } else if t.ranks.iter().all(|r| r.state == LinkState::Stopped) {
+                    LinkState::Stopped
+                } else {
+                    LinkState::Connecting
+                };
+                let age = t
+                    .ranks
+                    .iter()
+                    .filter_map(|r| r.last_message)
+                    .map(|i| i.elapsed().as_secs_f64())
+                    .reduce(f64::min);
+                let pod = t.target.pod_id();
+                let resident = self
+                    .index
+                    .pod_id(&pod)
+                    .and_then(|id| by_pod.remove(&id.0))
+                    .unwrap_or_default();
+                PodStatus {
+                    pod,
+                    model: t.target.model.clone(),
+                    engine: t.target.engine.as_str().to_owned(),
+                    endpoint: t.target.endpoint.to_string(),
+                    dp_ranks: t.target.dp_ranks,
+                    state: state.as_str().to_owned(),
+                    last_message_age_seconds: age,
+                    resident_blocks: resident,
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,219 @@
+//! The daemon over real ZMQ sockets on 127.0.0.1: fixture streams in, index out, and every
+//! seq fault of DESIGN.md §4 (restart, gaps with and without replay, bad replays, bad frames).
+
+mod util;
+
+use std::time::Duration;
+
+use util::*;
+
+const E03: &str = "vllm-e03-0.13.0-int.jsonl";
+const E01: &str = "vllm-e01-0.9.0.jsonl";
+const S02: &str = "sglang-s02-0.5.8.post1.jsonl";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_targets_index_equals_offline_replay() {
+    let (pa, pb, pc) = (free_ports(1), free_ports(2), free_ports(2));
+    let yaml = target_yaml("a", "m-a", "vllm", pa, None, 1)
+        + &target_yaml("b", "m-b", "sglang", pb, None, 2)
+        + &target_yaml("c", "m-c", "vllm", pc, None, 2);
+    let daemon = start_daemon(&yaml, None).await;
+    let mut pubs = Vec::new();
+    for (port, n) in [(pa, 1), (pb, 2), (pc, 2)] {
+        let mut v = Vec::new();
+        for r in 0..n {
+            v.push(FakePub::bind(port + r).await);
+        }
+        pubs.push(v);
+    }
+    for (pod, n) in [("a.test", 1), ("b.test", 2), ("c.test", 2)] {
+        for r in 0..n {
+            wait_connected(&daemon, pod, r, 1).await;
+        }
+    }
+    for (i, file) in [E01, S02, E03].iter().enumerate() {
+        for m in messages(file, None) {
+            pubs[i][m.endpoint_index as usize].send(&m.frames).await;
+        }
+    }
+    for (pod, file) in [("a.test", E01), ("b.test", S02), ("c.test", E03)] {
+        for r in 0..=1u32 {
+            let n = messages(file, Some(r)).len() as u64;
+            if n > 0 {
+                wait_messages(&daemon, pod, r as usize, n).await;
+            }
+        }
+    }
+    let mut want = offline(&[E01], "a.test", "m-a");
+    want.extend(offline(&[S02], "b.test", "m-b"));
+    want.extend(offline(&[E03], "c.test", "m-c"));
+    want.sort();
+    assert!(!want.is_empty());
+    assert_eq!(strip(daemon.index.dump()), want);
+    daemon.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_before_bind_then_ingests() {
+    let port = free_ports(1);
+    let daemon = start_daemon(&target_yaml("late", "m", "vllm", port, None, 1), None).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut publisher = FakePub::bind(port).await;
+    wait_connected(&daemon, "late.test", 0, 1).await;
+    let msgs = messages(E01, None);
+    for m in &msgs {
+        publisher.send(&m.frames).await;
+    }
+    wait_messages(&daemon, "late.test", 0, msgs.len() as u64).await;
+    assert_eq!(
+        strip(daemon.index.dump()),
+        offline(&[E01], "late.test", "m")
+    );
+    daemon.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publisher_restart_drops_old_blocks_and_indexes_new() {
+    let port = free_ports(1);
+    let daemon = start_daemon(&target_yaml("r", "m", "vllm", port, None, 1), None).await;
+    let mut first = FakePub::bind(port).await;
+    wait_connected(&daemon, "r.test", 0, 1).await;
+    let old = messages(E03, Some(0));
+    for m in &old[..3] {
+        first.send(&m.frames).await;
+    }
+    wait_messages(&daemon, "r.test", 0, 3).await;
+    assert!(!daemon.index.dump().is_empty());
+    first.close().await;
+    let mut second = FakePub::bind(port).await;
+    wait_connected(&daemon, "r.test", 0, 2).await;
+    let new = messages(E01, None);
+    for m in &new {
+        second.send(&m.frames).await;
+    }
+    wait_messages(&daemon, "r.test", 0, 3 + new.len() as u64).await;
+    let st = rank(&daemon, "r.test", 0).unwrap();
+    assert_eq!(st.stats.restarts, 1);
+    assert_eq!(strip(daemon.index.dump()), offline(&[E01], "r.test", "m"));
+    daemon.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Publishes rank 0 of E03 skipping seqs 2 and 3; returns the daemon after it saw the rest.
+async fn gap_run(mode: Option<RouterMode>) -> kvindex::commands::serve::Daemon {
+    let port = free_ports(1);
+    let replay_port = free_ports(1);
+    let stream = messages(E03, Some(0));
+    let _router = match mode {
+        Some(mode) => Some(spawn_router(replay_port, stream.clone(), mode).await),
+        None => None,
+    };
+    let replay = mode.map(|_| replay_port);
+    let daemon = start_daemon(&target_yaml("g", "m", "vllm", port, replay, 1), None).await;
+    let mut publisher = FakePub::bind(port).await;
+    wait_connected(&daemon, "g.test", 0, 1).await;
+    let sent: Vec<_> = stream
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 2 && *i != 3)
+        .map(|(_, m)| m.clone())
+        .collect();
+    for m in &sent {
+        publisher.send(&m.frames).await;
+    }
+    wait_messages(&daemon, "g.test", 0, sent.len() as u64).await;
+    // Keep the publisher open until the daemon is done with the last seq.
+    let last = stream.len() as u64 - 1;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            rank(&daemon, "g.test", 0).is_some_and(|s| s.last_seq == Some(last))
+        })
+        .await
+    );
+    daemon
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_is_filled_by_replay_of_either_shape() {
+    for mode in [RouterMode::Old, RouterMode::New] {
+        let daemon = gap_run(Some(mode)).await;
+        let st = rank(&daemon, "g.test", 0).unwrap();
+        assert_eq!(st.stats.seq_gaps, 1, "{mode:?}");
+        assert_eq!(
+            (st.replays_succeeded, st.stats.source_resets),
+            (1, 0),
+            "{mode:?}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let full = write_fixture(dir.path(), "full.jsonl", &messages(E03, Some(0)));
+        assert_eq!(
+            strip(daemon.index.dump()),
+            offline(&[full.to_str().unwrap()], "g.test", "m"),
+            "{mode:?}"
+        );
+        daemon.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_without_replay_endpoint_resets_the_source() {
+    let daemon = gap_run(None).await;
+    let st = rank(&daemon, "g.test", 0).unwrap();
+    assert_eq!((st.stats.seq_gaps, st.stats.source_resets), (1, 1));
+    assert_eq!(st.replays_requested, 0);
+    daemon.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_replay_routers_reset_and_the_daemon_keeps_serving() {
+    for mode in [RouterMode::NoEndMarker, RouterMode::Holes] {
+        let daemon = gap_run(Some(mode)).await;
+        let st = rank(&daemon, "g.test", 0).unwrap();
+        assert_eq!(
+            (st.replays_failed, st.stats.source_resets),
+            (1, 1),
+            "{mode:?}"
+        );
+        assert_eq!(st.state, kvindex::ingest::subscriber::LinkState::Connected);
+        // Rebuilt from what followed the gap: the last batch's blocks are indexed.
+        assert!(!daemon.index.dump().is_empty(), "{mode:?}");
+        daemon.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_are_counted_and_the_rest_applied() {
+    let port = free_ports(1);
+    let daemon = start_daemon(&target_yaml("bad", "m", "vllm", port, None, 1), None).await;
+    let mut publisher = FakePub::bind(port).await;
+    wait_connected(&daemon, "bad.test", 0, 1).await;
+    let good = messages(E03, Some(0));
+    let mut bad = Vec::new();
+    for f in ["truncated.jsonl", "two_frames.jsonl", "empty_payload.jsonl"] {
+        bad.extend(messages(&format!("malformed/{f}"), None));
+    }
+    let mut sent = 0u64;
+    for (i, m) in good.iter().enumerate() {
+        publisher.send(&m.frames).await;
+        sent += 1;
+        if let Some(b) = bad.get(i) {
+            publisher.send(&b.frames).await;
+            sent += 1;
+        }
+    }
+    wait_messages(&daemon, "bad.test", 0, sent).await;
+    let st = rank(&daemon, "bad.test", 0).unwrap();
+    assert_eq!(
+        st.stats.decode_errors.values().sum::<u64>(),
+        3,
+        "{:?}",
+        st.stats
+    );
+    assert_eq!(st.stats.restarts, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let full = write_fixture(dir.path(), "full.jsonl", &good);
+    assert_eq!(
+        strip(daemon.index.dump()),
+        offline(&[full.to_str().unwrap()], "bad.test", "m")
+    );
+    daemon.shutdown(Duration::from_secs(5)).await;
+}
