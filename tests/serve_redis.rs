@@ -1,6 +1,5 @@
 //! The daemon with a `redis:` section: what it ingests reaches Redis in kthena's layout.
-//! Needs the Redis mirror (issue 3) and a Redis on 127.0.0.1:6379; ignored until that
-//! branch is merged (run with `cargo test --test serve_redis -- --ignored`).
+//! Needs a Redis on 127.0.0.1:6379 (CI starts one).
 
 mod util;
 
@@ -10,7 +9,6 @@ use kvindex::config::Config;
 use util::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs store::redis::MirrorHandle (issue 3)"]
 async fn ingested_blocks_reach_redis_and_shutdown_flushes() {
     let port = free_ports(1);
     // db 13 and a unique model keep this test apart from others sharing the Redis.

@@ -270,6 +270,9 @@ pub fn offline(files: &[&str], pod_id: &str, model: &str) -> Vec<DumpEntry> {
         engine: kvindex::commands::decode::EngineArg::Auto,
         dump: None,
         json: false,
+        redis: None,
+        value_format: kvindex::store::redis::ValueFormat::Tiered,
+        no_mapping_keys: false,
     };
     let (index, _) = kvindex::commands::replay::replay_into_index(&args).unwrap();
     strip(index.dump())
