@@ -111,6 +111,8 @@ pub enum PdError {
 }
 
 type Scratch<T> = SmallVec<[T; 16]>;
+/// Group key → its best prefill (pod, score), for one call.
+type Memo<'g, 'a> = SmallVec<[(&'g str, Option<(&'a str, f64)>); 8]>;
 
 /// Scores decodes without a caller score in one scorer call.
 fn decode_scores<S: Scorer + ?Sized>(
@@ -198,7 +200,7 @@ where
     let scores = decode_scores(decodes, scorer);
     let order = top_decodes(&scores, top_n);
     // The memo: group key → its best prefill, for this call only.
-    let mut memo: SmallVec<[(&str, Option<(&'a str, f64)>); 8]> = SmallVec::new();
+    let mut memo: Memo<'_, 'a> = SmallVec::new();
     let mut buf: Scratch<f64> = SmallVec::new();
     let mut pairs = Vec::with_capacity(order.len());
     for &i in &order {
