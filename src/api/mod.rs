@@ -318,7 +318,6 @@ fn request_weights(
     };
     let entries = base
         .entries()
-        .map(|(k, v)| (k, v))
         .chain(overrides.iter().map(|(k, v)| (k.as_str(), *v)));
     TierWeights::new(entries, base.unknown_medium_weight()).map_err(|errors| {
         let bad = overrides
