@@ -164,7 +164,10 @@ fn decode_without_usable_prefill_is_skipped_and_none_is_an_error() {
     );
 }
 
-fn topology() -> impl Strategy<Value = (Vec<(u8, u8, Option<u8>)>, Vec<Vec<u8>>, Vec<u8>, usize)> {
+/// Decodes (pod id, group id, caller score), prefill ids per group, score per pod id, top N.
+type Topology = (Vec<(u8, u8, Option<u8>)>, Vec<Vec<u8>>, Vec<u8>, usize);
+
+fn topology() -> impl Strategy<Value = Topology> {
     (
         // decodes: (pod id, group id, caller score)
         prop::collection::vec((0u8..40, 0u8..6, prop::option::of(0u8..5)), 0..20),
