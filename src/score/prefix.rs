@@ -72,6 +72,9 @@ pub fn score_prefix<L: Lookup>(
     started_at: &[Option<u64>],
 ) -> Vec<SlotScore> {
     let total = lookup.blocks();
+    if started_at.iter().all(Option::is_none) {
+        return score_without_freshness(lookup, candidates, total);
+    }
     let mut tracks = vec![FRESH_TRACK; candidates];
     let mut touched: Vec<u32> = Vec::with_capacity(candidates.min(64));
     let mut alive = candidates;
@@ -111,6 +114,65 @@ pub fn score_prefix<L: Lookup>(
                 t.sum += t.best;
                 alive += 1;
             }
+        }
+    }
+    tracks
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.matched > 0)
+        .map(|(candidate, t)| SlotScore {
+            candidate,
+            score: kthena_score(t.sum, total),
+            matched_blocks: t.matched,
+            weighted_sum: t.sum,
+        })
+        .collect()
+}
+
+/// The common path: no freshness rule, so a report can be counted the moment it is seen
+/// (a later report of the same pod for the same block can only raise the block's weight).
+fn score_without_freshness<L: Lookup>(
+    lookup: &mut L,
+    candidates: usize,
+    total: usize,
+) -> Vec<SlotScore> {
+    #[derive(Clone, Copy)]
+    struct Fast {
+        matched: u32,
+        base: f64,
+        best: f64,
+        sum: f64,
+    }
+    let mut tracks = vec![
+        Fast {
+            matched: 0,
+            base: 0.0,
+            best: 0.0,
+            sum: 0.0
+        };
+        candidates
+    ];
+    for block in 0..total {
+        let at = block as u32;
+        let mut hits = 0usize;
+        lookup.for_each_owner(block, |owner| {
+            let Some(t) = tracks.get_mut(owner.candidate) else {
+                return;
+            };
+            if t.matched == at {
+                t.matched = at + 1;
+                t.base = t.sum;
+                t.best = owner.weight;
+                t.sum = t.base + owner.weight;
+                hits += 1;
+            } else if t.matched == at + 1 && owner.weight > t.best {
+                // Matched earlier in this same block (another DP rank): keep the best.
+                t.best = owner.weight;
+                t.sum = t.base + owner.weight;
+            }
+        });
+        if hits == 0 {
+            break;
         }
     }
     tracks
@@ -272,5 +334,23 @@ mod tests {
         let s = score_prefix(&mut t, 2, &[]);
         assert_eq!(s[0].matched_blocks, 1);
         assert_eq!(s[1].matched_blocks, 3);
+    }
+
+    #[test]
+    fn fast_path_equals_the_freshness_path_when_nothing_is_stale() {
+        let table = vec![
+            vec![
+                (0, 0.8, Some(5)),
+                (1, 1.0, Some(5)),
+                (0, 1.0, Some(5)),
+                (2, 0.0, Some(5)),
+            ],
+            vec![(1, 1.0, Some(5)), (0, 0.8, Some(5)), (2, 0.0, Some(5))],
+            vec![(0, 0.8, Some(5)), (2, 1.0, Some(5))],
+        ];
+        let fast = score_prefix(&mut Table(table.clone()), 3, &[]);
+        let slow = score_prefix(&mut Table(table), 3, &[Some(0), None, None]);
+        assert_eq!(fast, slow);
+        assert_eq!(fast.len(), 3);
     }
 }
