@@ -334,3 +334,60 @@ async fn serves_on_a_real_loopback_port_and_shuts_down() {
         .unwrap()
         .unwrap();
 }
+
+/// Checks `value` against the `properties`/`required`/`additionalProperties` of `schema`,
+/// recursively through objects and arrays (the subset of JSON Schema our bodies use).
+fn conforms(schema: &Value, value: &Value, at: &str) {
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        let obj = value
+            .as_object()
+            .unwrap_or_else(|| panic!("{at}: not an object"));
+        for req in schema["required"].as_array().into_iter().flatten() {
+            assert!(
+                obj.contains_key(req.as_str().unwrap()),
+                "{at}: missing {req}"
+            );
+        }
+        for (k, v) in obj {
+            let sub = props
+                .get(k)
+                .unwrap_or_else(|| panic!("{at}: `{k}` not in the schema"));
+            conforms(sub, v, &format!("{at}.{k}"));
+        }
+    }
+    if let (Some(items), Some(arr)) = (schema.get("items"), value.as_array()) {
+        for (i, v) in arr.iter().enumerate() {
+            conforms(items, v, &format!("{at}[{i}]"));
+        }
+    }
+}
+
+fn schema(name: &str) -> Value {
+    let path = format!("{}/schemas/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn response_bodies_match_their_schemas() {
+    let (_, body) = post(
+        app(None),
+        "/v1/score",
+        json!({"model": "m", "tokens": tokens(4), "pods": ["a.ns", "b.ns"]}),
+    )
+    .await;
+    conforms(&schema("api-score-response.schema.json"), &body, "score");
+    let req = json!({"model": "m", "tokens": tokens(4), "decode": [{"pod": "a.ns", "group": "g"}], "prefill": {"g": ["p.ns"]}});
+    let (_, body) = post(app(None), "/v1/pd/schedule", req).await;
+    conforms(&schema("api-pd-schedule-response.schema.json"), &body, "pd");
+    let (_, body) = call(app(None), "GET", "/v1/pods", None, None).await;
+    conforms(&schema("api-pods-response.schema.json"), &body, "pods");
+    let (_, body) = post(app(None), "/v1/score", json!({"tokens": [1], "pods": []})).await;
+    conforms(&schema("api-error.schema.json"), &body, "error");
+    // The request schemas describe the same fields the server accepts.
+    let score_req = schema("api-score-request.schema.json");
+    conforms(
+        &score_req,
+        &json!({"model": "m", "tokens": [1], "block_hashes": ["1"], "pods": ["a"], "weights": {"gpu": 1.0}}),
+        "score request",
+    );
+}
