@@ -15,6 +15,11 @@ pub const DEFAULT_MAX_BLOCKS: usize = 128;
 pub type StdHash = u64;
 
 /// Hashes one block of tokens the way kthena does.
+///
+/// ```
+/// let tokens: Vec<u32> = (1..=16).collect();
+/// assert_eq!(kvindex::hash::std_hash(&tokens), 6615856733697512468);
+/// ```
 pub fn std_hash(tokens: &[u32]) -> StdHash {
     // One update per 64-token chunk keeps the copy on the stack and hands SHA-256 whole
     // compression blocks, which is what makes the SHA-NI path fast.
@@ -34,6 +39,12 @@ pub fn std_hash(tokens: &[u32]) -> StdHash {
 
 /// Splits a prompt into blocks of `block_size` tokens (the last, partial chunk counts),
 /// keeps at most `max_blocks` of them and hashes each.
+///
+/// ```
+/// let prompt: Vec<u32> = (1..=35).collect();
+/// let blocks = kvindex::hash::prompt_block_hashes(&prompt, 16, 128);
+/// assert_eq!(blocks.len(), 3); // 16 + 16 + a partial block of 3
+/// ```
 pub fn prompt_block_hashes(tokens: &[u32], block_size: usize, max_blocks: usize) -> Vec<StdHash> {
     let block_size = block_size.max(1);
     tokens

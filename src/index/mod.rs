@@ -17,6 +17,7 @@ mod intern;
 mod residents;
 mod source;
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use dashmap::mapref::entry::Entry;
@@ -156,6 +157,10 @@ struct Inner {
     pods: Interner,
     blocks: RwLock<Vec<Arc<ModelBlocks>>>,
     sources: RwLock<Vec<Option<Arc<Mutex<SourceState>>>>>,
+    /// Resident (block, pod) entries, kept as fields change so metrics need no index walk.
+    entries: AtomicI64,
+    /// The same, per medium slot.
+    entries_by_slot: [AtomicI64; MEDIA_SLOTS],
 }
 
 impl Index {
@@ -362,11 +367,11 @@ impl Index {
                 // The engine reused a hash for other content: the old block is gone.
                 state.remove(m, hash);
                 self.drop_engine_media(state, m, old_std, old_media, true, sink);
-                state.insert(model, hash, std, media);
+                self.insert_slot(state, model, hash, std, media, sink);
                 (model, std, media, true)
             }
             (None, Some(std)) => {
-                state.insert(model, hash, std, media);
+                self.insert_slot(state, model, hash, std, media, sink);
                 (model, std, media, true)
             }
         };
@@ -387,6 +392,32 @@ impl Index {
             });
         }
         stats.blocks_stored += 1;
+    }
+
+    /// Adds an engine slot. Int keys hold only the 64 bits, so a hash with the same bits
+    /// and the other sign (found by fuzzing) is displaced: that block is dropped like a
+    /// reused hash, its mapping key included.
+    fn insert_slot(
+        &self,
+        state: &mut SourceState,
+        model: u32,
+        hash: &BlockHash,
+        std: u64,
+        media: MediaSet,
+        sink: &mut impl DeltaSink,
+    ) {
+        let Some((twin, old)) = state.insert(model, hash, std, media) else {
+            return;
+        };
+        self.drop_engine_media(state, model, old.std(), old.media(), true, sink);
+        if sink.wants_mappings() {
+            sink.push(Delta::Mapping {
+                pod: PodId(state.pod),
+                engine: state.engine,
+                engine_hash: twin,
+                std_hash: None,
+            });
+        }
     }
 
     /// Records `added` media (and a new engine copy) on the source's resident of the block;
@@ -410,6 +441,7 @@ impl Index {
             Entry::Vacant(vacant) => {
                 vacant.insert(Residents::One(Resident::new(pod, rank, now, added)));
                 emit_field(
+                    &self.inner,
                     sink,
                     model,
                     std,
@@ -456,7 +488,7 @@ impl Index {
         }
         let after = residents.pod_value(pod);
         drop(entry);
-        emit_field(sink, model, std, pod, before, after);
+        emit_field(&self.inner, sink, model, std, pod, before, after);
         duplicate
     }
 
@@ -519,7 +551,7 @@ impl Index {
         } else {
             residents.pod_value(pod)
         };
-        emit_field(sink, model, std, pod, before, after);
+        emit_field(&self.inner, sink, model, std, pod, before, after);
     }
 
     fn apply_removed(
@@ -594,7 +626,7 @@ impl Index {
                 } else {
                     entry.get().pod_value(pod)
                 };
-                emit_field(sink, map.model, std, pod, before, after);
+                emit_field(&self.inner, sink, map.model, std, pod, before, after);
             }
             if wants_mappings {
                 for (engine_hash, _) in map.entries() {
@@ -751,6 +783,26 @@ impl Index {
         stats
     }
 
+    /// Resident (block, pod) entries and their count per medium spelling, without walking the
+    /// index (kept up to date as fields change; for metrics).
+    pub fn entry_counts(&self) -> (u64, Vec<(&'static str, u64)>) {
+        let total = self.inner.entries.load(Ordering::Relaxed).max(0) as u64;
+        let per_medium = self
+            .inner
+            .entries_by_slot
+            .iter()
+            .enumerate()
+            .map(|(slot, n)| {
+                (
+                    slot_medium(slot).spelling(),
+                    n.load(Ordering::Relaxed).max(0) as u64,
+                )
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        (total, per_medium)
+    }
+
     /// Number of pods ever registered (ids are `0..pod_count`).
     pub fn pod_count(&self) -> usize {
         self.inner.pods.len()
@@ -764,7 +816,9 @@ fn slot_medium(slot: usize) -> Medium {
         .unwrap_or(Medium::NONE)
 }
 
+/// Counts a pod-level change and hands it to the sink.
 fn emit_field(
+    inner: &Inner,
     sink: &mut impl DeltaSink,
     model: u32,
     std: u64,
@@ -773,6 +827,18 @@ fn emit_field(
     after: Option<FieldValue>,
 ) {
     if before != after {
+        let media = |v: Option<FieldValue>| v.map_or(MediaSet::EMPTY, |v| v.media);
+        let (old, new) = (media(before), media(after));
+        for m in old.difference(new).iter() {
+            inner.entries_by_slot[m.slot() as usize].fetch_sub(1, Ordering::Relaxed);
+        }
+        for m in new.difference(old).iter() {
+            inner.entries_by_slot[m.slot() as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        let delta = i64::from(after.is_some()) - i64::from(before.is_some());
+        if delta != 0 {
+            inner.entries.fetch_add(delta, Ordering::Relaxed);
+        }
         sink.push(Delta::Field {
             model: ModelId(model),
             std_hash: std,

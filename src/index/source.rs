@@ -91,21 +91,34 @@ impl ModelMap {
         }
     }
 
-    fn insert(&mut self, hash: &BlockHash, std: u64, media: MediaSet) {
-        match hash {
-            BlockHash::Int(v) => {
-                self.ints
-                    .insert(int_key(*v), EngineSlot::new(std, false, media));
-            }
-            BlockHash::Neg(v) => {
-                self.ints
-                    .insert(int_key(*v as u64), EngineSlot::new(std, true, media));
-            }
+    /// Inserts `hash`; returns the slot it displaced. Int keys hold only the 64 bits, so an
+    /// unsigned hash and a negative one with the same bits share a key: the caller must
+    /// drop the displaced block (returned with its hash as it was sent).
+    fn insert(
+        &mut self,
+        hash: &BlockHash,
+        std: u64,
+        media: MediaSet,
+    ) -> Option<(BlockHash, EngineSlot)> {
+        let (bits, negative) = match hash {
+            BlockHash::Int(v) => (*v, false),
+            BlockHash::Neg(v) => (*v as u64, true),
             BlockHash::Bytes(b) => {
-                self.bytes
+                let old = self
+                    .bytes
                     .insert(b.clone(), EngineSlot::new(std, false, media));
+                return old.map(|slot| (hash.clone(), slot));
             }
-        }
+        };
+        let old = self
+            .ints
+            .insert(int_key(bits), EngineSlot::new(std, negative, media))?;
+        let twin = if old.negative() {
+            BlockHash::Neg(bits as i64)
+        } else {
+            BlockHash::Int(bits)
+        };
+        Some((twin, old))
     }
 
     fn len(&self) -> usize {
@@ -227,8 +240,16 @@ impl SourceState {
         map.get_mut(hash).map(|slot| (model, slot))
     }
 
-    pub(crate) fn insert(&mut self, model: u32, hash: &BlockHash, std: u64, media: MediaSet) {
-        self.map_mut(model).insert(hash, std, media);
+    /// Inserts `hash` into `model`'s map; returns the slot it displaced (see
+    /// [`ModelMap::insert`]).
+    pub(crate) fn insert(
+        &mut self,
+        model: u32,
+        hash: &BlockHash,
+        std: u64,
+        media: MediaSet,
+    ) -> Option<(BlockHash, EngineSlot)> {
+        self.map_mut(model).insert(hash, std, media)
     }
 
     pub(crate) fn remove(&mut self, model: u32, hash: &BlockHash) {

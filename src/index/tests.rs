@@ -314,3 +314,39 @@ fn lora_blocks_belong_to_the_adapter_model() {
         .unwrap();
     assert!(index.dump().is_empty());
 }
+
+#[test]
+fn entry_counts_follow_field_changes_without_a_walk() {
+    let index = Index::new();
+    let a = index.register_source(&spec("a.ns", 0)).unwrap();
+    let b = index.register_source(&spec("b.ns", 0)).unwrap();
+    index
+        .apply(
+            a,
+            &batch(vec![stored(&[1, 2], tokens(0, 2), "GPU")]),
+            1,
+            &mut Discard,
+        )
+        .unwrap();
+    index
+        .apply(
+            b,
+            &batch(vec![
+                stored(&[1], tokens(0, 1), "GPU"),
+                stored(&[1], vec![], "CPU"),
+            ]),
+            1,
+            &mut Discard,
+        )
+        .unwrap();
+    let (total, per_medium) = index.entry_counts();
+    assert_eq!(total, 3);
+    assert!(per_medium.contains(&("GPU", 3)));
+    assert!(per_medium.contains(&("CPU", 1)));
+    index.forget_pod("b.ns", &mut Discard);
+    index
+        .apply(a, &batch(vec![removed(&[2], "GPU")]), 2, &mut Discard)
+        .unwrap();
+    assert_eq!(index.entry_counts(), (1, vec![("GPU", 1)]));
+    assert_eq!(index.stats().entries, 1);
+}

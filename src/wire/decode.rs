@@ -28,6 +28,15 @@ impl DecodeOptions {
 
 /// Decodes one payload into a normalized batch.
 ///
+/// ```
+/// use kvindex::wire::{decode_batch, DecodeOptions, Event};
+/// // vLLM 0.9's array form: [ts, [["AllBlocksCleared"]]]
+/// let payload = [0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x91, 0xb0,
+///     b'A', b'l', b'l', b'B', b'l', b'o', b'c', b'k', b's', b'C', b'l', b'e', b'a', b'r', b'e', b'd'];
+/// let batch = decode_batch(&payload, DecodeOptions::INDEX).unwrap();
+/// assert_eq!(batch.events, vec![Event::AllBlocksCleared]);
+/// ```
+///
 /// # Errors
 /// A [`DecodeError`] when the payload is not a batch at all; events that are bad on their
 /// own are reported in [`EngineBatch::skipped`] and the rest of the batch is kept.
@@ -267,7 +276,9 @@ struct Fields {
     kv_cache_spec_kind: Option<String>,
     kv_cache_spec_sliding_window: Option<i64>,
     locality: Option<String>,
-    extras: StoredExtras,
+    /// Boxed and created on first use: most events carry no display-only field, and an
+    /// inline `StoredExtras` made every event pay for building, moving and dropping it.
+    extras: Option<Box<StoredExtras>>,
     error: Option<EventError>,
 }
 
@@ -288,7 +299,7 @@ impl Fields {
             kv_cache_spec_kind: None,
             kv_cache_spec_sliding_window: None,
             locality: None,
-            extras: StoredExtras::default(),
+            extras: None,
             error: None,
         }
     }
@@ -362,7 +373,7 @@ impl Fields {
             Field::TokenIds => read_tokens(r)?.map(|t| self.token_ids = t),
             Field::BlockSize => read_u32(r)?.map(|v| self.block_size = Some(v)),
             Field::LoraId => read_i64(r)?.map(|v| self.lora_id = Some(v)),
-            Field::Medium => read_string(r)?.map(|s| self.medium = Medium::intern(&s)),
+            Field::Medium => read_medium(r)?.map(|m| self.medium = m),
             Field::LoraNameOrMetadata => self.read_lora_name_or_metadata(r)?,
             Field::GroupIdx => read_i64(r)?.map(|v| self.group_idx = Some(v)),
             Field::KvCacheSpecKind => read_string(r)?.map(|s| self.kv_cache_spec_kind = Some(s)),
@@ -379,7 +390,7 @@ impl Fields {
                 if keep =>
             {
                 let value = r.read_value()?;
-                *self.extras.slot(field) = Some(value);
+                *self.extras.get_or_insert_with(Box::default).slot(field) = Some(value);
                 Ok(())
             }
             _ => Ok(r.skip()?),
@@ -406,13 +417,20 @@ impl Fields {
         }
         let len = r.read_map_len()?;
         for _ in 0..len {
+            // A nil value is consumed inside the arm: eating it in a match guard and then
+            // falling through to `skip` would skip the next key and desync the cursor.
             match read_key(r)? {
-                Some(b"cache_salt") if self.options.keep_extras && !r.eat_nil()? => {
-                    self.extras.cache_salt = Some(r.read_value()?);
+                Some(b"cache_salt") if self.options.keep_extras => {
+                    if !r.eat_nil()? {
+                        let salt = r.read_value()?;
+                        self.extras.get_or_insert_with(Box::default).cache_salt = Some(salt);
+                    }
                 }
-                Some(b"lora_name") if !r.eat_nil()? => {
-                    if let Ok(name) = read_string(r)? {
-                        self.lora_name = Some(name);
+                Some(b"lora_name") => {
+                    if !r.eat_nil()? {
+                        if let Ok(name) = read_string(r)? {
+                            self.lora_name = Some(name);
+                        }
                     }
                 }
                 _ => r.skip()?,
@@ -443,11 +461,10 @@ impl Fields {
                     medium: self.medium,
                     group_idx: self.group_idx,
                     locality: self.locality,
-                    ownership: self.extras.ownership,
+                    ownership: self.extras.and_then(|e| e.ownership),
                 }))
             }
             Some(Tag::Stored) => {
-                let extras = (!self.extras.is_empty()).then(|| Box::new(self.extras));
                 let stored = BlockStored {
                     block_hashes: self.block_hashes.unwrap_or_default(),
                     parent_block_hash: self.parent_block_hash,
@@ -460,7 +477,8 @@ impl Fields {
                     kv_cache_spec_kind: self.kv_cache_spec_kind,
                     kv_cache_spec_sliding_window: self.kv_cache_spec_sliding_window,
                     locality: self.locality,
-                    extras,
+                    // Only ever created to hold a value, so never empty.
+                    extras: self.extras,
                 };
                 validate_stored(&stored).map_err(SkipReason::Invalid)?;
                 Ok(Event::BlockStored(stored))
@@ -552,6 +570,14 @@ fn read_string(r: &mut Reader<'_>) -> FieldResult<String> {
     Ok(r.read_str()?.map(str::to_owned).ok_or(FieldErr::Type))
 }
 
+/// A medium spelling, interned straight from the payload (no `String` per event).
+fn read_medium(r: &mut Reader<'_>) -> FieldResult<Medium> {
+    if r.peek_kind()? != Kind::Str {
+        return type_error(r);
+    }
+    Ok(r.read_str()?.map(Medium::intern).ok_or(FieldErr::Type))
+}
+
 fn read_hash(r: &mut Reader<'_>) -> FieldResult<BlockHash> {
     Ok(match r.peek_kind()? {
         Kind::Int => Ok(match r.read_int()? {
@@ -591,6 +617,14 @@ fn read_tokens(r: &mut Reader<'_>) -> FieldResult<Vec<u32>> {
     let mut tokens = Vec::with_capacity(len.min(r.remaining()));
     let mut failed = None;
     for position in 0..len {
+        // Almost every token id is a small unsigned int: read those without the general
+        // marker dispatch (the same values the general path below accepts).
+        if let Some(t) = r.try_read_small_uint() {
+            if failed.is_none() {
+                tokens.push(t);
+            }
+            continue;
+        }
         let token = match r.peek_kind()? {
             Kind::Int => r.read_int()?.as_u64().and_then(|v| u32::try_from(v).ok()),
             // TensorRT-LLM may send token ids as strings.

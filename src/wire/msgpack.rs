@@ -159,6 +159,29 @@ impl<'a> Reader<'a> {
         Ok(v)
     }
 
+    /// Fast path for token ids: reads an unsigned integer encoded as a positive fixint,
+    /// u8, u16 or u32 and returns it; returns `None` and consumes nothing for any other
+    /// value or a short buffer, which the caller then reads the general way.
+    #[inline]
+    pub(crate) fn try_read_small_uint(&mut self) -> Option<u32> {
+        let buf = self.buf.get(self.pos..)?;
+        let (value, len) = match *buf.first()? {
+            b @ 0x00..=0x7f => (u32::from(b), 1),
+            0xcc => (u32::from(*buf.get(1)?), 2),
+            0xcd => {
+                let b = buf.get(1..3)?;
+                (u32::from(u16::from_be_bytes([b[0], b[1]])), 3)
+            }
+            0xce => {
+                let b = buf.get(1..5)?;
+                (u32::from_be_bytes([b[0], b[1], b[2], b[3]]), 5)
+            }
+            _ => return None,
+        };
+        self.pos += len;
+        Some(value)
+    }
+
     /// Reads a float or an integer as `f64`; `None` (value consumed) for other types.
     pub(crate) fn read_number(&mut self) -> Result<Option<f64>, DecodeError> {
         match self.peek_marker()? {

@@ -1,0 +1,153 @@
+//! Index memory per resident (block, pod) entry, measured with a counting global allocator.
+//!
+//! Each case registers its sources, then stores blocks of 16 tokens (one block per
+//! `BlockStored`, int engine hashes above and below 2^63, medium "GPU") until the index holds
+//! the target number of resident (block, pod) entries. Batches are dropped after they are
+//! applied, so the live-heap growth is the index alone: the per-model block tables, every
+//! block's resident list and every source's engine-hash map (the map `BlockRemoved` resolves
+//! through). hashbrown tables double at powers of two, so several sizes are reported; the
+//! "8 pods" cases store every block on 8 pods (shared prefixes, one list of 8 residents).
+//! Goal (issue 2): ≤ 64 bytes per entry at 1 M entries.
+//!
+//! Run: `cargo bench --bench index_memory` (prints a table; takes a few seconds).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use kvindex::index::{Discard, Index, SourceSpec};
+use kvindex::medium::Medium;
+use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
+
+/// Counts live heap bytes: every allocation adds its size, every free subtracts it.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; only a counter is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same layout contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same layout contract as the caller's.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        // SAFETY: `ptr` came from this allocator with `layout`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+const BLOCK_SIZE: u32 = 16;
+const EVENTS_PER_BATCH: usize = 512;
+
+/// One case: `pods` sources each holding the same `blocks` blocks.
+fn measure(blocks: usize, pods: usize) -> (usize, f64, usize) {
+    let index = Index::new();
+    let sources: Vec<_> = (0..pods)
+        .map(|p| {
+            index
+                .register_source(&SourceSpec {
+                    pod: format!("pod-{p}.default"),
+                    model: "meta-llama/Llama-3.1-8B-Instruct".to_owned(),
+                    engine: Engine::Vllm,
+                    dp_rank: 0,
+                })
+                .expect("few sources")
+        })
+        .collect();
+    let before = live();
+    for (p, source) in sources.iter().enumerate() {
+        let mut next = 0usize;
+        while next < blocks {
+            let end = (next + EVENTS_PER_BATCH).min(blocks);
+            let events = (next..end)
+                .map(|i| {
+                    // Distinct tokens per block; engine hashes spread over the u64 range.
+                    let tokens: Vec<u32> = (0..BLOCK_SIZE).map(|t| i as u32 ^ (t << 27)).collect();
+                    let hash = (i as u64 ^ ((p as u64) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    Event::BlockStored(BlockStored {
+                        block_hashes: vec![BlockHash::Int(hash)],
+                        parent_block_hash: None,
+                        token_ids: tokens,
+                        block_size: Some(BLOCK_SIZE),
+                        lora_id: None,
+                        medium: Medium::GPU,
+                        lora_name: None,
+                        group_idx: None,
+                        kv_cache_spec_kind: None,
+                        kv_cache_spec_sliding_window: None,
+                        locality: None,
+                        extras: None,
+                    })
+                })
+                .collect();
+            let batch = EngineBatch {
+                ts: 0.0,
+                dp_rank: Some(0),
+                events,
+                skipped: Vec::new(),
+            };
+            index
+                .apply(*source, &batch, 1_767_225_600, &mut Discard)
+                .expect("registered");
+            next = end;
+        }
+    }
+    let grown = (live() - before) as usize;
+    let stats = index.stats();
+    assert_eq!(
+        stats.entries,
+        blocks * pods,
+        "every block is resident on every pod"
+    );
+    (
+        stats.entries,
+        grown as f64 / stats.entries as f64,
+        stats.heap_bytes,
+    )
+}
+
+fn main() {
+    // `cargo bench` passes harness flags; a filter-free table is all this binary prints.
+    let cases = [
+        (500_000, 1),
+        (1_000_000, 1),
+        (1_048_576, 1),
+        (1_500_000, 1),
+        (62_500, 8),
+        (125_000, 8),
+        (187_500, 8),
+    ];
+    println!("| pods | blocks | (block, pod) entries | measured bytes/entry | stats() estimate bytes/entry |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (blocks, pods) in cases {
+        let (entries, per_entry, estimate) = measure(blocks, pods);
+        println!(
+            "| {pods} | {blocks} | {entries} | {per_entry:.1} | {:.1} |",
+            estimate as f64 / entries as f64
+        );
+    }
+}
