@@ -1,1 +1,35 @@
-//! Placeholder, filled in by its issue.
+//! Longest-prefix, tier-weighted scoring of pods for a prompt (kthena semantics), and the
+//! memoized prefill/decode (PD) group scheduler (DESIGN.md §7).
+//!
+//! | file | job |
+//! | --- | --- |
+//! | `prompt.rs` | [`PromptSettings`]: tokens → standardized block hashes (block size, cap) |
+//! | `lookup.rs` | the [`Lookup`] trait and [`IndexLookup`], the in-memory backend |
+//! | `redis_lookup.rs` | [`RedisLookup`]: one pipelined `HGETALL` per prompt over kthena's keys |
+//! | `prefix.rs` | [`score_prefix`]: first block required, consecutive match, integer score |
+//! | `pd.rs` | [`schedule`]: top-N decodes paired with the best prefill of their group |
+//!
+//! Data flows one way: a backend answers "who holds block *i* of this prompt, on which
+//! tier" for a fixed candidate list, and the scorer folds those answers into scores. The
+//! backend never sees the scoring rule and the scorer never sees Redis or the index.
+//!
+//! Tier weights are [`TierWeights`] from [`crate::medium`], re-exported here.
+
+mod lookup;
+mod pd;
+mod prefix;
+mod prompt;
+mod redis_lookup;
+
+pub use crate::medium::{TierWeights, WeightError};
+pub use lookup::{IndexLookup, Lookup, Owner};
+pub use pd::{
+    schedule, schedule_unmemoized, DecodeCandidate, KvScorer, Pair, PdError, PrefillGroups, Scorer,
+    DEFAULT_TOP_N,
+};
+pub use prefix::{kthena_score, score_index, score_prefix, PodScore, PrefixScores, SlotScore};
+pub use prompt::{PromptError, PromptSettings};
+pub use redis_lookup::{
+    block_key, parse_field_value, FieldOwner, RedisLookup, RedisLookupError, RedisOwners,
+    BLOCK_KEY_PREFIX,
+};

@@ -1,0 +1,356 @@
+//! kthena's longest-prefix score, tier-weighted.
+//!
+//! A pod scores only if it holds block 0, and keeps matching while it holds every block so
+//! far. Its score is `int((Σ weight / total_blocks) * 100)` with kthena's float order
+//! (divide first, then multiply, then truncate toward zero), where the weight of a block is
+//! that of the pod's best medium for it and `total_blocks` is the prompt's block count.
+//!
+//! kthena's float order matters: 29 of 100 blocks scores `int(0.29 * 100)` = 28 there, not
+//! 29, and a router reading the same Redis must see the same number as this scorer.
+
+use serde::Serialize;
+
+use super::lookup::{IndexLookup, Lookup};
+use crate::hash::StdHash;
+use crate::index::Index;
+use crate::medium::TierWeights;
+
+/// kthena's integer score for a weighted match of `weighted_sum` over `total_blocks`.
+pub fn kthena_score(weighted_sum: f64, total_blocks: usize) -> u32 {
+    if total_blocks == 0 {
+        return 0;
+    }
+    // `as` truncates toward zero and saturates, like Go's int() on these values.
+    ((weighted_sum / total_blocks as f64) * 100.0) as u32
+}
+
+/// One candidate's result, by its position in the candidate list.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlotScore {
+    /// Position of the pod in the candidate list.
+    pub candidate: usize,
+    /// Integer score 0..=100.
+    pub score: u32,
+    /// Length of the matched prefix, in blocks.
+    pub matched_blocks: u32,
+    /// Σ of the tier weights of the matched blocks.
+    pub weighted_sum: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Track {
+    /// Blocks matched so far; the pod is still matching at block i iff `matched == i`.
+    matched: u32,
+    /// Block index + 1 of the last block the pod was reported for.
+    stamp: u32,
+    sum: f64,
+    /// Best weight and latest write of the current block over the pod's reports.
+    best: f64,
+    latest: Option<u64>,
+    unknown_time: bool,
+}
+
+const FRESH_TRACK: Track = Track {
+    matched: 0,
+    stamp: 0,
+    sum: 0.0,
+    best: 0.0,
+    latest: None,
+    unknown_time: false,
+};
+
+/// Scores `candidates` candidates over the blocks `lookup` answers for.
+///
+/// `started_at` is empty (no freshness rule) or holds one entry per candidate: the unix
+/// second the pod's engine started, when known. An owner whose write time is ≤ that start
+/// was written by an earlier life of the engine and is dropped, as kthena's router does.
+///
+/// Returns only the candidates that hold block 0, in candidate order.
+pub fn score_prefix<L: Lookup>(
+    lookup: &mut L,
+    candidates: usize,
+    started_at: &[Option<u64>],
+) -> Vec<SlotScore> {
+    let total = lookup.blocks();
+    if started_at.iter().all(Option::is_none) {
+        return score_without_freshness(lookup, candidates, total);
+    }
+    let mut tracks = vec![FRESH_TRACK; candidates];
+    let mut touched: Vec<u32> = Vec::with_capacity(candidates.min(64));
+    let mut alive = candidates;
+    for block in 0..total {
+        if alive == 0 {
+            break;
+        }
+        let at = block as u32;
+        let stamp = at + 1;
+        touched.clear();
+        lookup.for_each_owner(block, |owner| {
+            let Some(t) = tracks.get_mut(owner.candidate) else {
+                return;
+            };
+            if t.stamp == stamp {
+                t.best = t.best.max(owner.weight);
+                merge_time(t, owner.written_at);
+            } else if t.matched == at {
+                t.stamp = stamp;
+                t.best = owner.weight;
+                t.latest = None;
+                t.unknown_time = false;
+                merge_time(t, owner.written_at);
+                touched.push(owner.candidate as u32);
+            }
+        });
+        alive = 0;
+        for &c in &touched {
+            let t = &mut tracks[c as usize];
+            let start = started_at.get(c as usize).copied().flatten();
+            let stale = match (start, t.latest) {
+                (Some(start), Some(latest)) => !t.unknown_time && latest <= start,
+                _ => false,
+            };
+            if !stale {
+                t.matched += 1;
+                t.sum += t.best;
+                alive += 1;
+            }
+        }
+    }
+    tracks
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.matched > 0)
+        .map(|(candidate, t)| SlotScore {
+            candidate,
+            score: kthena_score(t.sum, total),
+            matched_blocks: t.matched,
+            weighted_sum: t.sum,
+        })
+        .collect()
+}
+
+/// The common path: no freshness rule, so a report can be counted the moment it is seen
+/// (a later report of the same pod for the same block can only raise the block's weight).
+fn score_without_freshness<L: Lookup>(
+    lookup: &mut L,
+    candidates: usize,
+    total: usize,
+) -> Vec<SlotScore> {
+    #[derive(Clone, Copy)]
+    struct Fast {
+        matched: u32,
+        base: f64,
+        best: f64,
+        sum: f64,
+    }
+    let mut tracks = vec![
+        Fast {
+            matched: 0,
+            base: 0.0,
+            best: 0.0,
+            sum: 0.0
+        };
+        candidates
+    ];
+    for block in 0..total {
+        let at = block as u32;
+        let mut hits = 0usize;
+        lookup.for_each_owner(block, |owner| {
+            let Some(t) = tracks.get_mut(owner.candidate) else {
+                return;
+            };
+            if t.matched == at {
+                t.matched = at + 1;
+                t.base = t.sum;
+                t.best = owner.weight;
+                t.sum = t.base + owner.weight;
+                hits += 1;
+            } else if t.matched == at + 1 && owner.weight > t.best {
+                // Matched earlier in this same block (another DP rank): keep the best.
+                t.best = owner.weight;
+                t.sum = t.base + owner.weight;
+            }
+        });
+        if hits == 0 {
+            break;
+        }
+    }
+    tracks
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.matched > 0)
+        .map(|(candidate, t)| SlotScore {
+            candidate,
+            score: kthena_score(t.sum, total),
+            matched_blocks: t.matched,
+            weighted_sum: t.sum,
+        })
+        .collect()
+}
+
+fn merge_time(t: &mut Track, written_at: Option<u64>) {
+    match written_at {
+        Some(ts) => t.latest = Some(t.latest.map_or(ts, |l| l.max(ts))),
+        None => t.unknown_time = true,
+    }
+}
+
+/// One pod's result, by name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PodScore {
+    /// Pod identifier `{pod}.{namespace}`.
+    pub pod: String,
+    /// Integer score 0..=100.
+    pub score: u32,
+    /// Length of the matched prefix, in blocks.
+    pub matched_blocks: u32,
+    /// Σ of the tier weights of the matched blocks.
+    pub weighted_sum: f64,
+}
+
+/// Scores of one prompt: only pods that hold block 0 appear.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrefixScores {
+    /// The prompt's block count (after the cap).
+    pub total_blocks: usize,
+    /// Best first: score, then matched blocks (descending), then pod identifier.
+    pub scores: Vec<PodScore>,
+}
+
+impl PrefixScores {
+    /// Names and orders slot scores of `candidates`.
+    pub fn from_slots<S: AsRef<str>>(
+        total_blocks: usize,
+        candidates: &[S],
+        slots: &[SlotScore],
+    ) -> PrefixScores {
+        let mut scores: Vec<PodScore> = slots
+            .iter()
+            .filter_map(|s| {
+                candidates.get(s.candidate).map(|pod| PodScore {
+                    pod: pod.as_ref().to_owned(),
+                    score: s.score,
+                    matched_blocks: s.matched_blocks,
+                    weighted_sum: s.weighted_sum,
+                })
+            })
+            .collect();
+        scores.sort_by(|a, b| {
+            b.score
+                .cmp(&a.score)
+                .then(b.matched_blocks.cmp(&a.matched_blocks))
+                .then_with(|| a.pod.cmp(&b.pod))
+        });
+        PrefixScores {
+            total_blocks,
+            scores,
+        }
+    }
+
+    /// The score of `pod`, if it holds block 0.
+    pub fn get(&self, pod: &str) -> Option<&PodScore> {
+        self.scores.iter().find(|s| s.pod == pod)
+    }
+}
+
+/// Scores `candidates` for `blocks` of `model` from the in-memory index.
+pub fn score_index<S: AsRef<str>>(
+    index: &Index,
+    model: &str,
+    blocks: &[StdHash],
+    candidates: &[S],
+    weights: &TierWeights,
+    started_at: &[Option<u64>],
+) -> PrefixScores {
+    let mut lookup = IndexLookup::new(index, model, blocks, candidates, weights);
+    let slots = score_prefix(&mut lookup, candidates.len(), started_at);
+    PrefixScores::from_slots(blocks.len(), candidates, &slots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::score::Owner;
+
+    /// A table lookup: per block, (candidate, weight, written_at).
+    struct Table(Vec<Vec<(usize, f64, Option<u64>)>>);
+
+    impl Lookup for Table {
+        fn blocks(&self) -> usize {
+            self.0.len()
+        }
+        fn for_each_owner<F: FnMut(Owner)>(&mut self, block: usize, mut visit: F) {
+            for &(candidate, weight, written_at) in &self.0[block] {
+                visit(Owner {
+                    candidate,
+                    weight,
+                    written_at,
+                });
+            }
+        }
+    }
+
+    #[test]
+    fn truncation_follows_kthenas_float_order() {
+        assert_eq!(kthena_score(29.0, 100), 28);
+        assert_eq!(kthena_score(1.0, 3), 33);
+        assert_eq!(kthena_score(2.0, 3), 66);
+        assert_eq!(kthena_score(3.0, 3), 100);
+        assert_eq!(kthena_score(0.0, 3), 0);
+        assert_eq!(kthena_score(1.0, 0), 0);
+    }
+
+    #[test]
+    fn several_reports_of_one_pod_combine_to_best_weight_once() {
+        let mut t = Table(vec![
+            vec![(0, 0.8, Some(5)), (0, 1.0, Some(3))],
+            vec![(0, 0.8, Some(5)), (0, 0.8, Some(6))],
+        ]);
+        let s = score_prefix(&mut t, 1, &[]);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].matched_blocks, 2);
+        assert_eq!(s[0].weighted_sum, 1.0 + 0.8);
+        assert_eq!(s[0].score, 90);
+    }
+
+    #[test]
+    fn freshness_uses_the_latest_write_of_the_pod() {
+        let mut t = Table(vec![
+            vec![(0, 1.0, Some(5)), (0, 1.0, Some(11)), (1, 1.0, Some(10))],
+            vec![(0, 1.0, Some(12)), (1, 1.0, None)],
+        ]);
+        let s = score_prefix(&mut t, 2, &[Some(10), Some(10)]);
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].candidate, s[0].matched_blocks), (0, 2));
+    }
+
+    #[test]
+    fn a_gap_stops_a_pod_even_if_later_blocks_match() {
+        let mut t = Table(vec![
+            vec![(0, 1.0, None), (1, 1.0, None)],
+            vec![(1, 1.0, None)],
+            vec![(0, 1.0, None), (1, 1.0, None)],
+        ]);
+        let s = score_prefix(&mut t, 2, &[]);
+        assert_eq!(s[0].matched_blocks, 1);
+        assert_eq!(s[1].matched_blocks, 3);
+    }
+
+    #[test]
+    fn fast_path_equals_the_freshness_path_when_nothing_is_stale() {
+        let table = vec![
+            vec![
+                (0, 0.8, Some(5)),
+                (1, 1.0, Some(5)),
+                (0, 1.0, Some(5)),
+                (2, 0.0, Some(5)),
+            ],
+            vec![(1, 1.0, Some(5)), (0, 0.8, Some(5)), (2, 0.0, Some(5))],
+            vec![(0, 0.8, Some(5)), (2, 1.0, Some(5))],
+        ];
+        let fast = score_prefix(&mut Table(table.clone()), 3, &[]);
+        let slow = score_prefix(&mut Table(table), 3, &[Some(0), None, None]);
+        assert_eq!(fast, slow);
+        assert_eq!(fast.len(), 3);
+    }
+}

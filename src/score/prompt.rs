@@ -1,0 +1,97 @@
+//! Prompt tokens → standardized block hashes, the way a kthena router chunks them.
+
+use crate::hash::{prompt_block_hashes, StdHash, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS};
+
+/// Why prompt settings were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PromptError {
+    /// A block size of 0.
+    #[error("block size must be at least 1 token")]
+    ZeroBlockSize,
+    /// A block cap of 0.
+    #[error("max blocks must be at least 1")]
+    ZeroMaxBlocks,
+}
+
+/// How a prompt is cut into blocks: tokens per block and the cap on the block count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptSettings {
+    block_size: usize,
+    max_blocks: usize,
+}
+
+impl Default for PromptSettings {
+    fn default() -> Self {
+        PromptSettings {
+            block_size: DEFAULT_BLOCK_SIZE,
+            max_blocks: DEFAULT_MAX_BLOCKS,
+        }
+    }
+}
+
+impl PromptSettings {
+    /// Settings with `block_size` tokens per block and at most `max_blocks` blocks.
+    ///
+    /// # Errors
+    /// [`PromptError`] when either is 0.
+    pub fn new(block_size: usize, max_blocks: usize) -> Result<PromptSettings, PromptError> {
+        if block_size == 0 {
+            return Err(PromptError::ZeroBlockSize);
+        }
+        if max_blocks == 0 {
+            return Err(PromptError::ZeroMaxBlocks);
+        }
+        Ok(PromptSettings {
+            block_size,
+            max_blocks,
+        })
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Cap on the number of blocks scored.
+    pub fn max_blocks(&self) -> usize {
+        self.max_blocks
+    }
+
+    /// The prompt's block hashes (the last, partial chunk is a block), at most `max_blocks`.
+    pub fn hash(&self, tokens: &[u32]) -> Vec<StdHash> {
+        prompt_block_hashes(tokens, self.block_size, self.max_blocks)
+    }
+
+    /// Caller-supplied block hashes cut to `max_blocks`, as if the router had hashed them.
+    pub fn cap<'a>(&self, hashes: &'a [StdHash]) -> &'a [StdHash] {
+        &hashes[..hashes.len().min(self.max_blocks)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::std_hash;
+
+    #[test]
+    fn defaults_are_kthenas_and_zero_is_refused() {
+        let s = PromptSettings::default();
+        assert_eq!((s.block_size(), s.max_blocks()), (16, 128));
+        assert_eq!(PromptSettings::new(0, 1), Err(PromptError::ZeroBlockSize));
+        assert_eq!(PromptSettings::new(1, 0), Err(PromptError::ZeroMaxBlocks));
+    }
+
+    #[test]
+    fn hashing_keeps_partial_block_and_caps() {
+        let s = PromptSettings::new(4, 2).unwrap();
+        let hashes = s.hash(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(
+            hashes,
+            vec![std_hash(&[1, 2, 3, 4]), std_hash(&[5, 6, 7, 8])]
+        );
+        let s = PromptSettings::new(4, 8).unwrap();
+        assert_eq!(s.hash(&[1, 2, 3, 4, 5]).len(), 2);
+        assert_eq!(s.cap(&[1, 2, 3]).len(), 3);
+        assert_eq!(PromptSettings::new(4, 2).unwrap().cap(&[1, 2, 3]), &[1, 2]);
+    }
+}

@@ -1,0 +1,267 @@
+//! The Redis backend: kthena's block keys, read with one pipeline per prompt.
+//!
+//! Key `matrix:kv:block:{model}@{std_hash}` is a hash whose fields are pod identifiers and
+//! whose values are `"{unix_seconds}"` or `"{unix_seconds}|{MEDIUM}"` (DESIGN.md §6). Every
+//! block of the prompt is fetched in one pipeline of `HGETALL`, as kthena's router does, so
+//! a lookup costs one round trip whatever the prompt length.
+
+use std::fmt::Write as _;
+
+use hashbrown::HashMap;
+use redis::Value;
+
+use super::lookup::{Lookup, Owner};
+use crate::hash::StdHash;
+use crate::medium::TierWeights;
+
+/// Prefix of kthena's block keys.
+pub const BLOCK_KEY_PREFIX: &str = "matrix:kv:block:";
+
+/// The Redis key of block `std_hash` of `model`.
+pub fn block_key(model: &str, std_hash: StdHash) -> String {
+    let mut key = String::with_capacity(BLOCK_KEY_PREFIX.len() + model.len() + 21);
+    push_block_key(&mut key, model, std_hash);
+    key
+}
+
+fn push_block_key(key: &mut String, model: &str, std_hash: StdHash) {
+    key.clear();
+    key.push_str(BLOCK_KEY_PREFIX);
+    key.push_str(model);
+    key.push('@');
+    // Writing into a String cannot fail.
+    let _ = write!(key, "{std_hash}");
+}
+
+/// A field value as parsed: the write time and the medium spelling (`""` when none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldOwner<'v> {
+    /// Unix second of the write; `None` when the timestamp does not parse.
+    pub written_at: Option<u64>,
+    /// Medium as written (`""` for a timestamp-only value).
+    pub medium: &'v str,
+}
+
+/// Parses `"{ts}"` or `"{ts}|{MEDIUM}"`. A timestamp that does not parse is kept as
+/// unknown (kthena keeps such an owner as fresh) rather than dropping the owner.
+pub fn parse_field_value(value: &str) -> FieldOwner<'_> {
+    let (ts, medium) = match value.split_once('|') {
+        Some((ts, medium)) => (ts, medium.trim()),
+        None => (value, ""),
+    };
+    FieldOwner {
+        written_at: ts.trim().parse::<u64>().ok(),
+        medium,
+    }
+}
+
+/// Why a Redis lookup failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisLookupError {
+    /// The pipeline failed (connection, timeout, server error).
+    #[error("redis lookup of {blocks} block keys failed: {source}")]
+    Redis {
+        /// Keys in the pipeline.
+        blocks: usize,
+        /// The client's error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A reply that is not a hash (someone else wrote the key).
+    #[error("redis key `{key}` is not a hash")]
+    NotAHash {
+        /// The key.
+        key: String,
+    },
+}
+
+/// Entry point of the Redis backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RedisLookup;
+
+impl RedisLookup {
+    /// Fetches every block of the prompt in one pipeline and keeps the owners among
+    /// `candidates`. A missing key (unknown model, block held by nobody) holds nothing.
+    ///
+    /// # Errors
+    /// [`RedisLookupError`] when the pipeline fails or a key is not a hash.
+    pub async fn fetch<C, S>(
+        conn: &mut C,
+        model: &str,
+        blocks: &[StdHash],
+        candidates: &[S],
+        weights: &TierWeights,
+    ) -> Result<RedisOwners, RedisLookupError>
+    where
+        C: redis::aio::ConnectionLike + Send,
+        S: AsRef<str>,
+    {
+        let mut pipe = redis::pipe();
+        let mut key = String::new();
+        for hash in blocks {
+            push_block_key(&mut key, model, *hash);
+            pipe.hgetall(key.as_str());
+        }
+        if blocks.is_empty() {
+            return Ok(RedisOwners::default());
+        }
+        let replies: Vec<Value> =
+            pipe.query_async(conn)
+                .await
+                .map_err(|source| RedisLookupError::Redis {
+                    blocks: blocks.len(),
+                    source,
+                })?;
+        let mut slots: HashMap<&str, usize> = HashMap::with_capacity(candidates.len());
+        for (i, c) in candidates.iter().enumerate() {
+            slots.entry(c.as_ref()).or_insert(i);
+        }
+        let mut media = MediumWeights::new(weights);
+        let mut owners = RedisOwners {
+            offsets: Vec::with_capacity(blocks.len() + 1),
+            owners: Vec::new(),
+        };
+        owners.offsets.push(0);
+        for (i, reply) in replies.iter().enumerate() {
+            let mut add = |field: &Value, value: &Value| {
+                let (Some(field), Some(value)) = (as_str(field), as_str(value)) else {
+                    return;
+                };
+                let Some(&candidate) = slots.get(field) else {
+                    return;
+                };
+                let parsed = parse_field_value(value);
+                owners.owners.push(Owner {
+                    candidate,
+                    weight: media.weight(parsed.medium),
+                    written_at: parsed.written_at,
+                });
+            };
+            match reply {
+                Value::Array(items) => {
+                    for pair in items.chunks_exact(2) {
+                        add(&pair[0], &pair[1]);
+                    }
+                }
+                Value::Map(pairs) => {
+                    for (field, value) in pairs {
+                        add(field, value);
+                    }
+                }
+                Value::Nil => {}
+                _ => {
+                    return Err(RedisLookupError::NotAHash {
+                        key: block_key(model, blocks.get(i).copied().unwrap_or_default()),
+                    })
+                }
+            }
+            owners.offsets.push(owners.owners.len() as u32);
+        }
+        Ok(owners)
+    }
+}
+
+fn as_str(value: &Value) -> Option<&str> {
+    match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// Weight per medium spelling, memoized for one fetch (values repeat the same few media).
+struct MediumWeights<'w> {
+    weights: &'w TierWeights,
+    seen: Vec<(String, f64)>,
+}
+
+impl<'w> MediumWeights<'w> {
+    fn new(weights: &'w TierWeights) -> MediumWeights<'w> {
+        MediumWeights {
+            weights,
+            seen: Vec::new(),
+        }
+    }
+
+    fn weight(&mut self, medium: &str) -> f64 {
+        if medium.is_empty() {
+            return 1.0;
+        }
+        if let Some((_, w)) = self.seen.iter().find(|(m, _)| m == medium) {
+            return *w;
+        }
+        let w = self.weights.weight_of_name(medium);
+        if self.seen.len() < 32 {
+            self.seen.push((medium.to_owned(), w));
+        }
+        w
+    }
+}
+
+/// The owners of every prompt block among the candidates, as fetched from Redis.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RedisOwners {
+    /// `owners[offsets[i]..offsets[i + 1]]` hold block i.
+    offsets: Vec<u32>,
+    owners: Vec<Owner>,
+}
+
+impl Lookup for RedisOwners {
+    fn blocks(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    fn for_each_owner<F: FnMut(Owner)>(&mut self, block: usize, mut visit: F) {
+        let (Some(&from), Some(&to)) = (self.offsets.get(block), self.offsets.get(block + 1))
+        else {
+            return;
+        };
+        for owner in &self.owners[from as usize..to as usize] {
+            visit(*owner);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_kthenas_layout() {
+        assert_eq!(
+            block_key("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 12345),
+            "matrix:kv:block:deepseek-ai/DeepSeek-R1-Distill-Qwen-7B@12345"
+        );
+    }
+
+    #[test]
+    fn values_parse_with_and_without_medium() {
+        assert_eq!(
+            parse_field_value("1703123456"),
+            FieldOwner {
+                written_at: Some(1703123456),
+                medium: ""
+            }
+        );
+        assert_eq!(
+            parse_field_value("1703123789|CPU_PINNED"),
+            FieldOwner {
+                written_at: Some(1703123789),
+                medium: "CPU_PINNED"
+            }
+        );
+        assert_eq!(parse_field_value("x|GPU").written_at, None);
+        assert_eq!(parse_field_value("7|").medium, "");
+    }
+
+    #[test]
+    fn medium_weights_are_case_insensitive_and_memoized() {
+        let w = TierWeights::default();
+        let mut m = MediumWeights::new(&w);
+        assert_eq!(m.weight("cpu"), 0.8);
+        assert_eq!(m.weight("cpu"), 0.8);
+        assert_eq!(m.weight(""), 1.0);
+        assert_eq!(m.weight("GPU"), 1.0);
+        assert_eq!(m.seen.len(), 2);
+    }
+}

@@ -1,0 +1,393 @@
+//! The HTTP API: the router tested with `oneshot`, plus one test on a real 127.0.0.1 port.
+
+use std::sync::Arc;
+
+use axum::body::{to_bytes, Body};
+use axum::http::{header, Request, StatusCode};
+use kvindex::api::{router, serve, ApiLimits, ApiState, PodStatus, PodsView};
+use kvindex::hash::prompt_block_hashes;
+use kvindex::index::{Discard, Index, SourceSpec};
+use kvindex::medium::{Medium, TierWeights};
+use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+struct Targets;
+
+impl PodsView for Targets {
+    fn pods(&self) -> Vec<PodStatus> {
+        vec![PodStatus {
+            pod: "a.ns".into(),
+            model: "m".into(),
+            engine: "vllm".into(),
+            endpoint: "tcp://127.0.0.1:5557".into(),
+            dp_ranks: 1,
+            state: "connected".into(),
+            last_message_age_seconds: Some(0.5),
+            resident_blocks: [("GPU".to_owned(), 3)].into_iter().collect(),
+        }]
+    }
+}
+
+fn tokens(blocks: u32) -> Vec<u32> {
+    (0..16 * blocks).collect()
+}
+
+/// Pod `a.ns` holds 2 of the 4 blocks on GPU, `b.ns` holds all 4 on CPU, `p.ns` 1 block.
+fn index() -> Index {
+    let index = Index::new();
+    let all = tokens(4);
+    for (pod, blocks, medium) in [
+        ("a.ns", 2usize, "GPU"),
+        ("b.ns", 4, "CPU"),
+        ("p.ns", 1, "GPU"),
+    ] {
+        let source = index
+            .register_source(&SourceSpec {
+                pod: pod.into(),
+                model: "m".into(),
+                engine: Engine::Vllm,
+                dp_rank: 0,
+            })
+            .unwrap();
+        let event = Event::BlockStored(BlockStored {
+            block_hashes: (1..=blocks as i64).map(BlockHash::from_i64).collect(),
+            parent_block_hash: None,
+            token_ids: all[..16 * blocks].to_vec(),
+            block_size: Some(16),
+            lora_id: None,
+            medium: Medium::intern(medium),
+            lora_name: None,
+            group_idx: None,
+            kv_cache_spec_kind: None,
+            kv_cache_spec_sliding_window: None,
+            locality: None,
+            extras: None,
+        });
+        let batch = EngineBatch {
+            ts: 0.0,
+            dp_rank: None,
+            events: vec![event],
+            skipped: vec![],
+        };
+        index.apply(source, &batch, 100, &mut Discard).unwrap();
+    }
+    index
+}
+
+fn app(token: Option<&str>) -> axum::Router {
+    let state = ApiState::new(
+        index(),
+        TierWeights::default(),
+        token.map(str::to_owned),
+        Arc::new(Targets),
+    )
+    .with_limits(ApiLimits {
+        max_body_bytes: 4096,
+        ..ApiLimits::default()
+    });
+    router(state)
+}
+
+async fn call(
+    app: axum::Router,
+    method: &str,
+    uri: &str,
+    body: Option<String>,
+    token: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let req = req.body(body.map_or_else(Body::empty, Body::from)).unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, value)
+}
+
+async fn post(app: axum::Router, uri: &str, body: Value) -> (StatusCode, Value) {
+    call(app, "POST", uri, Some(body.to_string()), None).await
+}
+
+#[tokio::test]
+async fn score_happy_path_orders_by_score() {
+    let (status, body) = post(
+        app(None),
+        "/v1/score",
+        json!({"model": "m", "tokens": tokens(4), "pods": ["a.ns", "b.ns", "z.ns"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        json!({"total_blocks": 4, "scores": [
+            {"pod": "b.ns", "score": 80, "matched_blocks": 4},
+            {"pod": "a.ns", "score": 50, "matched_blocks": 2}
+        ]})
+    );
+}
+
+#[tokio::test]
+async fn score_accepts_block_hashes_as_numbers_or_strings_and_weight_overrides() {
+    let hashes = prompt_block_hashes(&tokens(4), 16, 128);
+    let mixed = json!([hashes[0], hashes[1].to_string(), hashes[2], hashes[3]]);
+    let (status, body) = post(
+        app(None),
+        "/v1/score",
+        json!({"model": "m", "block_hashes": mixed, "pods": ["b.ns"], "weights": {"cpu": 0.5}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body["scores"][0],
+        json!({"pod": "b.ns", "score": 50, "matched_blocks": 4})
+    );
+}
+
+#[tokio::test]
+async fn unknown_model_gives_empty_scores() {
+    let (status, body) = post(
+        app(None),
+        "/v1/score",
+        json!({"model": "nope", "tokens": tokens(2), "pods": ["a.ns"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"total_blocks": 2, "scores": []}));
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_400_with_a_json_body() {
+    let (status, body) = call(
+        app(None),
+        "POST",
+        "/v1/score",
+        Some("{\"model\": ".into()),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"].is_string());
+}
+
+#[tokio::test]
+async fn missing_and_bad_fields_are_named() {
+    let cases = [
+        (json!({"tokens": [1], "pods": []}), "model"),
+        (json!({"model": "m", "tokens": [1]}), "pods"),
+        (json!({"model": "m", "pods": ["a.ns"]}), "tokens"),
+        (
+            json!({"model": "m", "tokens": [1, "x"], "pods": []}),
+            "tokens[1]",
+        ),
+        (
+            json!({"model": "m", "tokens": [1], "pods": ["a.ns", ""]}),
+            "pods[1]",
+        ),
+        (
+            json!({"model": "m", "tokens": [1], "pods": [], "weights": {"gpu": 1.5}}),
+            "weights.gpu",
+        ),
+        (
+            json!({"model": "m", "tokens": [1], "pods": [], "tokenz": 1}),
+            "tokenz",
+        ),
+        (json!({"model": "", "tokens": [1], "pods": []}), "model"),
+    ];
+    for (req, field) in cases {
+        let (status, body) = post(app(None), "/v1/score", req.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{req}");
+        assert_eq!(body["field"], json!(field), "{req}: {body}");
+    }
+    let (status, body) = post(
+        app(None),
+        "/v1/pd/schedule",
+        json!({"model": "m", "tokens": [1], "decode": [{"pod": "d"}], "prefill": {}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["field"], json!("decode[0].group"));
+    let (status, body) = post(app(None), "/v1/pd/schedule", json!({"model": "m", "tokens": [1], "decode": [{"pod": "d", "group": "g"}], "prefill": {}, "top_n": 0})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["field"], json!("top_n"));
+}
+
+#[tokio::test]
+async fn oversized_body_is_a_413_with_a_json_body() {
+    let big = json!({"model": "m", "tokens": vec![7u32; 4000], "pods": []});
+    let (status, body) = post(app(None), "/v1/score", big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(body["error"].is_string());
+}
+
+#[tokio::test]
+async fn wrong_or_missing_token_is_a_401() {
+    let req = json!({"model": "m", "tokens": [1], "pods": []}).to_string();
+    let (status, _) = call(
+        app(Some("s3cret")),
+        "POST",
+        "/v1/score",
+        Some(req.clone()),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = call(
+        app(Some("s3cret")),
+        "POST",
+        "/v1/score",
+        Some(req.clone()),
+        Some("wrong"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = call(app(Some("s3cret")), "GET", "/v1/pods", None, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = call(
+        app(Some("s3cret")),
+        "POST",
+        "/v1/score",
+        Some(req),
+        Some("s3cret"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn pd_schedule_pairs_decodes_with_their_groups_best_prefill() {
+    let req = json!({
+        "model": "m",
+        "tokens": tokens(4),
+        "decode": [
+            {"pod": "a.ns", "group": "g1"},
+            {"pod": "b.ns", "group": "g1"},
+            {"pod": "x.ns", "group": "g2", "score": 10.0},
+            {"pod": "y.ns", "group": "missing", "score": 99.0}
+        ],
+        "prefill": {"g1": ["z.ns", "p.ns"], "g2": ["b.ns"]},
+        "top_n": 3
+    });
+    let (status, body) = post(app(None), "/v1/pd/schedule", req).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"pairs": [
+            {"decode": "b.ns", "prefill": "p.ns", "prefill_score": 25.0},
+            {"decode": "a.ns", "prefill": "p.ns", "prefill_score": 25.0}
+        ]})
+    );
+}
+
+#[tokio::test]
+async fn pd_schedule_without_any_pair_is_a_422_naming_prefill() {
+    let req =
+        json!({"model": "m", "tokens": [1], "decode": [{"pod": "d", "group": "g"}], "prefill": {}});
+    let (status, body) = post(app(None), "/v1/pd/schedule", req).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["field"], json!("prefill"));
+}
+
+#[tokio::test]
+async fn pods_lists_the_targets() {
+    let (status, body) = call(app(None), "GET", "/v1/pods", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["pods"][0]["pod"], json!("a.ns"));
+    assert_eq!(body["pods"][0]["resident_blocks"]["GPU"], json!(3));
+}
+
+#[tokio::test]
+async fn serves_on_a_real_loopback_port_and_shuts_down() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(listener, app(None), async {
+        let _ = stopped.await;
+    }));
+    let body = json!({"model": "m", "tokens": tokens(4), "pods": ["a.ns"]}).to_string();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST /v1/score HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.ends_with(
+            r#"{"total_blocks":4,"scores":[{"pod":"a.ns","score":50,"matched_blocks":2}]}"#
+        ),
+        "{response}"
+    );
+    stop.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// Checks `value` against the `properties`/`required`/`additionalProperties` of `schema`,
+/// recursively through objects and arrays (the subset of JSON Schema our bodies use).
+fn conforms(schema: &Value, value: &Value, at: &str) {
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        let obj = value
+            .as_object()
+            .unwrap_or_else(|| panic!("{at}: not an object"));
+        for req in schema["required"].as_array().into_iter().flatten() {
+            assert!(
+                obj.contains_key(req.as_str().unwrap()),
+                "{at}: missing {req}"
+            );
+        }
+        for (k, v) in obj {
+            let sub = props
+                .get(k)
+                .unwrap_or_else(|| panic!("{at}: `{k}` not in the schema"));
+            conforms(sub, v, &format!("{at}.{k}"));
+        }
+    }
+    if let (Some(items), Some(arr)) = (schema.get("items"), value.as_array()) {
+        for (i, v) in arr.iter().enumerate() {
+            conforms(items, v, &format!("{at}[{i}]"));
+        }
+    }
+}
+
+fn schema(name: &str) -> Value {
+    let path = format!("{}/schemas/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn response_bodies_match_their_schemas() {
+    let (_, body) = post(
+        app(None),
+        "/v1/score",
+        json!({"model": "m", "tokens": tokens(4), "pods": ["a.ns", "b.ns"]}),
+    )
+    .await;
+    conforms(&schema("api-score-response.schema.json"), &body, "score");
+    let req = json!({"model": "m", "tokens": tokens(4), "decode": [{"pod": "a.ns", "group": "g"}], "prefill": {"g": ["p.ns"]}});
+    let (_, body) = post(app(None), "/v1/pd/schedule", req).await;
+    conforms(&schema("api-pd-schedule-response.schema.json"), &body, "pd");
+    let (_, body) = call(app(None), "GET", "/v1/pods", None, None).await;
+    conforms(&schema("api-pods-response.schema.json"), &body, "pods");
+    let (_, body) = post(app(None), "/v1/score", json!({"tokens": [1], "pods": []})).await;
+    conforms(&schema("api-error.schema.json"), &body, "error");
+    // The request schemas describe the same fields the server accepts.
+    let score_req = schema("api-score-request.schema.json");
+    conforms(
+        &score_req,
+        &json!({"model": "m", "tokens": [1], "block_hashes": ["1"], "pods": ["a"], "weights": {"gpu": 1.0}}),
+        "score request",
+    );
+}
