@@ -151,6 +151,9 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
         engine: args.engine,
         dump: None,
         json: false,
+        redis: None,
+        value_format: crate::store::redis::ValueFormat::Tiered,
+        no_mapping_keys: false,
     };
     let (index, _) = replay_into_index(&replay)?;
     Ok(score_index(
