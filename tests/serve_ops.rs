@@ -241,3 +241,63 @@ async fn two_hundred_publishing_targets_lose_nothing() {
     assert!(daemon_kib < 128 * 1024, "daemon RSS share {daemon_kib} KiB");
     daemon.shutdown(Duration::from_secs(10)).await;
 }
+
+async fn http_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_scores_what_the_daemon_ingested() {
+    let port = free_ports(1);
+    let text = format!(
+        "api:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: 127.0.0.1:0\ntargets:\n{}",
+        target_yaml("ap", "m", "vllm", port, None, 1)
+    );
+    let config = Config::from_str(&text).unwrap();
+    let daemon = kvindex::commands::serve::Daemon::start(config, None, test_limits())
+        .await
+        .unwrap();
+    let api = daemon.api_addr.expect("api listener bound");
+    let mut publisher = FakePub::bind(port).await;
+    wait_connected(&daemon, "ap.test", 0, 1).await;
+    let msgs = messages(E01, None);
+    for m in &msgs {
+        publisher.send(&m.frames).await;
+    }
+    wait_messages(&daemon, "ap.test", 0, msgs.len() as u64).await;
+    // The stream ends with the 3-block system prompt stored again: its tokens score 100.
+    let want: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("vllm-e01-0.9.0.expected.json")).unwrap(),
+    )
+    .unwrap();
+    let last = want["batches"].as_array().unwrap().last().unwrap();
+    let tokens = &last["events"][0]["token_ids"];
+    let body =
+        serde_json::json!({"model": "m", "tokens": tokens, "pods": ["ap.test", "other.test"]});
+    let (code, reply) = http_post(api, "/v1/score", &body.to_string()).await;
+    assert_eq!(code, 200, "{reply}");
+    let json: serde_json::Value =
+        serde_json::from_str(reply.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(json["total_blocks"], 3);
+    assert_eq!(json["scores"][0]["pod"], "ap.test");
+    assert_eq!(json["scores"][0]["score"], 100);
+    assert_eq!(json["scores"].as_array().unwrap().len(), 1);
+    let (code, pods) = http_get(api, "/v1/pods").await;
+    assert_eq!(code, 200);
+    assert!(pods.contains("ap.test"), "{pods}");
+    daemon.shutdown(Duration::from_secs(5)).await;
+}
