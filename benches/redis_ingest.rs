@@ -2,7 +2,8 @@
 //! `BlockStored` events (GPU, tiered values, mapping keys on: 2 commands per block).
 //! Each iteration applies 20,000 fresh blocks to the index, sends each event's deltas to the
 //! mirror and waits for the flush, so the figure is end to end (index + coalescing +
-//! pipelines + Redis). Needs a Redis at 127.0.0.1:6379 (db 0; keys use a bench-only pod name).
+//! pipelines + Redis). Needs a Redis at 127.0.0.1:6379; it writes to db 15, a bench-only db
+//! that it empties after each case (millions of keys would otherwise slow every later SCAN).
 //!
 //! Run: `cargo bench --bench redis_ingest` and compare with
 //! `redis-benchmark -P 64 -q -t hset,set -n 1000000`.
@@ -41,6 +42,21 @@ fn event(first_hash: u64, blocks: u64, salt: u64) -> Event {
     })
 }
 
+/// The db the bench writes to and empties afterwards.
+const BENCH_DB: &str = "redis://127.0.0.1:6379/15";
+
+async fn empty_bench_db() {
+    let client = redis::Client::open(BENCH_DB).expect("bench db URL");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis at 127.0.0.1:6379");
+    let _: () = redis::cmd("FLUSHDB")
+        .query_async(&mut conn)
+        .await
+        .expect("FLUSHDB on the bench db");
+}
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let mut group = c.benchmark_group("redis_ingest");
@@ -59,7 +75,10 @@ fn bench(c: &mut Criterion) {
             .expect("register");
         let mirror = rt
             .block_on(MirrorHandle::start(
-                RedisConfig::default(),
+                RedisConfig {
+                    url: BENCH_DB.to_owned(),
+                    ..RedisConfig::default()
+                },
                 index.clone(),
                 TierWeights::default(),
             ))
@@ -103,6 +122,7 @@ fn bench(c: &mut Criterion) {
             stats.commands, stats.pipelines, stats.flush_p50_us, stats.flush_p99_us
         );
         rt.block_on(mirror.shutdown(Duration::from_secs(30)));
+        rt.block_on(empty_bench_db());
     }
     group.finish();
 }

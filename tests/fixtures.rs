@@ -146,7 +146,7 @@ fn residency(index: &Index) -> Residency {
         .map(|e| {
             assert_eq!(e.pod, "pod-a.ns");
             assert!(
-                e.stored_at <= now && now - e.stored_at < 60,
+                e.stored_at <= now && now - e.stored_at < 3600,
                 "implausible stored_at {}",
                 e.stored_at
             );
