@@ -8,7 +8,8 @@ use anyhow::Context;
 
 use super::decode::EngineArg;
 use crate::index::{Delta, Discard, Index, IndexStats};
-use crate::ingest::{fixture, unix_now, IngestStats, OfflineReplay};
+use crate::ingest::fixture::{self, FixtureError, RecordedMessage};
+use crate::ingest::{unix_now, IngestStats, OfflineReplay};
 use crate::medium::TierWeights;
 use crate::store::redis::{MirrorHandle, MirrorStats, RedisConfig, ValueFormat};
 
@@ -171,12 +172,7 @@ pub fn replay_into_index(args: &ReplayArgs) -> anyhow::Result<(Index, ReplaySumm
     let started = Instant::now();
     let engine = args.engine.resolve(&args.files[0]);
     let mut replay = OfflineReplay::new(Index::new(), &args.pod, &args.model, engine);
-    let mut loaded = Vec::with_capacity(args.files.len());
-    for file in &args.files {
-        loaded.push((file, fixture::read_file(file)?));
-    }
-    let total: u64 = loaded.iter().map(|(_, m)| m.len() as u64).sum();
-    let progress = progress_bar(total);
+    let (loaded, progress) = load(args)?;
     for (file, messages) in loaded {
         replay.start_file(&file.display().to_string());
         for message in messages {
@@ -185,26 +181,12 @@ pub fn replay_into_index(args: &ReplayArgs) -> anyhow::Result<(Index, ReplaySumm
                 Ok(message) => {
                     replay.offer(&message, unix_now(), &mut Discard)?;
                 }
-                Err(err) => {
-                    tracing::warn!(file = %file.display(), "Skipped a bad fixture line: {err}.");
-                    replay.count_bad_line();
-                }
+                Err(err) => skip_bad_line(&mut replay, file, &err),
             }
         }
     }
     progress.finish_and_clear();
-    let index = replay.index().clone();
-    let summary = ReplaySummary {
-        files: args.files.len(),
-        ingest: replay.stats().clone(),
-        index: index.stats(),
-        elapsed_ms: started.elapsed().as_millis(),
-        redis: None,
-    };
-    if let Some(path) = &args.dump {
-        write_dump(&index, path)?;
-    }
-    Ok((index, summary))
+    finish(args, &replay, started, None)
 }
 
 /// Replays every file into a fresh index and mirrors it into Redis (`args.redis`), waiting
@@ -229,12 +211,7 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
     let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default()).await?;
     let sender = mirror.sender();
     let mut replay = OfflineReplay::new(index.clone(), &args.pod, &args.model, engine);
-    let mut loaded = Vec::with_capacity(args.files.len());
-    for file in &args.files {
-        loaded.push((file, fixture::read_file(file)?));
-    }
-    let total: u64 = loaded.iter().map(|(_, m)| m.len() as u64).sum();
-    let progress = progress_bar(total);
+    let (loaded, progress) = load(args)?;
     for (file, messages) in loaded {
         replay.start_file(&file.display().to_string());
         for message in messages {
@@ -245,10 +222,7 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
                     replay.offer(&message, unix_now(), &mut deltas)?;
                     sender.send(deltas).await;
                 }
-                Err(err) => {
-                    tracing::warn!(file = %file.display(), "Skipped a bad fixture line: {err}.");
-                    replay.count_bad_line();
-                }
+                Err(err) => skip_bad_line(&mut replay, file, &err),
             }
         }
     }
@@ -258,12 +232,40 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
         .context("Redis did not take the last writes in time")??;
     let stats = mirror.stats();
     mirror.shutdown(REDIS_DRAIN_DEADLINE).await;
+    finish(args, &replay, started, Some(stats))
+}
+
+/// Every file's recorded messages, read up front, with a progress bar sized to them.
+type Loaded<'a> = Vec<(&'a PathBuf, Vec<Result<RecordedMessage, FixtureError>>)>;
+
+fn load(args: &ReplayArgs) -> anyhow::Result<(Loaded<'_>, indicatif::ProgressBar)> {
+    let mut loaded = Vec::with_capacity(args.files.len());
+    for file in &args.files {
+        loaded.push((file, fixture::read_file(file)?));
+    }
+    let total: u64 = loaded.iter().map(|(_, m)| m.len() as u64).sum();
+    Ok((loaded, progress_bar(total)))
+}
+
+fn skip_bad_line(replay: &mut OfflineReplay, file: &std::path::Path, err: &FixtureError) {
+    tracing::warn!(file = %file.display(), "Skipped a bad fixture line: {err}.");
+    replay.count_bad_line();
+}
+
+/// Builds the summary (and writes the dump when asked) once every file was replayed.
+fn finish(
+    args: &ReplayArgs,
+    replay: &OfflineReplay,
+    started: Instant,
+    redis: Option<MirrorStats>,
+) -> anyhow::Result<(Index, ReplaySummary)> {
+    let index = replay.index().clone();
     let summary = ReplaySummary {
         files: args.files.len(),
         ingest: replay.stats().clone(),
         index: index.stats(),
         elapsed_ms: started.elapsed().as_millis(),
-        redis: Some(stats),
+        redis,
     };
     if let Some(path) = &args.dump {
         write_dump(&index, path)?;
