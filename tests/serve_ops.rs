@@ -94,11 +94,23 @@ async fn reload_adds_and_removes_targets_at_run_time() {
 }
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path, "").await
+}
+
+/// One HTTP/1.1 request on a fresh connection; returns the status and the whole reply.
+async fn http_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     let code = out
@@ -242,24 +254,6 @@ async fn two_hundred_publishing_targets_lose_nothing() {
     daemon.shutdown(Duration::from_secs(10)).await;
 }
 
-async fn http_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, out)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_scores_what_the_daemon_ingested() {
     let port = free_ports(1);
@@ -288,7 +282,7 @@ async fn the_api_scores_what_the_daemon_ingested() {
     let tokens = &last["events"][0]["token_ids"];
     let body =
         serde_json::json!({"model": "m", "tokens": tokens, "pods": ["ap.test", "other.test"]});
-    let (code, reply) = http_post(api, "/v1/score", &body.to_string()).await;
+    let (code, reply) = http_request(api, "POST", "/v1/score", &body.to_string()).await;
     assert_eq!(code, 200, "{reply}");
     let json: serde_json::Value =
         serde_json::from_str(reply.split("\r\n\r\n").nth(1).unwrap()).unwrap();
