@@ -88,20 +88,12 @@ fn measure(blocks: usize, pods: usize) -> (usize, f64, usize) {
                     // Distinct tokens per block; engine hashes spread over the u64 range.
                     let tokens: Vec<u32> = (0..BLOCK_SIZE).map(|t| i as u32 ^ (t << 27)).collect();
                     let hash = (i as u64 ^ ((p as u64) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                    Event::BlockStored(BlockStored {
-                        block_hashes: vec![BlockHash::Int(hash)],
-                        parent_block_hash: None,
-                        token_ids: tokens,
-                        block_size: Some(BLOCK_SIZE),
-                        lora_id: None,
-                        medium: Medium::GPU,
-                        lora_name: None,
-                        group_idx: None,
-                        kv_cache_spec_kind: None,
-                        kv_cache_spec_sliding_window: None,
-                        locality: None,
-                        extras: None,
-                    })
+                    Event::BlockStored(BlockStored::new(
+                        vec![BlockHash::Int(hash)],
+                        tokens,
+                        BLOCK_SIZE,
+                        Medium::GPU,
+                    ))
                 })
                 .collect();
             let batch = EngineBatch {

@@ -26,20 +26,12 @@ fn event(first_hash: u64, blocks: u64, salt: u64) -> Event {
     let token_ids = (0..blocks * u64::from(BLOCK_SIZE))
         .map(|t| (t ^ (first_hash * 31) ^ salt) as u32)
         .collect();
-    Event::BlockStored(BlockStored {
+    Event::BlockStored(BlockStored::new(
         block_hashes,
-        parent_block_hash: None,
         token_ids,
-        block_size: Some(BLOCK_SIZE),
-        lora_id: None,
-        medium: Medium::GPU,
-        lora_name: None,
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-        locality: None,
-        extras: None,
-    })
+        BLOCK_SIZE,
+        Medium::GPU,
+    ))
 }
 
 /// The db the bench writes to and empties afterwards.
@@ -94,12 +86,7 @@ fn bench(c: &mut Criterion) {
                         .map(|_| {
                             let e = event(next_hash, blocks_per_event, blocks_per_event);
                             next_hash += blocks_per_event;
-                            EngineBatch {
-                                ts: 0.0,
-                                dp_rank: None,
-                                events: vec![e],
-                                skipped: Vec::new(),
-                            }
+                            EngineBatch::of(vec![e])
                         })
                         .collect();
                     let started = Instant::now();

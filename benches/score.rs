@@ -48,28 +48,15 @@ fn full_index(model: &str) -> Index {
                 dp_rank: 0,
             })
             .expect("register");
-        let event = Event::BlockStored(BlockStored {
-            block_hashes: (0..BLOCKS as i64)
+        let event = Event::BlockStored(BlockStored::new(
+            (0..BLOCKS as i64)
                 .map(|b| BlockHash::from_i64((p as i64) << 20 | b))
                 .collect(),
-            parent_block_hash: None,
-            token_ids: tokens.clone(),
-            block_size: Some(16),
-            lora_id: None,
-            medium: Medium::GPU,
-            lora_name: None,
-            group_idx: None,
-            kv_cache_spec_kind: None,
-            kv_cache_spec_sliding_window: None,
-            locality: None,
-            extras: None,
-        });
-        let batch = EngineBatch {
-            ts: 0.0,
-            dp_rank: None,
-            events: vec![event],
-            skipped: vec![],
-        };
+            tokens.clone(),
+            16,
+            Medium::GPU,
+        ));
+        let batch = EngineBatch::of(vec![event]);
         index
             .apply(source, &batch, 1_700_000_000, &mut Discard)
             .expect("apply");

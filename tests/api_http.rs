@@ -50,26 +50,13 @@ fn index() -> Index {
                 dp_rank: 0,
             })
             .unwrap();
-        let event = Event::BlockStored(BlockStored {
-            block_hashes: (1..=blocks as i64).map(BlockHash::from_i64).collect(),
-            parent_block_hash: None,
-            token_ids: all[..16 * blocks].to_vec(),
-            block_size: Some(16),
-            lora_id: None,
-            medium: Medium::intern(medium),
-            lora_name: None,
-            group_idx: None,
-            kv_cache_spec_kind: None,
-            kv_cache_spec_sliding_window: None,
-            locality: None,
-            extras: None,
-        });
-        let batch = EngineBatch {
-            ts: 0.0,
-            dp_rank: None,
-            events: vec![event],
-            skipped: vec![],
-        };
+        let event = Event::BlockStored(BlockStored::new(
+            (1..=blocks as i64).map(BlockHash::from_i64).collect(),
+            all[..16 * blocks].to_vec(),
+            16,
+            Medium::intern(medium),
+        ));
+        let batch = EngineBatch::of(vec![event]);
         index.apply(source, &batch, 100, &mut Discard).unwrap();
     }
     index

@@ -99,24 +99,17 @@ fn to_event(op: &Op) -> Event {
             contents,
             medium: m,
             lora,
-        } => Event::BlockStored(BlockStored {
-            block_hashes: hashes.clone(),
-            parent_block_hash: None,
-            token_ids: contents
+        } => {
+            let tokens = contents
                 .iter()
                 .flatten()
                 .flat_map(|c| tokens_of(*c))
-                .collect(),
-            block_size: Some(BLOCK_SIZE as u32),
-            lora_id: None,
-            medium: medium(m),
-            lora_name: lora.then(|| ADAPTER.to_owned()),
-            group_idx: None,
-            kv_cache_spec_kind: None,
-            kv_cache_spec_sliding_window: None,
-            locality: None,
-            extras: None,
-        }),
+                .collect();
+            Event::BlockStored(BlockStored {
+                lora_name: lora.then(|| ADAPTER.to_owned()),
+                ..BlockStored::new(hashes.clone(), tokens, BLOCK_SIZE as u32, medium(m))
+            })
+        }
         Op::Remove { hashes, medium: m } => Event::BlockRemoved(BlockRemoved {
             block_hashes: hashes.clone(),
             medium: medium(m),

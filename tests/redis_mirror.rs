@@ -187,20 +187,12 @@ async fn sglang_0_5_21_stream_ends_with_the_four_gpu_blocks_of_its_scenario() {
 }
 
 fn stored(hash: u64, tokens: Vec<u32>, medium: Medium) -> Event {
-    Event::BlockStored(BlockStored {
-        block_hashes: vec![BlockHash::Int(hash)],
-        parent_block_hash: None,
-        token_ids: tokens,
-        block_size: Some(4),
-        lora_id: None,
+    Event::BlockStored(BlockStored::new(
+        vec![BlockHash::Int(hash)],
+        tokens,
+        4,
         medium,
-        lora_name: None,
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-        locality: None,
-        extras: None,
-    })
+    ))
 }
 
 fn removed(hash: u64, medium: Medium) -> Event {
@@ -214,12 +206,7 @@ fn removed(hash: u64, medium: Medium) -> Event {
 }
 
 fn batch(events: Vec<Event>) -> EngineBatch {
-    EngineBatch {
-        ts: 0.0,
-        dp_rank: None,
-        events,
-        skipped: Vec::new(),
-    }
+    EngineBatch::of(events)
 }
 
 struct Rig {

@@ -235,20 +235,12 @@ fn cases() -> Vec<Case> {
 }
 
 fn stored(hash: i64, tokens: &[u32], medium: &str) -> Event {
-    Event::BlockStored(BlockStored {
-        block_hashes: vec![BlockHash::from_i64(hash)],
-        parent_block_hash: None,
-        token_ids: tokens.to_vec(),
-        block_size: Some(tokens.len() as u32),
-        lora_id: None,
-        medium: Medium::intern(medium),
-        lora_name: None,
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-        locality: None,
-        extras: None,
-    })
+    Event::BlockStored(BlockStored::new(
+        vec![BlockHash::from_i64(hash)],
+        tokens.to_vec(),
+        tokens.len() as u32,
+        Medium::intern(medium),
+    ))
 }
 
 fn fill_index(model: &str, tokens: &[u32], holds: &[Holds]) -> Index {

@@ -11,20 +11,12 @@ fn spec(pod: &str, rank: u8) -> SourceSpec {
 }
 
 fn stored(hashes: &[i64], tokens: Vec<u32>, medium: &str) -> Event {
-    Event::BlockStored(BlockStored {
-        block_hashes: hashes.iter().map(|h| BlockHash::from_i64(*h)).collect(),
-        parent_block_hash: None,
-        token_ids: tokens,
-        block_size: Some(16),
-        lora_id: None,
-        medium: Medium::intern(medium),
-        lora_name: None,
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-        locality: None,
-        extras: None,
-    })
+    Event::BlockStored(BlockStored::new(
+        hashes.iter().map(|h| BlockHash::from_i64(*h)).collect(),
+        tokens,
+        16,
+        Medium::intern(medium),
+    ))
 }
 
 fn removed(hashes: &[i64], medium: &str) -> Event {
@@ -38,12 +30,7 @@ fn removed(hashes: &[i64], medium: &str) -> Event {
 }
 
 fn batch(events: Vec<Event>) -> EngineBatch {
-    EngineBatch {
-        ts: 0.0,
-        dp_rank: None,
-        events,
-        skipped: Vec::new(),
-    }
+    EngineBatch::of(events)
 }
 
 fn tokens(start: u32, blocks: u32) -> Vec<u32> {

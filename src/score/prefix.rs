@@ -116,17 +116,7 @@ pub fn score_prefix<L: Lookup>(
             }
         }
     }
-    tracks
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| t.matched > 0)
-        .map(|(candidate, t)| SlotScore {
-            candidate,
-            score: kthena_score(t.sum, total),
-            matched_blocks: t.matched,
-            weighted_sum: t.sum,
-        })
-        .collect()
+    slot_scores(tracks.iter().map(|t| (t.matched, t.sum)), total)
 }
 
 /// The common path: no freshness rule, so a report can be counted the moment it is seen
@@ -175,15 +165,19 @@ fn score_without_freshness<L: Lookup>(
             break;
         }
     }
+    slot_scores(tracks.iter().map(|t| (t.matched, t.sum)), total)
+}
+
+/// One score per candidate that matched at least block 0, from its (matched, sum) track.
+fn slot_scores(tracks: impl Iterator<Item = (u32, f64)>, total: usize) -> Vec<SlotScore> {
     tracks
-        .iter()
         .enumerate()
-        .filter(|(_, t)| t.matched > 0)
-        .map(|(candidate, t)| SlotScore {
+        .filter(|(_, (matched, _))| *matched > 0)
+        .map(|(candidate, (matched, sum))| SlotScore {
             candidate,
-            score: kthena_score(t.sum, total),
-            matched_blocks: t.matched,
-            weighted_sum: t.sum,
+            score: kthena_score(sum, total),
+            matched_blocks: matched,
+            weighted_sum: sum,
         })
         .collect()
 }

@@ -157,6 +157,30 @@ pub struct BlockStored {
 }
 
 impl BlockStored {
+    /// A store of consecutive blocks with only the fields every era has; the optional ones
+    /// (LoRA, KV-cache group, locality, display-only extras) absent.
+    pub fn new(
+        block_hashes: Vec<BlockHash>,
+        token_ids: Vec<u32>,
+        block_size: u32,
+        medium: Medium,
+    ) -> BlockStored {
+        BlockStored {
+            block_hashes,
+            parent_block_hash: None,
+            token_ids,
+            block_size: Some(block_size),
+            lora_id: None,
+            medium,
+            lora_name: None,
+            group_idx: None,
+            kv_cache_spec_kind: None,
+            kv_cache_spec_sliding_window: None,
+            locality: None,
+            extras: None,
+        }
+    }
+
     /// Tokens per block: the sent `block_size`, else tokens ÷ blocks when that divides.
     pub fn effective_block_size(&self) -> Option<usize> {
         match self.block_size {
@@ -268,4 +292,16 @@ pub struct EngineBatch {
     pub events: Vec<Event>,
     /// Events that were skipped, with their positions.
     pub skipped: Vec<SkippedEvent>,
+}
+
+impl EngineBatch {
+    /// A batch of events built by the caller (ts 0, no DP rank, nothing skipped).
+    pub fn of(events: Vec<Event>) -> EngineBatch {
+        EngineBatch {
+            ts: 0.0,
+            dp_rank: None,
+            events,
+            skipped: Vec::new(),
+        }
+    }
 }
