@@ -19,6 +19,10 @@ use crate::medium::TierWeights;
 use crate::store::redis::{RedisConfig, ValueFormat};
 use crate::wire::Engine;
 
+pub mod kubernetes;
+
+use kubernetes::{validate_kubernetes, KubernetesConfig, RawDiscovery};
+
 /// Highest DP rank count per target (ranks are `u8` in the index).
 pub const MAX_DP_RANKS: u32 = 256;
 
@@ -44,6 +48,9 @@ pub struct RawConfig {
     /// Engine pods to subscribe to.
     #[serde(default)]
     pub targets: Vec<Spanned<RawTarget>>,
+    /// Engine pods found at run time (`discovery.kubernetes`).
+    #[serde(default)]
+    pub discovery: Option<RawDiscovery>,
 }
 
 /// `redis:` as written.
@@ -117,6 +124,8 @@ pub struct Config {
     pub weights: TierWeights,
     /// Targets, in file order.
     pub targets: Vec<Target>,
+    /// Kubernetes discovery of more targets, when configured.
+    pub discovery: Option<KubernetesConfig>,
 }
 
 /// HTTP API settings.
@@ -556,6 +565,11 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
         }
     }
 
+    let discovery = raw
+        .discovery
+        .and_then(|d| d.kubernetes)
+        .and_then(|k| validate_kubernetes(k, env, &mut issues));
+
     if issues.is_empty() {
         Ok(Config {
             redis,
@@ -563,6 +577,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
             metrics_listen,
             weights,
             targets,
+            discovery,
         })
     } else {
         Err(ConfigError::Invalid(issues))
@@ -605,6 +620,7 @@ impl Config {
                 "topic": t.topic,
                 "dp_ranks": t.dp_ranks,
             })).collect::<Vec<_>>(),
+            "discovery": {"kubernetes": self.discovery.as_ref().map(KubernetesConfig::to_json)},
         })
     }
 }

@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use super::UsageError;
 use crate::config::{Config, ProcessEnv};
 use crate::index::Index;
+use crate::ingest::discovery::{self, DiscoveryHealth};
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::supervisor::{reload_loop, Supervisor};
 use crate::store::redis::MirrorHandle;
@@ -45,6 +46,8 @@ pub struct Daemon {
     pub metrics_addr: SocketAddr,
     /// Where the API is served, when configured.
     pub api_addr: Option<SocketAddr>,
+    /// Kubernetes discovery's health, when discovery is configured.
+    pub discovery: Option<DiscoveryHealth>,
     cancel: CancellationToken,
     mirror: Option<Arc<MirrorHandle>>,
     tasks: Vec<JoinHandle<()>>,
@@ -54,6 +57,7 @@ pub struct Daemon {
 struct HealthState {
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     mirror: Option<Arc<MirrorHandle>>,
+    discovery: Option<DiscoveryHealth>,
 }
 
 async fn metrics_page(State(s): State<HealthState>) -> (StatusCode, String) {
@@ -66,11 +70,17 @@ async fn metrics_page(State(s): State<HealthState>) -> (StatusCode, String) {
     }
 }
 
-async fn readyz(State(s): State<HealthState>) -> (StatusCode, &'static str) {
+async fn readyz(State(s): State<HealthState>) -> (StatusCode, String) {
     // Config is loaded by construction; Redis must answer when one is configured.
     match &s.mirror {
-        Some(m) if !m.is_healthy() => (StatusCode::SERVICE_UNAVAILABLE, "redis unreachable\n"),
-        _ => (StatusCode::OK, "ready\n"),
+        Some(m) if !m.is_healthy() => {
+            return (StatusCode::SERVICE_UNAVAILABLE, "redis unreachable\n".to_owned())
+        }
+        _ => {}
+    }
+    match s.discovery.as_ref().and_then(DiscoveryHealth::not_ready_reason) {
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        None => (StatusCode::OK, "ready\n".to_owned()),
     }
 }
 
@@ -102,6 +112,16 @@ impl Daemon {
             replay_limits,
         );
         let mut tasks = Vec::new();
+        // The client is built before any port is bound: a bad kubeconfig fails the start.
+        let kube_client = match &config.discovery {
+            Some(k) => Some(
+                discovery::client_for(&k.access)
+                    .await
+                    .context("cannot start Kubernetes discovery")?,
+            ),
+            None => None,
+        };
+        let discovery_health = kube_client.as_ref().map(|_| DiscoveryHealth::default());
 
         let listener = tokio::net::TcpListener::bind(config.metrics_listen)
             .await
@@ -114,6 +134,7 @@ impl Daemon {
             .with_state(HealthState {
                 metrics,
                 mirror: mirror.clone(),
+                discovery: discovery_health.clone(),
             });
         let c = cancel.child_token();
         tasks.push(tokio::spawn(async move {
@@ -150,6 +171,18 @@ impl Daemon {
         }
 
         supervisor.apply(config.targets.clone()).await;
+        if let (Some(k), Some(client), Some(health)) =
+            (config.discovery.clone(), kube_client, &discovery_health)
+        {
+            let d = discovery::spawn(
+                k,
+                client,
+                supervisor.clone(),
+                health.clone(),
+                cancel.child_token(),
+            );
+            tasks.push(d.task);
+        }
         if let Some(path) = config_path {
             tasks.push(tokio::spawn(reload_loop(
                 path,
@@ -197,6 +230,7 @@ impl Daemon {
             supervisor,
             metrics_addr,
             api_addr,
+            discovery: discovery_health,
             cancel,
             mirror,
             tasks,

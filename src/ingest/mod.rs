@@ -10,7 +10,9 @@
 //! | `subscriber.rs` | one SUB socket + task per (target, DP rank): connect loop, seq, replay |
 //! | `replay_client.rs` | the replay DEALER: request, both reply shapes, contiguity |
 //! | `supervisor/` | the target set, hot reload, `PodsView` |
+//! | `discovery/` | targets from the Kubernetes API (pods → targets, restarts by identity) |
 
+pub mod discovery;
 mod feed;
 pub mod fixture;
 mod offline;

@@ -104,6 +104,8 @@ pub struct SubscriberSpec {
     pub topic: String,
     /// Replay timeouts.
     pub replay_limits: ReplayLimits,
+    /// Lowest store time written (kthena ignores fields at or before the container start).
+    pub min_store_time: u32,
 }
 
 /// Where a subscriber writes.
@@ -401,7 +403,8 @@ impl Worker {
     }
 
     fn apply(&mut self, seq: u64, batch: &EngineBatch, sink: &mut Sink) {
-        match self.ctx.index.apply(self.source, batch, unix_now(), sink) {
+        let now = unix_now().max(self.spec.min_store_time);
+        match self.ctx.index.apply(self.source, batch, now, sink) {
             Ok(applied) => self.ctx.status.lock().stats.apply.add(&applied),
             Err(err) => warn!(error = %err, "Index refused a batch."),
         }

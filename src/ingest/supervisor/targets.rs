@@ -1,6 +1,6 @@
 //! [`Supervisor`]: the running targets and their subscriber tasks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::{PodStatus, PodsView};
+use super::sourced::{DiscoveredTarget, EngineIdentity, TargetSource};
 use crate::config::Target;
 use crate::index::{Delta, Index};
 use crate::ingest::replay_client::ReplayLimits;
@@ -21,6 +22,8 @@ const STOP_DEADLINE: Duration = Duration::from_secs(2);
 
 struct Running {
     target: Target,
+    source: TargetSource,
+    identity: Option<EngineIdentity>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     ranks: Vec<Arc<Mutex<RankStatus>>>,
@@ -42,6 +45,8 @@ pub struct ReloadSummary {
 pub struct TargetStatus {
     /// The target.
     pub target: Target,
+    /// Where it came from.
+    pub source: TargetSource,
     /// Per DP rank.
     pub ranks: Vec<RankStatus>,
 }
@@ -53,6 +58,7 @@ pub struct Supervisor {
     cancel: CancellationToken,
     replay_limits: ReplayLimits,
     running: Mutex<BTreeMap<String, Running>>,
+    wanted: Mutex<WantedSets>,
     // Reloads are serialized so two cannot interleave their stop/start halves.
     reload_lock: tokio::sync::Mutex<()>,
 }
@@ -71,16 +77,30 @@ impl Supervisor {
             cancel,
             replay_limits,
             running: Mutex::new(BTreeMap::new()),
+            wanted: Mutex::new(WantedSets::default()),
             reload_lock: tokio::sync::Mutex::new(()),
         })
     }
 
-    /// Makes the running set equal `targets`: new ones start, removed ones stop and are
-    /// forgotten (index and mirror), changed ones restart from a clean state.
+    /// Makes the static targets equal `targets` (discovered ones are kept): new ones start,
+    /// removed ones stop and are forgotten (index and mirror), changed ones restart from a
+    /// clean state.
     pub async fn apply(&self, targets: Vec<Target>) -> ReloadSummary {
+        self.wanted.lock().statics = targets;
+        self.reconcile().await
+    }
+
+    /// Makes the discovered targets equal `targets` (static ones are kept). A changed
+    /// [`EngineIdentity`] is an engine restart: the old state is dropped (index and mirror)
+    /// before the new subscriber applies anything.
+    pub async fn apply_discovered(&self, targets: Vec<DiscoveredTarget>) -> ReloadSummary {
+        self.wanted.lock().discovered = targets;
+        self.reconcile().await
+    }
+
+    async fn reconcile(&self) -> ReloadSummary {
         let _guard = self.reload_lock.lock().await;
-        let wanted: BTreeMap<String, Target> =
-            targets.into_iter().map(|t| (t.pod_id(), t)).collect();
+        let wanted = self.wanted.lock().merged();
         let mut summary = ReloadSummary::default();
         let mut to_stop = Vec::new();
         let mut to_start = Vec::new();
@@ -95,7 +115,7 @@ impl Supervisor {
                             to_stop.push((id, r));
                         }
                     }
-                    Some(t) if running.get(&id).is_some_and(|r| &r.target != t) => {
+                    Some(t) if running.get(&id).is_some_and(|r| !t.same_run(r)) => {
                         summary.restarted.push(id.clone());
                         if let Some(r) = running.remove(&id) {
                             to_stop.push((id.clone(), r));
@@ -116,11 +136,11 @@ impl Supervisor {
             self.stop(&id, r).await;
         }
         for t in to_start {
-            let id = t.pod_id();
+            let id = t.target.pod_id();
             let r = self.start(t);
             self.running.lock().insert(id, r);
         }
-        crate::metrics::targets(self.running.lock().len());
+        self.publish_counts();
         if summary != ReloadSummary::default() {
             info!(
                 added = ?summary.added,
@@ -132,7 +152,21 @@ impl Supervisor {
         summary
     }
 
-    fn start(&self, target: Target) -> Running {
+    fn publish_counts(&self) {
+        let running = self.running.lock();
+        for source in TargetSource::ALL {
+            let n = running.values().filter(|r| r.source == source).count();
+            crate::metrics::targets(source.as_str(), n);
+        }
+    }
+
+    fn start(&self, wanted: Wanted) -> Running {
+        let Wanted {
+            target,
+            source,
+            identity,
+        } = wanted;
+        let min_store_time = identity.as_ref().map_or(0, EngineIdentity::min_store_time);
         let cancel = self.cancel.child_token();
         let mut tasks = Vec::new();
         let mut ranks = Vec::new();
@@ -156,6 +190,7 @@ impl Supervisor {
                     .and_then(|e| e.for_rank(rank)),
                 topic: target.topic.clone(),
                 replay_limits: self.replay_limits,
+                min_store_time,
             };
             let ctx = SubscriberCtx {
                 index: self.index.clone(),
@@ -168,6 +203,8 @@ impl Supervisor {
         }
         Running {
             target,
+            source,
+            identity,
             cancel,
             tasks,
             ranks,
@@ -184,7 +221,7 @@ impl Supervisor {
         }
         let mut deltas: Vec<Delta> = Vec::new();
         self.index.forget_pod(id, &mut deltas);
-        crate::metrics::forget_target(id);
+        crate::metrics::forget_target(id, running.source.as_str());
         if let Some(mirror) = &self.mirror {
             if !deltas.is_empty() {
                 mirror.send(deltas).await;
@@ -213,6 +250,7 @@ impl Supervisor {
             .values()
             .map(|r| TargetStatus {
                 target: r.target.clone(),
+                source: r.source,
                 ranks: r.ranks.iter().map(|s| s.lock().clone()).collect(),
             })
             .collect()
@@ -238,7 +276,7 @@ impl Supervisor {
                 .map(|i| i.elapsed().as_secs_f64())
                 .reduce(f64::min)
             {
-                crate::metrics::last_message_age(&t.target.pod_id(), age);
+                crate::metrics::last_message_age(&t.target.pod_id(), t.source.as_str(), age);
             }
         }
     }
@@ -284,11 +322,80 @@ impl PodsView for Supervisor {
                     engine: t.target.engine.as_str().to_owned(),
                     endpoint: t.target.endpoint.to_string(),
                     dp_ranks: t.target.dp_ranks,
+                    source: t.source.as_str().to_owned(),
                     state: state.as_str().to_owned(),
                     last_message_age_seconds: age,
                     resident_blocks: resident,
                 }
             })
             .collect()
+    }
+}
+
+/// A target the supervisor should run, with its origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Wanted {
+    target: Target,
+    source: TargetSource,
+    identity: Option<EngineIdentity>,
+}
+
+impl Wanted {
+    /// Whether `running` is this target's current run (same definition, same engine run).
+    fn same_run(&self, running: &Running) -> bool {
+        self.target == running.target
+            && self.source == running.source
+            && self.identity == running.identity
+    }
+}
+
+/// What each source asks for; merged into one set on every change.
+#[derive(Default)]
+struct WantedSets {
+    statics: Vec<Target>,
+    discovered: Vec<DiscoveredTarget>,
+    // Pods reported as both static and discovered, so each is logged once.
+    conflicts: BTreeSet<String>,
+}
+
+impl WantedSets {
+    /// Static targets, then discovered ones; a pod in both keeps its static definition and
+    /// is reported as an error naming both.
+    fn merged(&mut self) -> BTreeMap<String, Wanted> {
+        let mut wanted: BTreeMap<String, Wanted> = self
+            .statics
+            .iter()
+            .map(|t| {
+                let w = Wanted {
+                    target: t.clone(),
+                    source: TargetSource::Static,
+                    identity: None,
+                };
+                (t.pod_id(), w)
+            })
+            .collect();
+        let mut conflicts = BTreeSet::new();
+        for d in &self.discovered {
+            let id = d.target.pod_id();
+            if wanted.contains_key(&id) {
+                if !self.conflicts.contains(&id) {
+                    warn!(
+                        pod = %id,
+                        "Pod `{id}` is both a static target (targets:) and a pod discovered by discovery.kubernetes; the static target is used and the discovered one ignored."
+                    );
+                }
+                conflicts.insert(id);
+                continue;
+            }
+            let w = Wanted {
+                target: d.target.clone(),
+                source: TargetSource::Kubernetes,
+                identity: Some(d.identity.clone()),
+            };
+            wanted.insert(id, w);
+        }
+        crate::metrics::discovery_conflicts(conflicts.len());
+        self.conflicts = conflicts;
+        wanted
     }
 }

@@ -1,0 +1,378 @@
+//! The `discovery.kubernetes` section: engine pods found through the Kubernetes API.
+//!
+//! Every field is a default that a pod can override with an annotation (the table in the
+//! README and in `schemas/config.schema.json`). Access to the API server: `kubeconfig`, else
+//! the `KUBECONFIG` environment variable, else the in-cluster service account.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{issue, ConfigIssue, Env, MAX_DP_RANKS};
+use crate::wire::Engine;
+
+/// Default time a target stays subscribed while its pod is not Ready (a readiness flap).
+pub const DEFAULT_NOT_READY_GRACE: Duration = Duration::from_secs(30);
+
+/// `discovery:` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDiscovery {
+    /// Engine pods from the Kubernetes API.
+    #[serde(default)]
+    pub kubernetes: Option<RawKubernetes>,
+}
+
+/// `discovery.kubernetes:` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKubernetes {
+    /// Path of a kubeconfig file (else `KUBECONFIG`, else in-cluster).
+    pub kubeconfig: Option<String>,
+    /// Namespaces to watch; absent = every namespace.
+    pub namespaces: Option<Vec<String>>,
+    /// Label selector of engine pods (`app=vllm,tier!=test`).
+    pub label_selector: Option<String>,
+    /// Default engine family (`kvindex.io/engine`).
+    pub engine: Option<String>,
+    /// Default served model (`kvindex.io/model`).
+    pub model: Option<String>,
+    /// Default PUB port of DP rank 0 (`kvindex.io/port`).
+    pub port: Option<u32>,
+    /// Default replay ROUTER port of DP rank 0 (`kvindex.io/replay-port`).
+    pub replay_port: Option<u32>,
+    /// Default subscription filter (`kvindex.io/topic`).
+    pub topic: Option<String>,
+    /// Default DP ranks (`kvindex.io/dp-ranks`).
+    pub dp_ranks: Option<u32>,
+    /// Seconds a pod may be not Ready before it is forgotten (default 30).
+    pub not_ready_grace_s: Option<u64>,
+}
+
+/// How the daemon reaches the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterAccess {
+    /// A kubeconfig file named in the config.
+    Kubeconfig(PathBuf),
+    /// The kubeconfig file(s) that `KUBECONFIG` names.
+    KubeconfigEnv,
+    /// The pod's service account (token and CA mounted by Kubernetes).
+    InCluster,
+}
+
+/// Per-pod settings that annotations override.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodDefaults {
+    /// Engine family.
+    pub engine: Option<Engine>,
+    /// Served model.
+    pub model: Option<String>,
+    /// PUB port of DP rank 0.
+    pub port: Option<u16>,
+    /// Replay ROUTER port of DP rank 0.
+    pub replay_port: Option<u16>,
+    /// Subscription filter.
+    pub topic: String,
+    /// DP ranks.
+    pub dp_ranks: u32,
+}
+
+/// The validated `discovery.kubernetes` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    /// Where the client's credentials come from.
+    pub access: ClusterAccess,
+    /// Namespaces to watch; empty = every namespace.
+    pub namespaces: Vec<String>,
+    /// Label selector passed to the API server.
+    pub label_selector: Option<String>,
+    /// Defaults for every discovered pod.
+    pub defaults: PodDefaults,
+    /// How long a not-Ready pod keeps its state.
+    pub not_ready_grace: Duration,
+}
+
+/// Why a pod's ports cannot work together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PortsError {
+    /// Port 0 was given.
+    #[error("port 0 is not a port")]
+    Zero,
+    /// A port above 65535 was given.
+    #[error("{0} is not a port (1..=65535)")]
+    OutOfRange(u32),
+    /// `port + dp_ranks - 1` passes 65535.
+    #[error("port {port} + {dp_ranks} DP ranks passes 65535")]
+    RanksOverflow {
+        /// First port.
+        port: u16,
+        /// DP ranks.
+        dp_ranks: u32,
+    },
+    /// The replay ports of the ranks overlap their PUB ports.
+    #[error("replay ports {replay}.. overlap the PUB ports {port}.. of {dp_ranks} DP ranks")]
+    Overlap {
+        /// PUB port of rank 0.
+        port: u16,
+        /// Replay port of rank 0.
+        replay: u16,
+        /// DP ranks.
+        dp_ranks: u32,
+    },
+}
+
+/// A written port number as a `u16` in 1..=65535.
+///
+/// # Errors
+/// [`PortsError::Zero`] or [`PortsError::OutOfRange`].
+pub fn port_number(value: u32) -> Result<u16, PortsError> {
+    match u16::try_from(value) {
+        Ok(0) => Err(PortsError::Zero),
+        Ok(p) => Ok(p),
+        Err(_) => Err(PortsError::OutOfRange(value)),
+    }
+}
+
+/// Checks that rank r's PUB port (`port + r`) and replay port (`replay + r`) all exist and
+/// never coincide: rank 1's PUB port must not be rank 0's replay port.
+///
+/// # Errors
+/// The first conflict found.
+pub fn check_port_ranges(port: u16, replay: Option<u16>, dp_ranks: u32) -> Result<(), PortsError> {
+    let last = |p: u16| u32::from(p) + dp_ranks.saturating_sub(1);
+    for p in std::iter::once(port).chain(replay) {
+        if last(p) > u32::from(u16::MAX) {
+            return Err(PortsError::RanksOverflow { port: p, dp_ranks });
+        }
+    }
+    if let Some(replay) = replay {
+        let (pub_end, replay_end) = (last(port), last(replay));
+        if u32::from(port) <= replay_end && u32::from(replay) <= pub_end {
+            return Err(PortsError::Overlap {
+                port,
+                replay,
+                dp_ranks,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Validates the section, pushing every problem to `issues`.
+pub fn validate_kubernetes(
+    raw: RawKubernetes,
+    env: &impl Env,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<KubernetesConfig> {
+    let before = issues.len();
+    let at = |f: &str| format!("discovery.kubernetes.{f}");
+    let access = match (raw.kubeconfig, env.get("KUBECONFIG")) {
+        (Some(path), _) if path.is_empty() => {
+            issues.push(issue(at("kubeconfig"), None, "must not be empty"));
+            ClusterAccess::InCluster
+        }
+        (Some(path), _) => ClusterAccess::Kubeconfig(PathBuf::from(path)),
+        (None, Some(v)) if !v.is_empty() => ClusterAccess::KubeconfigEnv,
+        (None, _) => ClusterAccess::InCluster,
+    };
+    let namespaces = validate_namespaces(raw.namespaces, issues);
+    let label_selector = raw.label_selector.filter(|s| !s.trim().is_empty());
+    let engine = match raw.engine.as_deref().map(str::parse::<Engine>) {
+        Some(Ok(e)) => Some(e),
+        Some(Err(what)) => {
+            issues.push(issue(at("engine"), None, what));
+            None
+        }
+        None => None,
+    };
+    let mut port_of = |field: &str, value: Option<u32>| match value.map(port_number) {
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => {
+            issues.push(issue(at(field), None, e.to_string()));
+            None
+        }
+        None => None,
+    };
+    let port = port_of("port", raw.port);
+    let replay_port = port_of("replay_port", raw.replay_port);
+    let dp_ranks = raw.dp_ranks.unwrap_or(1);
+    if dp_ranks == 0 || dp_ranks > MAX_DP_RANKS {
+        issues.push(issue(
+            at("dp_ranks"),
+            None,
+            format!("must lie in 1..={MAX_DP_RANKS}"),
+        ));
+    } else if let Some(port) = port {
+        if let Err(e) = check_port_ranges(port, replay_port, dp_ranks) {
+            issues.push(issue(at("replay_port"), None, e.to_string()));
+        }
+    }
+    if raw.model.as_deref() == Some("") {
+        issues.push(issue(at("model"), None, "must not be empty (omit it instead)"));
+    }
+    let defaults = PodDefaults {
+        engine,
+        model: raw.model.filter(|m| !m.is_empty()),
+        port,
+        replay_port,
+        topic: raw.topic.unwrap_or_default(),
+        dp_ranks,
+    };
+    let not_ready_grace = raw
+        .not_ready_grace_s
+        .map_or(DEFAULT_NOT_READY_GRACE, Duration::from_secs);
+    (issues.len() == before).then_some(KubernetesConfig {
+        access,
+        namespaces,
+        label_selector,
+        defaults,
+        not_ready_grace,
+    })
+}
+
+fn validate_namespaces(raw: Option<Vec<String>>, issues: &mut Vec<ConfigIssue>) -> Vec<String> {
+    let Some(list) = raw else {
+        return Vec::new();
+    };
+    if list.is_empty() {
+        issues.push(issue(
+            "discovery.kubernetes.namespaces",
+            None,
+            "is empty; omit it to watch every namespace",
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, ns) in list.iter().enumerate() {
+        let valid = !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !valid {
+            issues.push(issue(
+                format!("discovery.kubernetes.namespaces[{i}]"),
+                None,
+                format!("`{ns}` is not a namespace name (a DNS label)"),
+            ));
+        } else if !seen.insert(ns.as_str()) {
+            issues.push(issue(
+                format!("discovery.kubernetes.namespaces[{i}]"),
+                None,
+                format!("`{ns}` is listed twice"),
+            ));
+        }
+    }
+    list
+}
+
+impl KubernetesConfig {
+    /// The section as JSON, for `check-config`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let access = match &self.access {
+            ClusterAccess::Kubeconfig(p) => format!("kubeconfig {}", p.display()),
+            ClusterAccess::KubeconfigEnv => "KUBECONFIG".to_owned(),
+            ClusterAccess::InCluster => "in-cluster service account".to_owned(),
+        };
+        let d = &self.defaults;
+        serde_json::json!({
+            "access": access,
+            "namespaces": if self.namespaces.is_empty() { serde_json::json!("all") } else { serde_json::json!(self.namespaces) },
+            "label_selector": self.label_selector,
+            "engine": d.engine,
+            "model": d.model,
+            "port": d.port,
+            "replay_port": d.replay_port,
+            "topic": d.topic,
+            "dp_ranks": d.dp_ranks,
+            "not_ready_grace_s": self.not_ready_grace.as_secs(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, ConfigError};
+
+    fn section(body: &str) -> Result<Config, ConfigError> {
+        Config::from_str(&format!("discovery:\n  kubernetes:\n{body}"))
+    }
+
+    #[test]
+    fn defaults_and_overrides_parse() {
+        let c = section("    namespaces: [llm, llm-b]\n    label_selector: app=vllm\n    engine: sglang\n    model: m\n    port: 5557\n    replay_port: 6557\n    dp_ranks: 2\n    not_ready_grace_s: 5\n    kubeconfig: /k\n").unwrap();
+        let k = c.discovery.unwrap();
+        assert_eq!(k.access, ClusterAccess::Kubeconfig("/k".into()));
+        assert_eq!(k.namespaces, ["llm", "llm-b"]);
+        assert_eq!(k.label_selector.as_deref(), Some("app=vllm"));
+        assert_eq!(k.defaults.engine, Some(Engine::Sglang));
+        assert_eq!(
+            (k.defaults.port, k.defaults.replay_port, k.defaults.dp_ranks),
+            (Some(5557), Some(6557), 2)
+        );
+        assert_eq!(k.not_ready_grace, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn an_empty_section_watches_everything_in_cluster() {
+        let k = section("    {}\n").unwrap().discovery.unwrap();
+        assert_eq!(k.access, ClusterAccess::InCluster);
+        assert!(k.namespaces.is_empty());
+        assert_eq!(k.not_ready_grace, DEFAULT_NOT_READY_GRACE);
+        assert_eq!(k.defaults.dp_ranks, 1);
+    }
+
+    #[test]
+    fn kubeconfig_env_is_used_when_the_file_names_none() {
+        let env: std::collections::HashMap<String, String> =
+            [("KUBECONFIG".to_owned(), "/a:/b".to_owned())].into();
+        let c = Config::from_str_with_env("discovery:\n  kubernetes: {}\n", &env).unwrap();
+        assert_eq!(c.discovery.unwrap().access, ClusterAccess::KubeconfigEnv);
+    }
+
+    #[test]
+    fn every_bad_field_is_reported() {
+        let ConfigError::Invalid(issues) = section(
+            "    namespaces: [Bad_NS, ok, ok]\n    engine: tgi\n    port: 70000\n    dp_ranks: 0\n",
+        )
+        .unwrap_err() else {
+            panic!("expected issues");
+        };
+        let fields: Vec<_> = issues.iter().map(|i| i.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "discovery.kubernetes.namespaces[0]",
+                "discovery.kubernetes.namespaces[2]",
+                "discovery.kubernetes.engine",
+                "discovery.kubernetes.port",
+                "discovery.kubernetes.dp_ranks"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = section("    label-selector: x\n").unwrap_err();
+        assert!(err.to_string().contains("label-selector"), "{err}");
+    }
+
+    #[test]
+    fn port_ranges_must_not_overlap_or_overflow() {
+        assert_eq!(check_port_ranges(5557, Some(5558), 1), Ok(()));
+        assert!(matches!(
+            check_port_ranges(5557, Some(5558), 2),
+            Err(PortsError::Overlap { .. })
+        ));
+        assert!(matches!(
+            check_port_ranges(65535, None, 2),
+            Err(PortsError::RanksOverflow { .. })
+        ));
+        assert_eq!(check_port_ranges(5557, Some(6557), 8), Ok(()));
+        assert!(section("    port: 5557\n    replay_port: 5558\n    dp_ranks: 2\n").is_err());
+    }
+}
