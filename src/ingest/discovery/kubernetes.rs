@@ -97,6 +97,8 @@ pub struct DiscoveryStatus {
     pub targets: usize,
     /// Pods skipped now, as `(pod id, reason)`.
     pub skipped: Vec<(String, String)>,
+    /// Targets kept while their pod is not Ready (inside the grace period).
+    pub not_ready: Vec<String>,
 }
 
 /// Shared view of discovery's state, for `/readyz` and tests.
@@ -307,9 +309,11 @@ impl Runner {
             .collect();
         crate::metrics::discovery_pods_skipped(skipped.len());
         let n = targets.len();
+        let not_ready = self.roster.in_grace();
         self.health.update(|s| {
             s.targets = n;
             s.skipped = skipped;
+            s.not_ready = not_ready;
         });
         if self.pushed.as_ref() != Some(&targets) {
             self.supervisor.apply_discovered(targets.clone()).await;

@@ -386,6 +386,15 @@ impl Roster {
             .min()
     }
 
+    /// Targets kept while their pod is not Ready (inside the grace period).
+    pub fn in_grace(&self) -> Vec<String> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.not_ready_since.is_some())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// Pods skipped right now, with why.
     pub fn skipped(&self) -> &BTreeMap<String, AnnotationError> {
         &self.skipped
