@@ -416,8 +416,7 @@ pub fn discovery_healthy(healthy: bool) {
 
 /// An engine restart was detected from pod identity.
 pub fn discovery_identity_restart(change: IdentityChange) {
-    counter!("kvindex_discovery_identity_restarts_total", "change" => change.as_str())
-        .increment(1);
+    counter!("kvindex_discovery_identity_restarts_total", "change" => change.as_str()).increment(1);
 }
 
 /// Pods both static and discovered.

@@ -3,9 +3,9 @@
 //! fake engines on 127.0.0.1 publishing fixture frames. Redis cases use db 12 of the shared
 //! Redis on 127.0.0.1:6379 with models unique to the run.
 
-mod util;
 #[path = "util/kube_api.rs"]
 mod kube_api;
+mod util;
 
 use std::time::Duration;
 
@@ -100,7 +100,11 @@ fn target_ids(d: &Daemon, source: TargetSource) -> Vec<String> {
 
 async fn wait_targets(d: &Daemon, source: TargetSource, want: &[&str]) {
     let ok = wait_until(WAIT, || target_ids(d, source) == want).await;
-    assert!(ok, "{source:?} targets {:?}, want {want:?}", target_ids(d, source));
+    assert!(
+        ok,
+        "{source:?} targets {:?}, want {want:?}",
+        target_ids(d, source)
+    );
 }
 
 /// Sends a whole fixture (all endpoint indexes to rank 0 only) and waits until it arrived.
@@ -230,8 +234,14 @@ async fn discovered_pods_are_subscribed_indexed_and_listed_with_static_targets()
     publish(&r.daemon, &mut pub0, "e0.llm", E01, 0).await;
     publish(&r.daemon, &mut pub1, "e1.llm", S02, 0).await;
     let dump = strip(r.daemon.index.dump());
-    assert_eq!(of_pod(&dump, "e0.llm"), offline_rank0(E01, "e0.llm", &r.model));
-    assert_eq!(of_pod(&dump, "e1.llm"), offline_rank0(S02, "e1.llm", "sg-model"));
+    assert_eq!(
+        of_pod(&dump, "e0.llm"),
+        offline_rank0(E01, "e0.llm", &r.model)
+    );
+    assert_eq!(
+        of_pod(&dump, "e1.llm"),
+        offline_rank0(S02, "e1.llm", "sg-model")
+    );
 
     // GET /v1/pods lists both kinds, labelled with their source.
     let (code, reply) = http_get(r.daemon.api_addr.unwrap(), "/v1/pods").await;
@@ -254,7 +264,11 @@ async fn discovered_pods_are_subscribed_indexed_and_listed_with_static_targets()
     .map(|(a, b, c)| (a.to_owned(), b.to_owned(), c.to_owned()));
     assert_eq!(sources, want);
     let endpoint = &pods["pods"][2]["endpoint"];
-    assert_eq!(endpoint, &format!("tcp://127.0.0.1:{ps}"), "the static definition wins");
+    assert_eq!(
+        endpoint,
+        &format!("tcp://127.0.0.1:{ps}"),
+        "the static definition wins"
+    );
 
     // Gauges are per process and the tests of this file share one: check the series
     // exist here; their values are per daemon above.
@@ -307,11 +321,16 @@ async fn a_readiness_flap_keeps_state_and_a_long_one_forgets_the_pod_in_redis() 
     let not_ready_at = std::time::Instant::now();
     let in_grace = wait_until(WAIT, || health.status().not_ready == ["flap.llm"]).await;
     assert!(in_grace, "{:?}", health.status());
-    assert_eq!(target_ids(&r.daemon, TargetSource::Kubernetes), ["flap.llm"]);
+    assert_eq!(
+        target_ids(&r.daemon, TargetSource::Kubernetes),
+        ["flap.llm"]
+    );
     wait_targets(&r.daemon, TargetSource::Kubernetes, &[]).await;
     assert!(not_ready_at.elapsed() >= Duration::from_secs(2));
-    let forgotten =
-        wait_until(WAIT, || of_pod(&r.daemon.index.dump(), "flap.llm").is_empty()).await;
+    let forgotten = wait_until(WAIT, || {
+        of_pod(&r.daemon.index.dump(), "flap.llm").is_empty()
+    })
+    .await;
     assert!(forgotten);
     assert_eq!(wait_redis_fields(&r.model, "flap.llm", |n| n == 0).await, 0);
     r.daemon.shutdown(Duration::from_secs(5)).await;
@@ -380,7 +399,10 @@ async fn a_container_restart_or_new_uid_drops_state_before_the_new_stream() {
     wait_dropped_and_resubscribed(&r.daemon, "r.llm").await;
     publish(&r.daemon, &mut publisher, "r.llm", E01, 0).await;
     let dump = r.daemon.index.dump();
-    assert!(dump.iter().all(|e| i64::from(e.stored_at) > started), "{dump:?}");
+    assert!(
+        dump.iter().all(|e| i64::from(e.stored_at) > started),
+        "{dump:?}"
+    );
     assert_eq!(strip(dump), offline_rank0(E01, "r.llm", &r.model));
 
     // A new pod under the same name (new UID): dropped again, rebuilt from its stream.
@@ -422,18 +444,30 @@ async fn pods_with_bad_annotations_are_skipped_and_counted() {
     assert_eq!(skipped[0].0, "bad-engine.llm");
     assert!(skipped[0].1.contains("unknown engine `tgi`"), "{skipped:?}");
     assert!(skipped[1].1.starts_with("kvindex.io/port:"), "{skipped:?}");
-    assert!(skipped[2].1.starts_with("kvindex.io/dp-ranks:"), "{skipped:?}");
+    assert!(
+        skipped[2].1.starts_with("kvindex.io/dp-ranks:"),
+        "{skipped:?}"
+    );
     let metrics = metrics_text(&r.daemon).await;
     for reason in ["port", "dp_ranks", "engine"] {
         let line = format!("kvindex_discovery_pods_skipped_total{{reason=\"{reason}\"}}");
         assert!(metrics.contains(&line), "{line}: {metrics}");
     }
-    assert!(metrics.contains("kvindex_discovery_pods_skipped "), "{metrics}");
+    assert!(
+        metrics.contains("kvindex_discovery_pods_skipped "),
+        "{metrics}"
+    );
 
     // Fixing the annotation makes it a target; the daemon never stopped serving.
     let fixed_port = free_ports(1);
-    r.api.apply(&bad_port.annotate("kvindex.io/port", &fixed_port.to_string()));
-    wait_targets(&r.daemon, TargetSource::Kubernetes, &["bad-port.llm", "good.llm"]).await;
+    r.api
+        .apply(&bad_port.annotate("kvindex.io/port", &fixed_port.to_string()));
+    wait_targets(
+        &r.daemon,
+        TargetSource::Kubernetes,
+        &["bad-port.llm", "good.llm"],
+    )
+    .await;
     r.daemon.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -453,7 +487,10 @@ async fn an_unreachable_or_forbidding_api_server_keeps_targets_and_readyz_says_w
     r.api.stop().await;
     let why = wait_readyz(&r.daemon, 503, "unreachable").await;
     assert!(why.contains("keeping the 1 discovered targets"), "{why}");
-    assert_eq!(target_ids(&r.daemon, TargetSource::Kubernetes), ["keep.llm"]);
+    assert_eq!(
+        target_ids(&r.daemon, TargetSource::Kubernetes),
+        ["keep.llm"]
+    );
     let st = rank(&r.daemon, "keep.llm", 0).unwrap();
     assert_eq!((st.connects, st.state), (1, LinkState::Connected));
     let metrics = metrics_text(&r.daemon).await;
@@ -468,7 +505,10 @@ async fn an_unreachable_or_forbidding_api_server_keeps_targets_and_readyz_says_w
 
     r.api.set_forbidden(true);
     wait_readyz(&r.daemon, 503, "forbidden").await;
-    assert_eq!(target_ids(&r.daemon, TargetSource::Kubernetes), ["keep.llm"]);
+    assert_eq!(
+        target_ids(&r.daemon, TargetSource::Kubernetes),
+        ["keep.llm"]
+    );
     r.api.set_forbidden(false);
     wait_readyz(&r.daemon, 200, "ready").await;
     assert_eq!(rank(&r.daemon, "keep.llm", 0).unwrap().connects, 1);
@@ -496,7 +536,12 @@ async fn a_relist_after_410_and_a_bookmark_resume_make_no_duplicate_subscription
     assert!(ok);
     r.api.bookmark();
     r.api.apply(&FakePod::new("c", "llm", pc));
-    wait_targets(&r.daemon, TargetSource::Kubernetes, &["a.llm", "b.llm", "c.llm"]).await;
+    wait_targets(
+        &r.daemon,
+        TargetSource::Kubernetes,
+        &["a.llm", "b.llm", "c.llm"],
+    )
+    .await;
     let health = r.daemon.discovery.clone().unwrap();
     assert_eq!((r.api.lists(), health.status().errors), (1, 0));
 

@@ -74,11 +74,18 @@ async fn readyz(State(s): State<HealthState>) -> (StatusCode, String) {
     // Config is loaded by construction; Redis must answer when one is configured.
     match &s.mirror {
         Some(m) if !m.is_healthy() => {
-            return (StatusCode::SERVICE_UNAVAILABLE, "redis unreachable\n".to_owned())
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "redis unreachable\n".to_owned(),
+            )
         }
         _ => {}
     }
-    match s.discovery.as_ref().and_then(DiscoveryHealth::not_ready_reason) {
+    match s
+        .discovery
+        .as_ref()
+        .and_then(DiscoveryHealth::not_ready_reason)
+    {
         Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
         None => (StatusCode::OK, "ready\n".to_owned()),
     }

@@ -210,7 +210,11 @@ pub fn validate_kubernetes(
         }
     }
     if raw.model.as_deref() == Some("") {
-        issues.push(issue(at("model"), None, "must not be empty (omit it instead)"));
+        issues.push(issue(
+            at("model"),
+            None,
+            "must not be empty (omit it instead)",
+        ));
     }
     let defaults = PodDefaults {
         engine,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::config::kubernetes::{check_port_ranges, port_number, PodDefaults};
-use crate::config::{TcpEndpoint, Target, MAX_DP_RANKS};
+use crate::config::{Target, TcpEndpoint, MAX_DP_RANKS};
 use crate::ingest::supervisor::{DiscoveredTarget, EngineIdentity};
 use crate::metrics::{IdentityChange, PodSkipReason};
 use crate::wire::Engine;
@@ -236,8 +236,13 @@ fn settings(pod: &Pod, defaults: &PodDefaults) -> Result<PodSettings, Annotation
         },
         None => defaults.dp_ranks,
     };
-    check_port_ranges(port, replay_port, dp_ranks)
-        .map_err(|e| bad(PodSkipReason::ReplayPort, ANNOTATION_REPLAY_PORT, e.to_string()))?;
+    check_port_ranges(port, replay_port, dp_ranks).map_err(|e| {
+        bad(
+            PodSkipReason::ReplayPort,
+            ANNOTATION_REPLAY_PORT,
+            e.to_string(),
+        )
+    })?;
     let topic = match pod
         .metadata
         .annotations
@@ -456,7 +461,10 @@ mod tests {
         let t = serving(&pod("vllm-0", true, json!({}), 0));
         assert_eq!(t.target.pod_id(), "vllm-0.ns");
         assert_eq!(t.target.endpoint.to_string(), "tcp://10.1.2.3:5557");
-        assert_eq!((t.target.model.as_str(), t.target.engine), ("m", Engine::Vllm));
+        assert_eq!(
+            (t.target.model.as_str(), t.target.engine),
+            ("m", Engine::Vllm)
+        );
         assert_eq!(t.identity.uid, "uid-vllm-0");
         assert_eq!(t.identity.started_at, Some(1_796_119_207));
         assert_eq!(t.identity.min_store_time(), 1_796_119_208);
@@ -473,8 +481,14 @@ mod tests {
         ));
         let t = t.target;
         assert_eq!((t.engine, t.model.as_str()), (Engine::Sglang, "llama"));
-        assert_eq!((t.endpoint.port, t.dp_ranks, t.topic.as_str()), (6000, 4, "kv@"));
-        assert_eq!(t.replay_endpoint.unwrap().to_string(), "tcp://10.1.2.3:7000");
+        assert_eq!(
+            (t.endpoint.port, t.dp_ranks, t.topic.as_str()),
+            (6000, 4, "kv@")
+        );
+        assert_eq!(
+            t.replay_endpoint.unwrap().to_string(),
+            "tcp://10.1.2.3:7000"
+        );
     }
 
     #[test]
@@ -485,18 +499,33 @@ mod tests {
             (json!({"kvindex.io/port": "http"}), PodSkipReason::Port),
             (json!({"kvindex.io/port": "0"}), PodSkipReason::Port),
             (json!({"kvindex.io/port": "70000"}), PodSkipReason::Port),
-            (json!({"kvindex.io/replay-port": "-1"}), PodSkipReason::ReplayPort),
-            (json!({"kvindex.io/replay-port": "5558", "kvindex.io/dp-ranks": "2"}), PodSkipReason::ReplayPort),
+            (
+                json!({"kvindex.io/replay-port": "-1"}),
+                PodSkipReason::ReplayPort,
+            ),
+            (
+                json!({"kvindex.io/replay-port": "5558", "kvindex.io/dp-ranks": "2"}),
+                PodSkipReason::ReplayPort,
+            ),
             (json!({"kvindex.io/dp-ranks": "0"}), PodSkipReason::DpRanks),
-            (json!({"kvindex.io/dp-ranks": "999"}), PodSkipReason::DpRanks),
-            (json!({"kvindex.io/topic": "x".repeat(300)}), PodSkipReason::Topic),
+            (
+                json!({"kvindex.io/dp-ranks": "999"}),
+                PodSkipReason::DpRanks,
+            ),
+            (
+                json!({"kvindex.io/topic": "x".repeat(300)}),
+                PodSkipReason::Topic,
+            ),
         ];
         for (annotations, reason) in cases {
             let e = skipped(annotations.clone());
             assert_eq!(e.reason, reason, "{annotations}: {e}");
         }
         let e = skipped(json!({"kvindex.io/port": "http"}));
-        assert_eq!(e.to_string(), "kvindex.io/port: `http` is not a port number");
+        assert_eq!(
+            e.to_string(),
+            "kvindex.io/port: `http` is not a port number"
+        );
     }
 
     #[test]
@@ -508,7 +537,13 @@ mod tests {
         let p = pod("a", true, json!({}), 0);
         assert!(matches!(
             observe(&p, &none),
-            PodObservation::Skipped { error: AnnotationError { reason: PodSkipReason::Model, .. }, .. }
+            PodObservation::Skipped {
+                error: AnnotationError {
+                    reason: PodSkipReason::Model,
+                    ..
+                },
+                ..
+            }
         ));
         let with = pod("a", true, json!({"kvindex.io/model": "m2"}), 0);
         assert!(matches!(observe(&with, &none), PodObservation::Serving(_)));
@@ -535,14 +570,21 @@ mod tests {
         ));
         let mut pending = pod("a", true, json!({}), 0);
         pending.status.as_mut().unwrap().phase = Some("Pending".to_owned());
-        assert!(matches!(observe(&pending, &defaults()), PodObservation::NotServing { .. }));
+        assert!(matches!(
+            observe(&pending, &defaults()),
+            PodObservation::NotServing { .. }
+        ));
         let mut no_ip = pod("a", true, json!({}), 0);
         no_ip.status.as_mut().unwrap().pod_ip = None;
-        assert!(matches!(observe(&no_ip, &defaults()), PodObservation::NotServing { .. }));
-        let mut gone: Pod = pod("a", true, json!({}), 0);
-        gone.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        assert!(matches!(
+            observe(&no_ip, &defaults()),
+            PodObservation::NotServing { .. }
         ));
+        let mut gone: Pod = pod("a", true, json!({}), 0);
+        gone.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
         assert_eq!(observe(&gone, &defaults()), PodObservation::Terminating);
     }
 
@@ -600,8 +642,22 @@ mod tests {
         assert_eq!(u.restarts, [("a.ns".to_owned(), IdentityChange::Uid)]);
         // A restart seen while not Ready forgets the target at once (its engine is gone).
         let mut crashed = restarted.clone();
-        crashed.status.as_mut().unwrap().container_statuses.as_mut().unwrap()[0].restart_count = 2;
-        crashed.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".to_owned();
+        crashed
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .restart_count = 2;
+        crashed
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .status = "False".to_owned();
         let u = r.update(vec![observe(&crashed, &defaults())], t0);
         assert_eq!(u.restarts.len(), 1);
         assert!(r.targets().is_empty());
@@ -611,13 +667,21 @@ mod tests {
     fn roster_counts_a_skip_once_until_its_reason_changes() {
         let t0 = Instant::now();
         let mut r = Roster::new(Duration::from_secs(30));
-        let bad = |v: &str| observe(&pod("a", true, json!({"kvindex.io/port": v}), 0), &defaults());
+        let bad = |v: &str| {
+            observe(
+                &pod("a", true, json!({"kvindex.io/port": v}), 0),
+                &defaults(),
+            )
+        };
         assert_eq!(r.update(vec![bad("x")], t0).newly_skipped.len(), 1);
         assert_eq!(r.update(vec![bad("x")], t0).newly_skipped.len(), 0);
         assert_eq!(r.update(vec![bad("y")], t0).newly_skipped.len(), 1);
         assert_eq!(r.skipped().len(), 1);
         // A serving pod whose annotation turns invalid stops being a target.
-        r.update(vec![observe(&pod("a", true, json!({}), 0), &defaults())], t0);
+        r.update(
+            vec![observe(&pod("a", true, json!({}), 0), &defaults())],
+            t0,
+        );
         assert_eq!(r.targets().len(), 1);
         assert!(r.skipped().is_empty());
         r.update(vec![bad("z")], t0);

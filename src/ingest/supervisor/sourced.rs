@@ -42,8 +42,9 @@ impl EngineIdentity {
     /// fields written at or before the pod's latest container start (whole seconds), so
     /// every write must carry at least that second + 1.
     pub fn min_store_time(&self) -> u32 {
-        self.started_at
-            .map_or(0, |s| s.saturating_add(1).clamp(0, i64::from(u32::MAX)) as u32)
+        self.started_at.map_or(0, |s| {
+            s.saturating_add(1).clamp(0, i64::from(u32::MAX)) as u32
+        })
     }
 }
 

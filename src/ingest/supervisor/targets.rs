@@ -9,8 +9,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::{PodStatus, PodsView};
 use super::sourced::{DiscoveredTarget, EngineIdentity, TargetSource};
+use crate::api::{PodStatus, PodsView};
 use crate::config::Target;
 use crate::index::{Delta, Index};
 use crate::ingest::replay_client::ReplayLimits;
