@@ -425,10 +425,9 @@ fn watch_pods(s: Arc<Shared>, ns: Option<String>, q: PodQuery) -> Response {
                 got = live.recv() => match got {
                     Ok((rv, event_ns, line)) => {
                         let bookmark = line["type"] == "BOOKMARK";
-                        if (bookmark || rv > last) && wanted(&event_ns, &line) {
-                            if tx.send(line).await.is_err() {
-                                return;
-                            }
+                        let send = (bookmark || rv > last) && wanted(&event_ns, &line);
+                        if send && tx.send(line).await.is_err() {
+                            return;
                         }
                         if !bookmark {
                             last = last.max(rv);

@@ -100,6 +100,10 @@ impl Supervisor {
 
     async fn reconcile(&self) -> ReloadSummary {
         let _guard = self.reload_lock.lock().await;
+        if self.wanted.lock().closed {
+            // Shutting down: a late reload or discovery event must not start subscribers.
+            return ReloadSummary::default();
+        }
         let wanted = self.wanted.lock().merged();
         let mut summary = ReloadSummary::default();
         let mut to_stop = Vec::new();
@@ -231,6 +235,10 @@ impl Supervisor {
 
     /// Stops every target (the index keeps their blocks: the process is exiting).
     pub async fn shutdown(&self, deadline: Duration) {
+        // Wait (boundedly) for a reconcile in flight, so none starts targets after this.
+        let guard = tokio::time::timeout(deadline / 2, self.reload_lock.lock()).await;
+        self.wanted.lock().closed = true;
+        drop(guard);
         let all: Vec<Running> = std::mem::take(&mut *self.running.lock())
             .into_values()
             .collect();
@@ -356,6 +364,8 @@ struct WantedSets {
     discovered: Vec<DiscoveredTarget>,
     // Pods reported as both static and discovered, so each is logged once.
     conflicts: BTreeSet<String>,
+    // Set by `shutdown`: no target starts after it.
+    closed: bool,
 }
 
 impl WantedSets {
