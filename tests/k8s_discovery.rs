@@ -606,3 +606,46 @@ async fn a_bad_kubeconfig_fails_the_start_naming_the_file() {
     let text = format!("{err:#}");
     assert!(text.contains("missing-kubeconfig"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_entry_point_takes_a_kube_config_of_its_own() {
+    use kvindex::index::Index;
+    use kvindex::ingest::discovery::{self, DiscoveryHealth};
+    use kvindex::ingest::supervisor::Supervisor;
+
+    let api = FakeApiServer::start().await;
+    api.apply(&FakePod::new("lib", "llm", free_ports(1)));
+    let section =
+        "discovery:\n  kubernetes:\n    engine: vllm\n    model: m\n    namespaces: [llm]\n";
+    let config = Config::from_str(section).unwrap().discovery.unwrap();
+    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let supervisor = Supervisor::new(Index::new(), None, cancel.child_token(), test_limits());
+    let health = DiscoveryHealth::default();
+    let running = discovery::spawn(
+        config,
+        client,
+        supervisor.clone(),
+        health.clone(),
+        cancel.child_token(),
+    );
+    let found = wait_until(WAIT, || {
+        supervisor
+            .status()
+            .iter()
+            .map(|t| t.target.pod_id())
+            .collect::<Vec<_>>()
+            == ["lib.llm"]
+    })
+    .await;
+    assert!(found, "{:?}", health.status());
+    assert_eq!(health.not_ready_reason(), None);
+    let endpoint = supervisor.status()[0].target.endpoint.to_string();
+    assert!(endpoint.starts_with("tcp://127.0.0.1:"), "{endpoint}");
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), running.task)
+        .await
+        .expect("discovery stops when cancelled")
+        .unwrap();
+    supervisor.shutdown(Duration::from_secs(2)).await;
+}

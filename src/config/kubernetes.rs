@@ -328,6 +328,11 @@ mod tests {
         assert!(k.namespaces.is_empty());
         assert_eq!(k.not_ready_grace, DEFAULT_NOT_READY_GRACE);
         assert_eq!(k.defaults.dp_ranks, 1);
+        let json = section("    {}\n").unwrap().to_json();
+        let shown = &json["discovery"]["kubernetes"];
+        assert_eq!(shown["namespaces"], "all");
+        assert_eq!(shown["access"], "in-cluster service account");
+        assert_eq!(shown["not_ready_grace_s"], 30);
     }
 
     #[test]
