@@ -139,7 +139,7 @@ async fn gap_is_filled_by_replay_of_either_shape() {
         let st = rank(&daemon, "g.test", 0).unwrap();
         assert_eq!(st.stats.seq_gaps, 1, "{mode:?}");
         assert_eq!(
-            (st.replays_succeeded, st.stats.source_resets),
+            (st.stats.replays_succeeded, st.stats.source_resets),
             (1, 0),
             "{mode:?}"
         );
@@ -159,7 +159,7 @@ async fn gap_without_replay_endpoint_resets_the_source() {
     let daemon = gap_run(None).await;
     let st = rank(&daemon, "g.test", 0).unwrap();
     assert_eq!((st.stats.seq_gaps, st.stats.source_resets), (1, 1));
-    assert_eq!(st.replays_requested, 0);
+    assert_eq!(st.stats.replays_requested, 0);
     daemon.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -169,7 +169,7 @@ async fn bad_replay_routers_reset_and_the_daemon_keeps_serving() {
         let daemon = gap_run(Some(mode)).await;
         let st = rank(&daemon, "g.test", 0).unwrap();
         assert_eq!(
-            (st.replays_failed, st.stats.source_resets),
+            (st.stats.replays_failed, st.stats.source_resets),
             (1, 1),
             "{mode:?}"
         );

@@ -263,19 +263,11 @@ pub fn strip(dump: Vec<DumpEntry>) -> Vec<DumpEntry> {
 
 /// What `replay` leaves for these files as pod `pod_id`.
 pub fn offline(files: &[&str], pod_id: &str, model: &str) -> Vec<DumpEntry> {
-    let args = kvindex::commands::replay::ReplayArgs {
-        files: files.iter().map(|f| fixtures().join(f)).collect(),
-        pod: pod_id.to_owned(),
-        model: model.to_owned(),
-        engine: kvindex::commands::decode::EngineArg::Auto,
-        dump: None,
-        json: false,
-        redis: None,
-        value_format: kvindex::store::redis::ValueFormat::Tiered,
-        no_mapping_keys: false,
-    };
-    let (index, _) = kvindex::commands::replay::replay_into_index(&args).unwrap();
-    strip(index.dump())
+    let files: Vec<PathBuf> = files.iter().map(|f| fixtures().join(f)).collect();
+    let engine = kvindex::commands::decode::EngineArg::Auto.resolve(&files[0]);
+    let index = kvindex::index::Index::new();
+    let replay = kvindex::ingest::replay_files(index, pod_id, model, engine, &files).unwrap();
+    strip(replay.index().dump())
 }
 
 /// Writes messages to a temp fixture file (for offline expectations of a subset).

@@ -172,6 +172,15 @@ impl MirrorSender {
     }
 }
 
+impl crate::index::DeltaMirror for MirrorSender {
+    fn queue(
+        &self,
+        deltas: Vec<Delta>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.send(deltas))
+    }
+}
+
 /// The running mirror task.
 #[derive(Debug)]
 pub struct MirrorHandle {
