@@ -54,7 +54,7 @@ async fn reload_adds_and_removes_targets_at_run_time() {
         .await
         .unwrap();
     let mut pub_a = FakePub::bind(pa).await;
-    wait_connected(&daemon, "a.test", 0, 1).await;
+    wait_connected(&daemon, "a.test", 0, 1, &mut pub_a).await;
     let msgs = messages(E01, None);
     for m in &msgs {
         pub_a.send(&m.frames).await;
@@ -79,18 +79,36 @@ async fn reload_adds_and_removes_targets_at_run_time() {
     assert!(of_pod(&daemon.index.dump(), "a.test").is_empty());
     assert!(daemon.index.sources_of_pod("a.test").is_empty());
     let mut pub_b = FakePub::bind(pb).await;
-    wait_connected(&daemon, "b.test", 0, 1).await;
+    wait_connected(&daemon, "b.test", 0, 1, &mut pub_b).await;
     for m in &msgs {
         pub_b.send(&m.frames).await;
     }
     wait_messages(&daemon, "b.test", 0, msgs.len() as u64).await;
     assert_eq!(strip(daemon.index.dump()), offline(&[E01], "b.test", "m"));
 
-    // An invalid file is refused and the running target stays.
+    // An invalid file is refused (the reload ran: the refusal is counted) and the running
+    // target stays.
+    let refused_before = reloads_refused(daemon.metrics_addr).await;
     std::fs::write(&path, "targets: [{pod: x}]\n").unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while reloads_refused(daemon.metrics_addr).await <= refused_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the invalid rewrite was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(ids(&daemon), ["b.test"]);
     daemon.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `kvindex_reloads_refused_total` as served on `/metrics` (0 before the first refusal).
+async fn reloads_refused(addr: std::net::SocketAddr) -> u64 {
+    let (code, body) = http_get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix("kvindex_reloads_refused_total "))
+        .map_or(0, |v| v.trim().parse().unwrap())
 }
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
@@ -126,7 +144,7 @@ async fn metrics_health_and_readiness_are_served() {
     let port = free_ports(1);
     let daemon = start_daemon(&target_yaml("mx", "m", "vllm", port, None, 1), None).await;
     let mut publisher = FakePub::bind(port).await;
-    wait_connected(&daemon, "mx.test", 0, 1).await;
+    wait_connected(&daemon, "mx.test", 0, 1, &mut publisher).await;
     for m in messages(E01, None) {
         publisher.send(&m.frames).await;
     }
@@ -200,13 +218,9 @@ async fn two_hundred_publishing_targets_lose_nothing() {
         .collect();
     let bound = rss_kib();
     let daemon = start_daemon(&yaml, None).await;
-    for i in 0..N {
-        wait_until(Duration::from_secs(30), || {
-            rank(&daemon, &format!("p{i}.test"), 0).is_some_and(|s| s.connects >= 1)
-        })
-        .await;
+    for (i, p) in pubs.iter_mut().enumerate() {
+        wait_connected(&daemon, &format!("p{i}.test"), 0, 1, p).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let connected = rss_kib();
     eprintln!(
         "RSS KiB: start {before}, {N} PUBs bound {bound}, daemon connected to all {connected}"
@@ -267,7 +281,7 @@ async fn the_api_scores_what_the_daemon_ingested() {
         .unwrap();
     let api = daemon.api_addr.expect("api listener bound");
     let mut publisher = FakePub::bind(port).await;
-    wait_connected(&daemon, "ap.test", 0, 1).await;
+    wait_connected(&daemon, "ap.test", 0, 1, &mut publisher).await;
     let msgs = messages(E01, None);
     for m in &msgs {
         publisher.send(&m.frames).await;

@@ -22,7 +22,7 @@ async fn ingested_blocks_reach_redis_and_shutdown_flushes() {
         .await
         .unwrap();
     let mut publisher = FakePub::bind(port).await;
-    wait_connected(&daemon, "rd.test", 0, 1).await;
+    wait_connected(&daemon, "rd.test", 0, 1, &mut publisher).await;
     let msgs = messages("vllm-e01-0.9.0.jsonl", None);
     for m in &msgs {
         publisher.send(&m.frames).await;

@@ -103,6 +103,12 @@ impl FakePub {
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
 
+    /// Sends one readiness probe: seq `u64::MAX` and a `nil` payload (see [`wait_connected`]).
+    pub async fn send_probe(&mut self) {
+        let probe = vec![Vec::new(), u64::MAX.to_be_bytes().to_vec(), vec![0xc0]];
+        self.send(&probe).await;
+    }
+
     /// Closes the socket (the port is released).
     pub async fn close(self) {
         let _ = self.socket.close().await;
@@ -222,23 +228,56 @@ pub fn rank(d: &Daemon, pod_id: &str, rank: usize) -> Option<RankStatus> {
         .and_then(|t| t.ranks.get(rank).cloned())
 }
 
-/// Waits until a rank is connected at least `connects` times, then a short grace for the
-/// subscription to reach the publisher (slow joiner).
-pub async fn wait_connected(d: &Daemon, pod_id: &str, r: usize, connects: u64) {
+/// The decode-error reason probes are counted under: a probe's payload is msgpack `nil`,
+/// which no real stream in these tests sends, so the count is the probes seen.
+pub const PROBE_REASON: &str = "not_a_batch";
+
+/// Probes a rank has seen.
+pub fn probes_seen(st: &RankStatus) -> u64 {
+    st.stats.decode_errors.get(PROBE_REASON).copied().unwrap_or(0)
+}
+
+/// Messages a rank has seen, probes left out.
+pub fn stream_messages(st: &RankStatus) -> u64 {
+    st.stats.messages - probes_seen(st)
+}
+
+/// Waits until a rank is connected at least `connects` times, then until its subscription
+/// has reached `publisher` (the slow joiner): probes are sent until the rank has seen one.
+/// A probe's seq is `u64::MAX`, which never counts as the next seq, so the stream's seq
+/// bookkeeping is untouched; it is counted as one decode error ([`PROBE_REASON`]).
+pub async fn wait_connected(
+    d: &Daemon,
+    pod_id: &str,
+    r: usize,
+    connects: u64,
+    publisher: &mut FakePub,
+) {
     let ok = wait_until(Duration::from_secs(15), || {
         rank(d, pod_id, r)
             .is_some_and(|s| s.state == LinkState::Connected && s.connects >= connects)
     })
     .await;
     assert!(ok, "{pod_id} rank {r} never connected");
-    // Generous: on a loaded 2-core CI box the subscription can take a while to arrive.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let before = rank(d, pod_id, r).map_or(0, |s| probes_seen(&s));
+    let end = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < end {
+        publisher.send_probe().await;
+        let seen = wait_until(Duration::from_millis(40), || {
+            rank(d, pod_id, r).is_some_and(|s| probes_seen(&s) > before)
+        })
+        .await;
+        if seen {
+            return;
+        }
+    }
+    panic!("{pod_id} rank {r} never received a probe");
 }
 
-/// Waits until a rank has seen `n` messages.
+/// Waits until a rank has seen `n` messages of the stream (probes left out).
 pub async fn wait_messages(d: &Daemon, pod_id: &str, r: usize, n: u64) {
     let ok = wait_until(Duration::from_secs(15), || {
-        rank(d, pod_id, r).is_some_and(|s| s.stats.messages >= n)
+        rank(d, pod_id, r).is_some_and(|s| stream_messages(&s) >= n)
     })
     .await;
     assert!(
