@@ -284,3 +284,23 @@ pub fn mirror(queue_depth: usize, dirty: bool, reconciling: bool, flush_p99_us: 
     gauge!("kvindex_mirror_reconciling").set(f64::from(u8::from(reconciling)));
     gauge!("kvindex_mirror_flush_p99_seconds").set(flush_p99_us as f64 / 1e6);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forgotten_target_has_no_age_series() {
+        // No recorder in unit tests: render from a handle of a recorder that is not global.
+        let handle = PrometheusBuilder::new().build_recorder().handle();
+        last_message_age("gone.ns", 3.5);
+        last_message_age("kept.ns", 1.0);
+        let text = render(&handle);
+        assert!(text.contains("kvindex_last_message_age_seconds{pod=\"gone.ns\"} 3.5"));
+        forget_target("gone.ns");
+        let text = render(&handle);
+        assert!(!text.contains("gone.ns"), "{text}");
+        assert!(text.contains("kvindex_last_message_age_seconds{pod=\"kept.ns\"} 1"));
+        forget_target("kept.ns");
+    }
+}

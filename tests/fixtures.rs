@@ -389,3 +389,21 @@ fn bad_messages_inside_a_stream_keep_what_was_indexed() {
     assert_eq!(replay.index().dump(), before);
     assert_eq!(replay.stats().decode_errors.values().sum::<u64>(), 3);
 }
+
+/// Issue 8, bug 6(b): an endpoint index above 255 names no DP rank; it used to become rank
+/// 255 silently.
+#[test]
+fn an_endpoint_index_past_255_is_rejected_not_folded_into_rank_255() {
+    let mut m = messages("vllm-e01-0.9.0").remove(0);
+    let mut replay = OfflineReplay::new(Index::new(), "p.ns", "m", Engine::Vllm);
+    m.endpoint_index = 255;
+    assert!(replay.offer(&m, 1, &mut Discard).is_ok());
+    m.endpoint_index = 256;
+    let err = replay.offer(&m, 1, &mut Discard).unwrap_err();
+    assert!(
+        matches!(err, kvindex::ingest::OfflineError::EndpointIndex { endpoint_index: 256, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("256"), "{err}");
+    assert!(replay.index().sources_of_pod("p.ns").len() == 1);
+}

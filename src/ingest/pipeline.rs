@@ -419,7 +419,9 @@ impl SourcePipeline {
         obs: &mut Observer,
     ) -> Result<(), IndexError> {
         match decode_message(&replayed.frames, DecodeOptions::INDEX) {
-            Ok((seq, _)) if matches!(self.tracker.observe(seq), SeqDecision::Duplicate) => {
+            // Within a replay nothing is a restart: a seq at or below the last one is a
+            // reply overlapping what was already applied.
+            Ok((seq, _)) if self.tracker.last().is_some_and(|last| seq <= last) => {
                 obs.observe(Happening::Duplicate(seq));
                 Ok(())
             }
@@ -466,5 +468,177 @@ impl SourcePipeline {
     ) -> Result<(), IndexError> {
         obs.observe(Happening::Reset(reason));
         self.clear(index, sink)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::index::{Discard, SourceSpec};
+
+    /// A batch storing one 16-token block (engine hash `hash`), as vLLM encodes it.
+    fn store_payload(hash: i64) -> Vec<u8> {
+        use rmpv::Value as V;
+        let tokens: Vec<V> = (0..16).map(|t| V::from(hash as u64 * 100 + t)).collect();
+        let event = V::Array(vec![
+            V::from("BlockStored"),
+            V::Array(vec![V::from(hash)]),
+            V::Nil,
+            V::Array(tokens),
+            V::from(16),
+        ]);
+        let batch = V::Array(vec![V::F64(1.0), V::Array(vec![event])]);
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &batch).unwrap();
+        out
+    }
+
+    fn frames(seq: u64, payload: Vec<u8>) -> [Bytes; 3] {
+        [
+            Bytes::new(),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            Bytes::from(payload),
+        ]
+    }
+
+    fn replayed(seq: u64, hash: i64) -> Replayed {
+        Replayed {
+            seq,
+            frames: frames(seq, store_payload(hash)),
+        }
+    }
+
+    struct Rig {
+        index: Index,
+        pipeline: SourcePipeline,
+        observer: Observer,
+    }
+
+    impl Rig {
+        fn new(replay: bool) -> Rig {
+            let index = Index::new();
+            let source = index
+                .register_source(&SourceSpec {
+                    pod: "p.ns".to_owned(),
+                    model: "m".to_owned(),
+                    engine: Engine::Vllm,
+                    dp_rank: 0,
+                })
+                .unwrap();
+            Rig {
+                index,
+                pipeline: SourcePipeline::new(source, replay),
+                observer: Observer::new(Engine::Vllm),
+            }
+        }
+
+        fn offer(&mut self, seq: u64, hash: i64) -> Outcome {
+            let f = frames(seq, store_payload(hash));
+            self.pipeline
+                .offer(&self.index, &f, 1, &mut Discard, &mut self.observer)
+                .unwrap()
+        }
+
+        fn fill(&mut self, replayed: Result<Vec<Replayed>, ReplayError>) {
+            self.pipeline
+                .fill(&self.index, replayed, 1, &mut Discard, &mut self.observer)
+                .unwrap();
+        }
+
+        fn blocks(&self) -> usize {
+            self.index.dump().len()
+        }
+    }
+
+    #[test]
+    fn a_gap_without_replay_resets_then_applies() {
+        let mut rig = Rig::new(false);
+        assert_eq!(rig.offer(0, 1), Outcome::Applied { seq: 0 });
+        assert_eq!(rig.offer(2, 2), Outcome::Gap { from: 1, to: 2 });
+        assert_eq!(rig.blocks(), 1, "block 1 dropped, block 2 applied");
+        let s = rig.observer.stats();
+        assert_eq!((s.seq_gaps, s.source_resets, s.messages), (1, 1, 2));
+        assert_eq!(rig.pipeline.pending_replay(), None);
+    }
+
+    #[test]
+    fn a_gap_with_replay_waits_and_fill_applies_in_order() {
+        let mut rig = Rig::new(true);
+        rig.offer(0, 1);
+        assert_eq!(rig.offer(3, 4), Outcome::Gap { from: 1, to: 3 });
+        assert_eq!(rig.pipeline.pending_replay(), Some((1, 3)));
+        assert_eq!(rig.blocks(), 1, "the batch waits for the replay");
+        // The reply overlaps what was applied (seq 0) and runs past the waiting batch.
+        let reply = vec![replayed(0, 1), replayed(1, 2), replayed(2, 3), replayed(3, 4)];
+        rig.fill(Ok(reply));
+        assert_eq!(rig.blocks(), 4);
+        assert_eq!(rig.pipeline.last_seq(), Some(3));
+        let s = rig.observer.stats();
+        assert_eq!((s.replays_requested, s.replays_succeeded), (1, 1));
+        assert_eq!((s.duplicates, s.source_resets), (1, 0));
+        assert_eq!(rig.offer(4, 5), Outcome::Applied { seq: 4 });
+    }
+
+    #[test]
+    fn a_failed_replay_resets_and_applies_the_waiting_batch() {
+        let mut rig = Rig::new(true);
+        rig.offer(0, 1);
+        rig.offer(3, 4);
+        rig.fill(Err(ReplayError::Holes));
+        assert_eq!(rig.blocks(), 1, "only the waiting batch's block");
+        let s = rig.observer.stats();
+        assert_eq!((s.replays_failed, s.source_resets), (1, 1));
+        assert_eq!(rig.pipeline.last_seq(), Some(3));
+    }
+
+    #[test]
+    fn a_cancelled_replay_is_no_failure_and_resets_nothing() {
+        let mut rig = Rig::new(true);
+        rig.offer(0, 1);
+        rig.offer(1, 2);
+        assert_eq!(rig.offer(1, 2), Outcome::Duplicate { seq: 1 });
+        rig.offer(3, 4);
+        rig.fill(Err(ReplayError::Cancelled));
+        let s = rig.observer.stats();
+        assert_eq!((s.replays_failed, s.source_resets), (0, 0));
+        assert_eq!(rig.blocks(), 2);
+        assert_eq!(rig.pipeline.pending_replay(), None);
+    }
+
+    #[test]
+    fn a_restart_with_replay_clears_and_replays_from_zero() {
+        let mut rig = Rig::new(true);
+        rig.offer(0, 1);
+        rig.offer(1, 2);
+        rig.pipeline.reconnected();
+        let outcome = rig.offer(1, 9);
+        assert_eq!(
+            outcome,
+            Outcome::Restart {
+                seq: 1,
+                last: Some(1)
+            }
+        );
+        assert_eq!(rig.pipeline.pending_replay(), Some((0, 1)));
+        assert_eq!(rig.blocks(), 0, "the old blocks are gone");
+        rig.fill(Ok(vec![replayed(0, 8)]));
+        assert_eq!(rig.blocks(), 2);
+        assert_eq!(rig.observer.stats().restarts, 1);
+    }
+
+    #[test]
+    fn a_bad_payload_uses_up_its_seq() {
+        let mut rig = Rig::new(false);
+        rig.offer(0, 1);
+        let bad = frames(1, vec![0xc1]);
+        let outcome = rig
+            .pipeline
+            .offer(&rig.index, &bad, 1, &mut Discard, &mut rig.observer)
+            .unwrap();
+        assert!(matches!(outcome, Outcome::DecodeError(_)));
+        assert_eq!(rig.offer(2, 2), Outcome::Applied { seq: 2 });
+        assert_eq!(rig.observer.stats().seq_gaps, 0);
     }
 }
