@@ -38,7 +38,8 @@ fn schema_is_json_and_lists_every_section() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_adds_and_removes_targets_at_run_time() {
-    let (pa, pb) = (free_ports(1), free_ports(1));
+    let (mut pub_a, pa) = FakePub::bind_any().await;
+    let (mut pub_b, pb) = FakePub::bind_any().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kvindex.yaml");
     let write = |targets: String| {
@@ -53,7 +54,6 @@ async fn reload_adds_and_removes_targets_at_run_time() {
     let daemon = kvindex::commands::serve::Daemon::start(config, Some(path.clone()), test_limits())
         .await
         .unwrap();
-    let mut pub_a = FakePub::bind(pa).await;
     wait_connected(&daemon, "a.test", 0, 1, &mut pub_a).await;
     let msgs = messages(E01, None);
     for m in &msgs {
@@ -78,7 +78,6 @@ async fn reload_adds_and_removes_targets_at_run_time() {
     // The removed pod is forgotten; the added one ingests.
     assert!(of_pod(&daemon.index.dump(), "a.test").is_empty());
     assert!(daemon.index.sources_of_pod("a.test").is_empty());
-    let mut pub_b = FakePub::bind(pb).await;
     wait_connected(&daemon, "b.test", 0, 1, &mut pub_b).await;
     for m in &msgs {
         pub_b.send(&m.frames).await;
@@ -141,9 +140,8 @@ async fn http_request(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_health_and_readiness_are_served() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     let daemon = start_daemon(&target_yaml("mx", "m", "vllm", port, None, 1), None).await;
-    let mut publisher = FakePub::bind(port).await;
     wait_connected(&daemon, "mx.test", 0, 1, &mut publisher).await;
     for m in messages(E01, None) {
         publisher.send(&m.frames).await;
@@ -160,7 +158,7 @@ async fn metrics_health_and_readiness_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_writes_what_replay_reads() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("rec.jsonl");
     let msgs = messages(E01, None);
@@ -173,7 +171,6 @@ async fn record_writes_what_replay_reads() {
         duration: Some(20.0),
         count: Some(msgs.len() as u64),
     };
-    let mut publisher = FakePub::bind(port).await;
     let recorder = tokio::spawn(async move { kvindex::commands::record::record(&args).await });
     // Resend until the recorder has joined (slow joiner): it stops after `count` lines, so
     // repeat the whole stream until it finishes.
@@ -181,7 +178,7 @@ async fn record_writes_what_replay_reads() {
         for m in &msgs {
             publisher.send(&m.frames).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(recorder.await.unwrap().unwrap(), msgs.len() as u64);
     let back = kvindex::ingest::fixture::read_file(&out).unwrap();
@@ -270,7 +267,7 @@ async fn two_hundred_publishing_targets_lose_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_scores_what_the_daemon_ingested() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     let text = format!(
         "api:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: 127.0.0.1:0\ntargets:\n{}",
         target_yaml("ap", "m", "vllm", port, None, 1)
@@ -280,7 +277,6 @@ async fn the_api_scores_what_the_daemon_ingested() {
         .await
         .unwrap();
     let api = daemon.api_addr.expect("api listener bound");
-    let mut publisher = FakePub::bind(port).await;
     wait_connected(&daemon, "ap.test", 0, 1, &mut publisher).await;
     let msgs = messages(E01, None);
     for m in &msgs {

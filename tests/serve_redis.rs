@@ -10,7 +10,7 @@ use util::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingested_blocks_reach_redis_and_shutdown_flushes() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     // db 13 and a unique model keep this test apart from others sharing the Redis.
     let model = format!("serve-redis-{}", std::process::id());
     let text = format!(
@@ -21,7 +21,6 @@ async fn ingested_blocks_reach_redis_and_shutdown_flushes() {
     let daemon = kvindex::commands::serve::Daemon::start(config, None, test_limits())
         .await
         .unwrap();
-    let mut publisher = FakePub::bind(port).await;
     wait_connected(&daemon, "rd.test", 0, 1, &mut publisher).await;
     let msgs = messages("vllm-e01-0.9.0.jsonl", None);
     for m in &msgs {

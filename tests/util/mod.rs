@@ -29,22 +29,12 @@ pub fn messages(file: &str, endpoint: Option<u32>) -> Vec<RecordedMessage> {
         .collect()
 }
 
-/// A port `p` with `p..p+n` all free right now.
-pub fn free_ports(n: u16) -> u16 {
-    for _ in 0..200 {
-        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = first.local_addr().unwrap().port();
-        if p > 65000 {
-            continue;
-        }
-        let rest: Vec<_> = (1..n)
-            .map(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)))
-            .collect();
-        if rest.iter().all(Result::is_ok) {
-            return p;
-        }
-    }
-    panic!("no run of {n} free ports");
+/// A port that was free a moment ago, for the few tests whose point is that nothing is bound
+/// there yet (connect before bind, a publisher that restarts on its port). Everything else
+/// binds port 0 and passes the bound port on, which cannot race.
+pub fn unbound_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
 }
 
 /// Polls `cond` every 20 ms until it holds or `timeout` passes; returns whether it held.
@@ -93,6 +83,30 @@ impl FakePub {
         (FakePub { socket }, port)
     }
 
+    /// Binds `n` consecutive ports (a target's DP ranks: port, port + 1, …), the first chosen
+    /// by the OS; returns the sockets (rank order) and the first port.
+    pub async fn bind_ranks(n: u16) -> (Vec<FakePub>, u16) {
+        for _ in 0..100 {
+            let (first, port) = FakePub::bind_any().await;
+            let mut pubs = vec![first];
+            for r in 1..n {
+                let Some(next) = port.checked_add(r) else { break };
+                let mut socket = PubSocket::new();
+                if socket.bind(&format!("tcp://127.0.0.1:{next}")).await.is_err() {
+                    break;
+                }
+                pubs.push(FakePub { socket });
+            }
+            if pubs.len() == usize::from(n) {
+                return (pubs, port);
+            }
+            for p in pubs {
+                p.close().await;
+            }
+        }
+        panic!("no run of {n} free ports");
+    }
+
     /// Sends frames exactly as recorded, paced (the crate's PUB drops under a flat-out loop).
     pub async fn send(&mut self, frames: &[Vec<u8>]) {
         let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
@@ -128,18 +142,18 @@ pub enum RouterMode {
     Holes,
 }
 
-/// Serves replay of `buffer` (well-formed 3-frame messages) on `127.0.0.1:port`.
+/// Serves replay of `buffer` (well-formed 3-frame messages) on an ephemeral port of
+/// 127.0.0.1; returns the task and the port.
 pub async fn spawn_router(
-    port: u16,
     buffer: Vec<RecordedMessage>,
     mode: RouterMode,
-) -> tokio::task::JoinHandle<()> {
+) -> (tokio::task::JoinHandle<()>, u16) {
     let mut socket = RouterSocket::new();
-    socket
-        .bind(&format!("tcp://127.0.0.1:{port}"))
-        .await
-        .unwrap();
-    tokio::spawn(async move {
+    let endpoint = socket.bind("tcp://127.0.0.1:0").await.unwrap();
+    let zeromq::Endpoint::Tcp(_, port) = endpoint else {
+        panic!("not tcp: {endpoint}");
+    };
+    let task = tokio::spawn(async move {
         loop {
             let Ok(request) = socket.recv().await else {
                 return;
@@ -182,7 +196,8 @@ pub async fn spawn_router(
                     .unwrap();
             }
         }
-    })
+    });
+    (task, port)
 }
 
 /// Short replay timeouts so failing replays stay quick.
