@@ -262,11 +262,18 @@ pub fn render(handle: &PrometheusHandle) -> String {
     if ages.is_empty() {
         return text;
     }
-    text.push_str("# HELP kvindex_last_message_age_seconds Seconds since the last message of a target.\n");
+    text.push_str(
+        "# HELP kvindex_last_message_age_seconds Seconds since the last message of a target.\n",
+    );
     text.push_str("# TYPE kvindex_last_message_age_seconds gauge\n");
     for (pod, age) in ages.iter() {
-        let pod = pod.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
-        text.push_str(&format!("kvindex_last_message_age_seconds{{pod=\"{pod}\"}} {age}\n"));
+        let pod = pod
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n");
+        text.push_str(&format!(
+            "kvindex_last_message_age_seconds{{pod=\"{pod}\"}} {age}\n"
+        ));
     }
     text
 }

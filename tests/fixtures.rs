@@ -401,7 +401,13 @@ fn an_endpoint_index_past_255_is_rejected_not_folded_into_rank_255() {
     m.endpoint_index = 256;
     let err = replay.offer(&m, 1, &mut Discard).unwrap_err();
     assert!(
-        matches!(err, kvindex::ingest::OfflineError::EndpointIndex { endpoint_index: 256, .. }),
+        matches!(
+            err,
+            kvindex::ingest::OfflineError::EndpointIndex {
+                endpoint_index: 256,
+                ..
+            }
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("256"), "{err}");

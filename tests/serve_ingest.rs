@@ -16,14 +16,17 @@ async fn three_targets_index_equals_offline_replay() {
     let (a, pa) = FakePub::bind_ranks(1).await;
     let (b, pb) = FakePub::bind_ranks(2).await;
     let (c, pc) = FakePub::bind_ranks(2).await;
-    let mut pubs = vec![a, b, c];
+    let mut pubs = [a, b, c];
     let yaml = target_yaml("a", "m-a", "vllm", pa, None, 1)
         + &target_yaml("b", "m-b", "sglang", pb, None, 2)
         + &target_yaml("c", "m-c", "vllm", pc, None, 2);
     let daemon = start_daemon(&yaml, None).await;
-    for (i, (pod, n)) in [("a.test", 1), ("b.test", 2), ("c.test", 2)].into_iter().enumerate() {
-        for r in 0..n {
-            wait_connected(&daemon, pod, r, 1, &mut pubs[i][r]).await;
+    for (pod, ranks) in ["a.test", "b.test", "c.test"]
+        .into_iter()
+        .zip(pubs.iter_mut())
+    {
+        for (r, publisher) in ranks.iter_mut().enumerate() {
+            wait_connected(&daemon, pod, r, 1, publisher).await;
         }
     }
     for (i, file) in [E01, S02, E03].iter().enumerate() {
@@ -54,7 +57,11 @@ async fn connect_before_bind_then_ingests() {
     let daemon = start_daemon(&target_yaml("late", "m", "vllm", port, None, 1), None).await;
     // Nothing listens yet: the subscriber's first connects are refused at once and it
     // backs off (50 ms first); bind once it has been through that at least once.
-    assert!(wait_until(Duration::from_secs(5), || rank(&daemon, "late.test", 0).is_some()).await);
+    assert!(
+        wait_until(Duration::from_secs(5), || rank(&daemon, "late.test", 0)
+            .is_some())
+        .await
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut publisher = FakePub::bind(port).await;
     wait_connected(&daemon, "late.test", 0, 1, &mut publisher).await;

@@ -173,10 +173,11 @@ impl OfflineReplay {
         now: u32,
         sink: &mut impl DeltaSink,
     ) -> Result<Outcome, OfflineError> {
-        let rank = u8::try_from(message.endpoint_index).map_err(|_| OfflineError::EndpointIndex {
-            line: message.line,
-            endpoint_index: message.endpoint_index,
-        })?;
+        let rank =
+            u8::try_from(message.endpoint_index).map_err(|_| OfflineError::EndpointIndex {
+                line: message.line,
+                endpoint_index: message.endpoint_index,
+            })?;
         let pipeline = match self.pipelines.get_mut(&rank) {
             Some(pipeline) => pipeline,
             None => {

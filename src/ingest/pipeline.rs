@@ -72,13 +72,30 @@ enum Happening<'a> {
     Decoded(&'a EngineBatch),
     Rejected(&'a MessageError),
     Duplicate(u64),
-    Gap { from: u64, to: u64 },
-    Restart { seq: u64, last: Option<u64> },
+    Gap {
+        from: u64,
+        to: u64,
+    },
+    Restart {
+        seq: u64,
+        last: Option<u64>,
+    },
     MidStreamStart(u64),
     Reset(ResetReason),
-    ReplayRequested { from: u64, to: u64 },
-    ReplayFilled { from: u64, to: u64, batches: usize },
-    ReplayFailed { from: u64, to: u64, error: ReplayError },
+    ReplayRequested {
+        from: u64,
+        to: u64,
+    },
+    ReplayFilled {
+        from: u64,
+        to: u64,
+        batches: usize,
+    },
+    ReplayFailed {
+        from: u64,
+        to: u64,
+        error: ReplayError,
+    },
     ReplayCancelled,
     Applied(&'a ApplyStats),
 }
@@ -571,7 +588,12 @@ mod tests {
         assert_eq!(rig.pipeline.pending_replay(), Some((1, 3)));
         assert_eq!(rig.blocks(), 1, "the batch waits for the replay");
         // The reply overlaps what was applied (seq 0) and runs past the waiting batch.
-        let reply = vec![replayed(0, 1), replayed(1, 2), replayed(2, 3), replayed(3, 4)];
+        let reply = vec![
+            replayed(0, 1),
+            replayed(1, 2),
+            replayed(2, 3),
+            replayed(3, 4),
+        ];
         rig.fill(Ok(reply));
         assert_eq!(rig.blocks(), 4);
         assert_eq!(rig.pipeline.last_seq(), Some(3));

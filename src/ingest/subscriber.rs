@@ -261,9 +261,9 @@ impl Worker {
             Sink::Discard
         };
         let index = &self.ctx.index;
-        let offered =
-            self.pipeline
-                .offer(index, frames, unix_now(), &mut sink, &mut self.observer);
+        let offered = self
+            .pipeline
+            .offer(index, frames, unix_now(), &mut sink, &mut self.observer);
         if let Err(err) = offered {
             warn!(error = %err, "Index refused a batch.");
         }
@@ -272,12 +272,17 @@ impl Worker {
         {
             let need_through = to.saturating_sub(1);
             let limits = self.spec.replay_limits;
-            let replayed =
-                replay_client::replay_or_cancel(endpoint, from, need_through, limits, &self.ctx.cancel)
-                    .await;
-            let filled = self
-                .pipeline
-                .fill(index, replayed, unix_now(), &mut sink, &mut self.observer);
+            let replayed = replay_client::replay_or_cancel(
+                endpoint,
+                from,
+                need_through,
+                limits,
+                &self.ctx.cancel,
+            )
+            .await;
+            let filled =
+                self.pipeline
+                    .fill(index, replayed, unix_now(), &mut sink, &mut self.observer);
             if let Err(err) = filled {
                 warn!(error = %err, "Index refused a replayed batch.");
             }

@@ -90,9 +90,15 @@ impl FakePub {
             let (first, port) = FakePub::bind_any().await;
             let mut pubs = vec![first];
             for r in 1..n {
-                let Some(next) = port.checked_add(r) else { break };
+                let Some(next) = port.checked_add(r) else {
+                    break;
+                };
                 let mut socket = PubSocket::new();
-                if socket.bind(&format!("tcp://127.0.0.1:{next}")).await.is_err() {
+                if socket
+                    .bind(&format!("tcp://127.0.0.1:{next}"))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
                 pubs.push(FakePub { socket });
@@ -249,7 +255,11 @@ pub const PROBE_REASON: &str = "not_a_batch";
 
 /// Probes a rank has seen.
 pub fn probes_seen(st: &RankStatus) -> u64 {
-    st.stats.decode_errors.get(PROBE_REASON).copied().unwrap_or(0)
+    st.stats
+        .decode_errors
+        .get(PROBE_REASON)
+        .copied()
+        .unwrap_or(0)
 }
 
 /// Messages a rank has seen, probes left out.
