@@ -10,10 +10,8 @@ use std::time::Duration;
 use kvindex::index::{Delta, Index, SourceId, SourceSpec};
 use kvindex::ingest::{fixture, unix_now, OfflineReplay};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::store::redis::{
-    block_key, dump, field_value, mapping_key, MirrorError, MirrorHandle, RedisConfig, RedisDump,
-    ValueFormat,
-};
+use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
+use kvindex::store::redis::{dump, MirrorError, MirrorHandle, RedisConfig, RedisDump};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 
 const REDIS: &str = "redis://127.0.0.1:6379/0";
