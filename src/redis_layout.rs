@@ -295,7 +295,11 @@ mod tests {
         let cases = [
             (value(&[Medium::GPU]), ValueFormat::Tiered, "1700000000|GPU"),
             (value(&[Medium::GPU]), ValueFormat::Timestamp, "1700000000"),
-            (value(&[cpu, Medium::GPU]), ValueFormat::Tiered, "1700000000|GPU"),
+            (
+                value(&[cpu, Medium::GPU]),
+                ValueFormat::Tiered,
+                "1700000000|GPU",
+            ),
             (value(&[cpu]), ValueFormat::Tiered, "1700000000|CPU"),
             (value(&[Medium::NONE]), ValueFormat::Tiered, "1700000000"),
         ];
@@ -332,10 +336,7 @@ mod tests {
             mapping_key_pattern(Engine::Sglang, Some("p.n")),
             "sglang:kv:block:p.n@*"
         );
-        assert_eq!(
-            mapping_key_pattern(Engine::Trtllm, None),
-            "vllm:kv:block:*"
-        );
+        assert_eq!(mapping_key_pattern(Engine::Trtllm, None), "vllm:kv:block:*");
     }
 
     #[test]
@@ -348,7 +349,10 @@ mod tests {
             ("rediss://:s3cret@127.0.0.1/0", "rediss://:***@127.0.0.1/0"),
             ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
             ("redis://user@127.0.0.1/0", "redis://user@127.0.0.1/0"),
-            ("redis://127.0.0.1/0?pass=s3cret", "redis://127.0.0.1/0?pass=***"),
+            (
+                "redis://127.0.0.1/0?pass=s3cret",
+                "redis://127.0.0.1/0?pass=***",
+            ),
             (
                 "redis+unix:///run/r.sock?db=1&password=s3cret&user=u",
                 "redis+unix:///run/r.sock?db=1&password=***&user=u",

@@ -13,7 +13,9 @@ use redis::Value;
 use super::lookup::{Lookup, Owner};
 use crate::hash::StdHash;
 use crate::medium::TierWeights;
-use crate::redis_layout::{block_key, parse_field_value, push_block_key, redact_url, scrub_secrets};
+use crate::redis_layout::{
+    block_key, parse_field_value, push_block_key, redact_url, scrub_secrets,
+};
 
 /// Why a Redis lookup failed. URLs are always shown without their password.
 #[derive(Debug, thiserror::Error)]

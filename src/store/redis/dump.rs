@@ -48,7 +48,9 @@ pub async fn dump(
         url: redact_url(url),
         reason: scrub_secrets(url, &e.to_string()),
     };
-    let block_keys = scan(&mut conn, &block_key_pattern(model)).await.map_err(failed)?;
+    let block_keys = scan(&mut conn, &block_key_pattern(model))
+        .await
+        .map_err(failed)?;
     let mut out = RedisDump::default();
     for chunk in block_keys.chunks(FETCH_CHUNK) {
         let mut pipe = redis::pipe();

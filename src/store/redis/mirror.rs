@@ -15,8 +15,7 @@ use super::{MirrorError, RedisConfig};
 use crate::index::{Delta, Index, ModelId, PodId};
 use crate::medium::TierWeights;
 use crate::redis_layout::{
-    block_key, field_value, mapping_key, mapping_value, redact_url, scrub_secrets,
-    MAPPING_TTL_SECS,
+    block_key, field_value, mapping_key, mapping_value, redact_url, scrub_secrets, MAPPING_TTL_SECS,
 };
 use crate::wire::{BlockHash, Engine};
 
@@ -177,13 +176,7 @@ pub(super) async fn connect(url: &str) -> Result<ConnectionManager, MirrorError>
         .set_max_delay(MAX_BACKOFF);
     let classify = |e: redis::RedisError| {
         let reason = scrub(&e);
-        let text = reason.to_ascii_uppercase();
-        if e.kind() == redis::ErrorKind::AuthenticationFailed
-            || text.contains("WRONGPASS")
-            || text.contains("NOAUTH")
-            || text.contains("INVALID PASSWORD")
-            || text.contains("INVALID USERNAME")
-        {
+        if is_auth_error(&e) {
             MirrorError::Auth {
                 url: shown.clone(),
                 reason,
@@ -203,6 +196,16 @@ pub(super) async fn connect(url: &str) -> Result<ConnectionManager, MirrorError>
         .await
         .map_err(classify)?;
     Ok(conn)
+}
+
+/// Whether Redis refused the credentials (or wants some and got none).
+pub(super) fn is_auth_error(e: &redis::RedisError) -> bool {
+    let text = e.to_string().to_ascii_uppercase();
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || text.contains("WRONGPASS")
+        || text.contains("NOAUTH")
+        || text.contains("INVALID PASSWORD")
+        || text.contains("INVALID USERNAME")
 }
 
 /// The writer task's state.
@@ -456,6 +459,12 @@ impl Writer {
         let reason = scrub_secrets(&self.config.url, &err.to_string());
         if self.dirty {
             self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            tracing::debug!(
+                url = %redact_url(&self.config.url),
+                reason = %reason,
+                backoff_ms = self.backoff.as_millis() as u64,
+                "Redis still fails; the mirror retries its reconcile after the backoff."
+            );
         } else {
             tracing::warn!(
                 url = %redact_url(&self.config.url),

@@ -39,9 +39,9 @@ use crate::index::{Delta, Index};
 use crate::medium::TierWeights;
 use crate::redis_layout::redact_url;
 
-pub use dump::{dump, MappingEntry, RedisDump};
 /// The field value format is part of kthena's layout; re-exported as [`RedisConfig`] uses it.
 pub use crate::redis_layout::ValueFormat;
+pub use dump::{dump, MappingEntry, RedisDump};
 use mirror::{Msg, Shared};
 
 /// Settings of the mirror.

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
-use super::mirror::{Key, Writer};
+use super::mirror::{connect, is_auth_error, Key, Writer};
 use crate::index::{Delta, FieldValue, ModelId, PodId};
 use crate::redis_layout::redact_url;
 use crate::wire::{BlockHash, Engine};
@@ -20,6 +20,9 @@ impl Writer {
         // Redis must answer before the index is walked (the walk is the expensive part).
         if let Err(err) = redis::cmd("PING").query_async::<()>(&mut self.conn).await {
             self.go_dirty(&err);
+            if is_auth_error(&err) {
+                self.renew_connection().await;
+            }
             return;
         }
         self.shared.reconciling.store(true, Ordering::Relaxed);
@@ -42,6 +45,18 @@ impl Writer {
                 // Whatever was not confirmed is recorded again.
                 self.touched.extend(stale);
                 self.go_dirty(&err);
+            }
+        }
+    }
+
+    /// A fresh connection after an authentication failure: the connection manager reconnects
+    /// by itself only after I/O errors, so once its credentials were refused (a password
+    /// rotated and back) it would keep answering with that refusal forever.
+    async fn renew_connection(&mut self) {
+        match connect(&self.config().url).await {
+            Ok(conn) => self.conn = conn,
+            Err(err) => {
+                tracing::debug!(error = %err, "Could not open a fresh Redis connection; retrying after the backoff.")
             }
         }
     }
