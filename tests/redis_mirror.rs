@@ -498,25 +498,31 @@ async fn the_db_index_comes_from_the_url() {
     rig.mirror.shutdown(WAIT).await;
 }
 
-/// Every log line written while it is installed on this thread (the `#[tokio::test]` runtime
-/// polls the writer task here too), at every level.
+/// Every log line of this test binary, at every level. One global subscriber: a per-thread
+/// one (`set_default`) misses lines when tests run in parallel, since tracing caches a
+/// callsite's interest across threads. Tests find their own lines by their server's port.
 struct CapturedLogs {
     lines: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
-    _guard: tracing::subscriber::DefaultGuard,
 }
 
 impl CapturedLogs {
     fn install() -> CapturedLogs {
-        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = std::sync::Arc::clone(&lines);
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || LogSink(std::sync::Arc::clone(&sink)))
-            .finish();
+        static LINES: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
+            std::sync::OnceLock::new();
+        let lines = LINES.get_or_init(|| {
+            let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let sink = std::sync::Arc::clone(&lines);
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::TRACE)
+                .with_ansi(false)
+                .with_writer(move || LogSink(std::sync::Arc::clone(&sink)))
+                .finish();
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("no other subscriber in this test binary");
+            lines
+        });
         CapturedLogs {
-            lines,
-            _guard: tracing::subscriber::set_default(subscriber),
+            lines: std::sync::Arc::clone(lines),
         }
     }
 
@@ -524,10 +530,15 @@ impl CapturedLogs {
         String::from_utf8_lossy(&self.lines.lock().unwrap()).into_owned()
     }
 
-    async fn wait_for(&self, needle: &str) {
+    /// Waits for a line that contains every one of `parts`.
+    async fn wait_for(&self, parts: &[&str]) {
         let started = std::time::Instant::now();
-        while !self.text().contains(needle) {
-            assert!(started.elapsed() < WAIT, "no log line with {needle:?}");
+        while !self
+            .text()
+            .lines()
+            .any(|line| parts.iter().all(|p| line.contains(p)))
+        {
+            assert!(started.elapsed() < WAIT, "no log line with {parts:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -650,11 +661,16 @@ async fn a_failing_reconcile_logs_without_the_password() {
         .unwrap();
     rig.apply(vec![stored(2, vec![5, 6, 7, 8], Medium::GPU)])
         .await;
-    logs.wait_for("Redis writes failed").await;
-    logs.wait_for("retries its reconcile").await;
+    let shown = format!("redis://:***@127.0.0.1:{}/0", server.port);
+    logs.wait_for(&["Redis writes failed", &shown]).await;
+    logs.wait_for(&["retries its reconcile", "AuthenticationFailed", &shown])
+        .await;
+    let reconciles = rig.mirror.stats().reconciles;
     set_password(&mut admin, secret);
     rig.flush().await;
-    logs.wait_for("Reconciled the Redis mirror").await;
+    assert_eq!(rig.mirror.stats().reconciles, reconciles + 1);
+    logs.wait_for(&["Reconciled the Redis mirror", &shown])
+        .await;
     assert_eq!(
         redis_state(&url, &rig.pod).await,
         expected_of(&rig.index, &rig.pod, ValueFormat::Tiered)
