@@ -16,7 +16,9 @@ use crate::api::ScoreBody;
 use crate::index::Index;
 use crate::ingest::replay_files;
 use crate::medium::TierWeights;
-use crate::score::{score_index, score_prefix, PrefixScores, PromptSettings, RedisLookup};
+use crate::score::{
+    score_index, score_prefix, PrefixScores, PromptSettings, RedisLookup, RedisLookupError,
+};
 
 /// Arguments of `kvindex score`.
 #[derive(Debug, clap::Args)]
@@ -131,12 +133,10 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
     let tokens = read_tokens(&args.tokens)?;
     let blocks = prompt.hash(&tokens);
     if let Some(url) = &args.redis {
-        let client = redis::Client::open(url.as_str())
-            .map_err(|e| UsageError(format!("--redis `{url}` is not a Redis URL: {e}")))?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .context("cannot connect to Redis")?;
+        let mut conn = RedisLookup::connect(url).await.map_err(|e| match e {
+            RedisLookupError::BadUrl { .. } => UsageError(format!("--redis: {e}")).into(),
+            e => anyhow::Error::new(e),
+        })?;
         let mut owners =
             RedisLookup::fetch(&mut conn, &args.model, &blocks, &args.pods, &weights).await?;
         let slots = score_prefix(&mut owners, args.pods.len(), &started_at);
