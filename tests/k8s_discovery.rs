@@ -207,7 +207,8 @@ async fn wait_readyz(d: &Daemon, code: u16, contains: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovered_pods_are_subscribed_indexed_and_listed_with_static_targets() {
-    let (p0, p1, ps) = (free_ports(1), free_ports(1), free_ports(1));
+    let ((mut pub0, p0), (mut pub1, p1)) = (FakePub::bind_any().await, FakePub::bind_any().await);
+    let ps = unbound_port();
     let e0 = FakePod::new("e0", "llm", p0);
     let e1 = FakePod::new("e1", "llm", p1)
         .annotate("kvindex.io/engine", "sglang")
@@ -216,7 +217,7 @@ async fn discovered_pods_are_subscribed_indexed_and_listed_with_static_targets()
     let mut other = FakePod::new("web", "llm", 1);
     other.labels.insert("app".into(), "web".into());
     // Both a static target and a discovered pod: the static one wins, named in the log.
-    let clash = FakePod::new("s", "test", free_ports(1));
+    let clash = FakePod::new("s", "test", unbound_port());
     let statics = target_yaml("s", "static-model", "vllm", ps, None, 1);
     let setup = Setup {
         api: true,
@@ -228,9 +229,8 @@ async fn discovered_pods_are_subscribed_indexed_and_listed_with_static_targets()
     wait_targets(&r.daemon, TargetSource::Kubernetes, &["e0.llm", "e1.llm"]).await;
     assert_eq!(target_ids(&r.daemon, TargetSource::Static), ["s.test"]);
 
-    let (mut pub0, mut pub1) = (FakePub::bind(p0).await, FakePub::bind(p1).await);
-    wait_connected(&r.daemon, "e0.llm", 0, 1).await;
-    wait_connected(&r.daemon, "e1.llm", 0, 1).await;
+    wait_connected(&r.daemon, "e0.llm", 0, 1, &mut pub0).await;
+    wait_connected(&r.daemon, "e1.llm", 0, 1, &mut pub1).await;
     publish(&r.daemon, &mut pub0, "e0.llm", E01, 0).await;
     publish(&r.daemon, &mut pub1, "e1.llm", S02, 0).await;
     let dump = strip(r.daemon.index.dump());
@@ -286,7 +286,7 @@ async fn discovered_pods_are_subscribed_indexed_and_listed_with_static_targets()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_readiness_flap_keeps_state_and_a_long_one_forgets_the_pod_in_redis() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     let mut pod = FakePod::new("flap", "llm", port);
     let setup = Setup {
         redis: true,
@@ -294,8 +294,7 @@ async fn a_readiness_flap_keeps_state_and_a_long_one_forgets_the_pod_in_redis() 
         ..Setup::default()
     };
     let r = rig("flap", setup, std::slice::from_ref(&pod)).await;
-    let mut publisher = FakePub::bind(port).await;
-    wait_connected(&r.daemon, "flap.llm", 0, 1).await;
+    wait_connected(&r.daemon, "flap.llm", 0, 1, &mut publisher).await;
     publish(&r.daemon, &mut publisher, "flap.llm", E01, 0).await;
     let fields = wait_redis_fields(&r.model, "flap.llm", |n| n > 0).await;
     assert!(fields > 0);
@@ -339,7 +338,7 @@ async fn a_readiness_flap_keeps_state_and_a_long_one_forgets_the_pod_in_redis() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pod_is_forgotten_at_once() {
-    let (pa, pb) = (free_ports(1), free_ports(1));
+    let ((mut pub_a, pa), (mut pub_b, pb)) = (FakePub::bind_any().await, FakePub::bind_any().await);
     let (a, b) = (FakePod::new("a", "llm", pa), FakePod::new("b", "llm", pb));
     let setup = Setup {
         redis: true,
@@ -348,9 +347,8 @@ async fn a_deleted_pod_is_forgotten_at_once() {
         ..Setup::default()
     };
     let r = rig("delete", setup, &[a.clone(), b.clone()]).await;
-    let (mut pub_a, mut pub_b) = (FakePub::bind(pa).await, FakePub::bind(pb).await);
-    wait_connected(&r.daemon, "a.llm", 0, 1).await;
-    wait_connected(&r.daemon, "b.llm", 0, 1).await;
+    wait_connected(&r.daemon, "a.llm", 0, 1, &mut pub_a).await;
+    wait_connected(&r.daemon, "b.llm", 0, 1, &mut pub_b).await;
     publish(&r.daemon, &mut pub_a, "a.llm", E01, 0).await;
     publish(&r.daemon, &mut pub_b, "b.llm", E03, 0).await;
     assert!(wait_redis_fields(&r.model, "a.llm", |n| n > 0).await > 0);
@@ -366,23 +364,22 @@ async fn a_deleted_pod_is_forgotten_at_once() {
 }
 
 /// Waits until the pod's blocks are gone, then until its new subscriber is connected.
-async fn wait_dropped_and_resubscribed(d: &Daemon, pod: &str) {
+async fn wait_dropped_and_resubscribed(d: &Daemon, pod: &str, publisher: &mut FakePub) {
     let ok = wait_until(WAIT, || of_pod(&d.index.dump(), pod).is_empty()).await;
     assert!(ok, "the old state of {pod} was not dropped");
-    wait_connected(d, pod, 0, 1).await;
+    wait_connected(d, pod, 0, 1, publisher).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_restart_or_new_uid_drops_state_before_the_new_stream() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     let mut pod = FakePod::new("r", "llm", port);
     let setup = Setup {
         grace_s: 30,
         ..Setup::default()
     };
     let r = rig("restart", setup, std::slice::from_ref(&pod)).await;
-    let mut publisher = FakePub::bind(port).await;
-    wait_connected(&r.daemon, "r.llm", 0, 1).await;
+    wait_connected(&r.daemon, "r.llm", 0, 1, &mut publisher).await;
     let old = messages(E03, Some(0));
     for m in &old[..3] {
         publisher.send(&m.frames).await;
@@ -396,7 +393,7 @@ async fn a_container_restart_or_new_uid_drops_state_before_the_new_stream() {
     pod.restarts = 1;
     pod.started_at = started;
     r.api.apply(&pod);
-    wait_dropped_and_resubscribed(&r.daemon, "r.llm").await;
+    wait_dropped_and_resubscribed(&r.daemon, "r.llm", &mut publisher).await;
     publish(&r.daemon, &mut publisher, "r.llm", E01, 0).await;
     let dump = r.daemon.index.dump();
     assert!(
@@ -409,7 +406,7 @@ async fn a_container_restart_or_new_uid_drops_state_before_the_new_stream() {
     pod.uid = "uid-r-2".into();
     pod.restarts = 0;
     r.api.apply(&pod);
-    wait_dropped_and_resubscribed(&r.daemon, "r.llm").await;
+    wait_dropped_and_resubscribed(&r.daemon, "r.llm", &mut publisher).await;
     publish(&r.daemon, &mut publisher, "r.llm", E03, 0).await;
     assert_eq!(
         strip(r.daemon.index.dump()),
@@ -425,7 +422,7 @@ async fn a_container_restart_or_new_uid_drops_state_before_the_new_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_with_bad_annotations_are_skipped_and_counted() {
-    let good_port = free_ports(1);
+    let good_port = unbound_port();
     let good = FakePod::new("good", "llm", good_port);
     let bad_port = FakePod::new("bad-port", "llm", 1).annotate("kvindex.io/port", "http");
     let bad_ranks = FakePod::new("bad-ranks", "llm", 2).annotate("kvindex.io/dp-ranks", "0");
@@ -459,7 +456,7 @@ async fn pods_with_bad_annotations_are_skipped_and_counted() {
     );
 
     // Fixing the annotation makes it a target; the daemon never stopped serving.
-    let fixed_port = free_ports(1);
+    let fixed_port = unbound_port();
     r.api
         .apply(&bad_port.annotate("kvindex.io/port", &fixed_port.to_string()));
     wait_targets(
@@ -473,15 +470,14 @@ async fn pods_with_bad_annotations_are_skipped_and_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_or_forbidding_api_server_keeps_targets_and_readyz_says_why() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     let pod = FakePod::new("keep", "llm", port);
     let setup = Setup {
         grace_s: 30,
         ..Setup::default()
     };
     let mut r = rig("down", setup, std::slice::from_ref(&pod)).await;
-    let _publisher = FakePub::bind(port).await;
-    wait_connected(&r.daemon, "keep.llm", 0, 1).await;
+    wait_connected(&r.daemon, "keep.llm", 0, 1, &mut publisher).await;
     wait_readyz(&r.daemon, 200, "ready").await;
 
     r.api.stop().await;
@@ -517,7 +513,8 @@ async fn an_unreachable_or_forbidding_api_server_keeps_targets_and_readyz_says_w
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relist_after_410_and_a_bookmark_resume_make_no_duplicate_subscriptions() {
-    let (pa, pb, pc, pd) = (free_ports(1), free_ports(1), free_ports(1), free_ports(1));
+    let ((mut pub_a, pa), (mut pub_b, pb)) = (FakePub::bind_any().await, FakePub::bind_any().await);
+    let (pc, pd) = (unbound_port(), unbound_port());
     let pods = [FakePod::new("a", "llm", pa), FakePod::new("b", "llm", pb)];
     let setup = Setup {
         grace_s: 30,
@@ -525,9 +522,8 @@ async fn a_relist_after_410_and_a_bookmark_resume_make_no_duplicate_subscription
         ..Setup::default()
     };
     let r = rig("relist", setup, &pods).await;
-    let (_pub_a, _pub_b) = (FakePub::bind(pa).await, FakePub::bind(pb).await);
-    wait_connected(&r.daemon, "a.llm", 0, 1).await;
-    wait_connected(&r.daemon, "b.llm", 0, 1).await;
+    wait_connected(&r.daemon, "a.llm", 0, 1, &mut pub_a).await;
+    wait_connected(&r.daemon, "b.llm", 0, 1, &mut pub_b).await;
     assert_eq!(r.api.lists(), 1);
 
     // A BOOKMARK in the stream is taken in stride: the next event still arrives on the same
@@ -570,15 +566,14 @@ async fn a_relist_after_410_and_a_bookmark_resume_make_no_duplicate_subscription
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_reload_of_static_targets_keeps_the_discovered_ones() {
-    let (pd, ps) = (free_ports(1), free_ports(1));
+    let ((mut pub_d, pd), ps) = (FakePub::bind_any().await, unbound_port());
     let setup = Setup {
         grace_s: 30,
         reload: true,
         ..Setup::default()
     };
     let r = rig("reload", setup, &[FakePod::new("d", "llm", pd)]).await;
-    let _pub_d = FakePub::bind(pd).await;
-    wait_connected(&r.daemon, "d.llm", 0, 1).await;
+    wait_connected(&r.daemon, "d.llm", 0, 1, &mut pub_d).await;
     let path = r.dir.path().join("kvindex.yaml");
     let text = std::fs::read_to_string(&path).unwrap().replace(
         "targets: []\n",
@@ -614,7 +609,7 @@ async fn the_library_entry_point_takes_a_kube_config_of_its_own() {
     use kvindex::ingest::supervisor::Supervisor;
 
     let api = FakeApiServer::start().await;
-    api.apply(&FakePod::new("lib", "llm", free_ports(1)));
+    api.apply(&FakePod::new("lib", "llm", unbound_port()));
     let section =
         "discovery:\n  kubernetes:\n    engine: vllm\n    model: m\n    namespaces: [llm]\n";
     let config = Config::from_str(section).unwrap().discovery.unwrap();

@@ -7,9 +7,8 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::decode::EngineArg;
-use crate::index::{Delta, Discard, Index, IndexStats};
-use crate::ingest::fixture::{self, FixtureError, RecordedMessage};
-use crate::ingest::{unix_now, IngestStats, OfflineReplay};
+use crate::index::{Discard, Index, IndexStats};
+use crate::ingest::{load_files, IngestStats, LoadedFile, OfflineReplay};
 use crate::medium::TierWeights;
 use crate::store::redis::{MirrorHandle, MirrorStats, RedisConfig, ValueFormat};
 
@@ -43,11 +42,30 @@ pub struct ReplayArgs {
     pub redis: Option<String>,
     /// Field value format in Redis: `tiered` (`ts|MEDIUM`) or `timestamp` (bare `ts`, for
     /// kthena routers that predate tier support).
-    #[arg(long, value_enum, default_value_t = ValueFormat::Tiered)]
-    pub value_format: ValueFormat,
+    #[arg(long, value_enum, default_value_t = ValueFormatArg::Tiered)]
+    pub value_format: ValueFormatArg,
     /// Do not write the engine-hash mapping keys.
     #[arg(long)]
     pub no_mapping_keys: bool,
+}
+
+/// `--value-format`: the CLI's spelling of the store's [`ValueFormat`], kept at the edge so
+/// the store does not depend on clap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ValueFormatArg {
+    /// `ts|MEDIUM` when a medium is known, bare `ts` otherwise.
+    Tiered,
+    /// Always a bare `ts`.
+    Timestamp,
+}
+
+impl From<ValueFormatArg> for ValueFormat {
+    fn from(arg: ValueFormatArg) -> ValueFormat {
+        match arg {
+            ValueFormatArg::Tiered => ValueFormat::Tiered,
+            ValueFormatArg::Timestamp => ValueFormat::Timestamp,
+        }
+    }
 }
 
 /// What a replay did, printed at the end.
@@ -173,17 +191,8 @@ pub fn replay_into_index(args: &ReplayArgs) -> anyhow::Result<(Index, ReplaySumm
     let engine = args.engine.resolve(&args.files[0]);
     let mut replay = OfflineReplay::new(Index::new(), &args.pod, &args.model, engine);
     let (loaded, progress) = load(args)?;
-    for (file, messages) in loaded {
-        replay.start_file(&file.display().to_string());
-        for message in messages {
-            progress.inc(1);
-            match message {
-                Ok(message) => {
-                    replay.offer(&message, unix_now(), &mut Discard)?;
-                }
-                Err(err) => skip_bad_line(&mut replay, file, &err),
-            }
-        }
+    for file in &loaded {
+        replay.replay_loaded(file, &mut Discard, || progress.inc(1))?;
     }
     progress.finish_and_clear();
     finish(args, &replay, started, None)
@@ -204,7 +213,7 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
     let index = Index::new();
     let config = RedisConfig {
         url,
-        value_format: args.value_format,
+        value_format: args.value_format.into(),
         mapping_keys: !args.no_mapping_keys,
         ..RedisConfig::default()
     };
@@ -212,19 +221,10 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
     let sender = mirror.sender();
     let mut replay = OfflineReplay::new(index.clone(), &args.pod, &args.model, engine);
     let (loaded, progress) = load(args)?;
-    for (file, messages) in loaded {
-        replay.start_file(&file.display().to_string());
-        for message in messages {
-            progress.inc(1);
-            match message {
-                Ok(message) => {
-                    let mut deltas: Vec<Delta> = Vec::new();
-                    replay.offer(&message, unix_now(), &mut deltas)?;
-                    sender.send(deltas).await;
-                }
-                Err(err) => skip_bad_line(&mut replay, file, &err),
-            }
-        }
+    for file in &loaded {
+        replay
+            .replay_loaded_mirrored(file, &sender, || progress.inc(1))
+            .await?;
     }
     progress.finish_and_clear();
     tokio::time::timeout(REDIS_DRAIN_DEADLINE, mirror.flush())
@@ -236,20 +236,10 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
 }
 
 /// Every file's recorded messages, read up front, with a progress bar sized to them.
-type Loaded<'a> = Vec<(&'a PathBuf, Vec<Result<RecordedMessage, FixtureError>>)>;
-
-fn load(args: &ReplayArgs) -> anyhow::Result<(Loaded<'_>, indicatif::ProgressBar)> {
-    let mut loaded = Vec::with_capacity(args.files.len());
-    for file in &args.files {
-        loaded.push((file, fixture::read_file(file)?));
-    }
+fn load(args: &ReplayArgs) -> anyhow::Result<(Vec<LoadedFile>, indicatif::ProgressBar)> {
+    let loaded = load_files(&args.files)?;
     let total: u64 = loaded.iter().map(|(_, m)| m.len() as u64).sum();
     Ok((loaded, progress_bar(total)))
-}
-
-fn skip_bad_line(replay: &mut OfflineReplay, file: &std::path::Path, err: &FixtureError) {
-    tracing::warn!(file = %file.display(), "Skipped a bad fixture line: {err}.");
-    replay.count_bad_line();
 }
 
 /// Builds the summary (and writes the dump when asked) once every file was replayed.

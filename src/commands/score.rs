@@ -11,11 +11,14 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use super::decode::EngineArg;
-use super::replay::{replay_into_index, ReplayArgs};
 use super::UsageError;
 use crate::api::ScoreBody;
+use crate::index::Index;
+use crate::ingest::replay_files;
 use crate::medium::TierWeights;
-use crate::score::{score_index, score_prefix, PrefixScores, PromptSettings, RedisLookup};
+use crate::score::{
+    score_index, score_prefix, PrefixScores, PromptSettings, RedisLookup, RedisLookupError,
+};
 
 /// Arguments of `kvindex score`.
 #[derive(Debug, clap::Args)]
@@ -130,12 +133,10 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
     let tokens = read_tokens(&args.tokens)?;
     let blocks = prompt.hash(&tokens);
     if let Some(url) = &args.redis {
-        let client = redis::Client::open(url.as_str())
-            .map_err(|e| UsageError(format!("--redis `{url}` is not a Redis URL: {e}")))?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .context("cannot connect to Redis")?;
+        let mut conn = RedisLookup::connect(url).await.map_err(|e| match e {
+            RedisLookupError::BadUrl { .. } => UsageError(format!("--redis: {e}")).into(),
+            e => anyhow::Error::new(e),
+        })?;
         let mut owners =
             RedisLookup::fetch(&mut conn, &args.model, &blocks, &args.pods, &weights).await?;
         let slots = score_prefix(&mut owners, args.pods.len(), &started_at);
@@ -144,20 +145,16 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
     if args.replay.is_empty() {
         return Err(UsageError("give --redis URL or --replay FILE… to score from".into()).into());
     }
-    let replay = ReplayArgs {
-        files: args.replay.clone(),
-        pod: args.replay_pod.clone(),
-        model: args.model.clone(),
-        engine: args.engine,
-        dump: None,
-        json: false,
-        redis: None,
-        value_format: crate::store::redis::ValueFormat::Tiered,
-        no_mapping_keys: false,
-    };
-    let (index, _) = replay_into_index(&replay)?;
+    let engine = args.engine.resolve(&args.replay[0]);
+    let replay = replay_files(
+        Index::new(),
+        &args.replay_pod,
+        &args.model,
+        engine,
+        &args.replay,
+    )?;
     Ok(score_index(
-        &index,
+        replay.index(),
         &args.model,
         &blocks,
         &args.pods,

@@ -12,10 +12,9 @@ use tracing::{info, warn};
 use super::sourced::{DiscoveredTarget, EngineIdentity, TargetSource};
 use crate::api::{PodStatus, PodsView};
 use crate::config::Target;
-use crate::index::{Delta, Index};
+use crate::index::{Delta, DeltaMirror, Index};
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::subscriber::{self, LinkState, RankStatus, SubscriberCtx, SubscriberSpec};
-use crate::store::redis::MirrorSender;
 
 /// How long a stopping target's tasks may take before they are aborted.
 const STOP_DEADLINE: Duration = Duration::from_secs(2);
@@ -54,7 +53,7 @@ pub struct TargetStatus {
 /// Owns the subscriber tasks of every target.
 pub struct Supervisor {
     index: Index,
-    mirror: Option<MirrorSender>,
+    mirror: Option<Arc<dyn DeltaMirror>>,
     cancel: CancellationToken,
     replay_limits: ReplayLimits,
     running: Mutex<BTreeMap<String, Running>>,
@@ -67,7 +66,7 @@ impl Supervisor {
     /// A supervisor with no targets; `cancel` is the daemon's token (each target gets a child).
     pub fn new(
         index: Index,
-        mirror: Option<MirrorSender>,
+        mirror: Option<Arc<dyn DeltaMirror>>,
         cancel: CancellationToken,
         replay_limits: ReplayLimits,
     ) -> Arc<Supervisor> {
@@ -225,10 +224,10 @@ impl Supervisor {
         }
         let mut deltas: Vec<Delta> = Vec::new();
         self.index.forget_pod(id, &mut deltas);
-        crate::metrics::forget_target(id, running.source.as_str());
+        crate::metrics::forget_target(id);
         if let Some(mirror) = &self.mirror {
             if !deltas.is_empty() {
-                mirror.send(deltas).await;
+                mirror.queue(deltas).await;
             }
         }
     }
