@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -200,7 +200,12 @@ impl Runner {
         let mut events = SelectAll::new();
         for (i, api) in apis.into_iter().enumerate() {
             let (store, writer) = reflector::store();
-            let stream = reflector::reflector(writer, watcher(api.clone(), watch_config.clone()));
+            // The store keeps what `observe` reads: metadata (less managed fields) and status.
+            let pods = watcher(api.clone(), watch_config.clone()).modify(|pod: &mut Pod| {
+                pod.metadata.managed_fields = None;
+                pod.spec = None;
+            });
+            let stream = reflector::reflector(writer, pods);
             events.push(stream.map(move |e| (i, e)).boxed());
             scopes.push(Scope {
                 api,
