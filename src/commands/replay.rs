@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use super::decode::EngineArg;
+use super::EngineArg;
 use crate::index::{Delta, Discard, Index, IndexStats};
 use crate::ingest::fixture::{self, FixtureError, RecordedMessage};
 use crate::ingest::{unix_now, IngestStats, OfflineReplay};

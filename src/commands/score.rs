@@ -10,8 +10,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::decode::EngineArg;
 use super::replay::{replay_into_index, ReplayArgs};
+use super::EngineArg;
 use super::UsageError;
 use crate::api::ScoreBody;
 use crate::medium::TierWeights;
