@@ -17,6 +17,7 @@
 //! | [`hash`] | kthena's standardized block hash and prompt chunking |
 //! | [`medium`] | storage media, media bitsets, tier weights |
 //! | [`index`] | in-memory residency index, emits deltas |
+//! | [`redis_layout`] | kthena's Redis keys and values, written by `store`, read by `score`; URL redaction |
 //! | [`store`] | Redis mirror of the index (kthena layout) |
 //! | [`ingest`] | ZMQ subscribers, sequence tracking, replay, fixtures, targets |
 //! | [`score`] | longest-prefix scoring, PD pairing |
@@ -39,6 +40,7 @@ pub mod index;
 pub mod ingest;
 pub mod medium;
 pub mod metrics;
+pub mod redis_layout;
 pub mod score;
 pub mod store;
 pub mod wire;
@@ -52,7 +54,7 @@ pub use score::{
     schedule, score_index, score_prefix, DecodeCandidate, IndexLookup, Lookup, Pair, PodScore,
     PrefixScores, PromptSettings,
 };
-pub use store::redis::{MirrorError, MirrorHandle, RedisConfig, ValueFormat};
+pub use store::redis::{MirrorError, MirrorHandle, MirrorStop, RedisConfig, ValueFormat};
 pub use wire::{
     decode_batch, decode_message, BlockHash, DecodeError, DecodeOptions, Engine, EngineBatch, Event,
 };

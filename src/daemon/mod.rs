@@ -30,7 +30,7 @@ use crate::config::{ApiConfig, Config};
 use crate::index::Index;
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::supervisor::{reload_loop, Supervisor};
-use crate::store::redis::{MirrorError, MirrorHandle};
+use crate::store::redis::{MirrorError, MirrorHandle, MirrorStop};
 
 /// Why a daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -169,8 +169,9 @@ impl Daemon {
         self.cancel.clone()
     }
 
-    /// Stops accepting, stops subscribers, flushes the mirror and exits, within `deadline`.
-    pub async fn shutdown(self, deadline: Duration) {
+    /// Stops accepting, stops subscribers, flushes and stops the mirror and exits, within
+    /// `deadline`. Returns how the mirror stopped, when Redis is configured.
+    pub async fn shutdown(self, deadline: Duration) -> Option<MirrorStop> {
         let ends = Instant::now() + deadline;
         self.accept.cancel();
         let stopped = futures::future::join_all(self.tasks);
@@ -179,26 +180,22 @@ impl Daemon {
         }
         let left = ends.saturating_duration_since(Instant::now());
         self.supervisor.shutdown(left.min(deadline / 2)).await;
-        if let Some(mirror) = self.mirror {
-            shut_mirror_down(mirror, ends.saturating_duration_since(Instant::now())).await;
-        }
+        let mirror_stop = match &self.mirror {
+            Some(mirror) => Some(shut_mirror_down(mirror, ends).await),
+            None => None,
+        };
         self.cancel.cancel();
         info!("kvindex serve stopped.");
+        mirror_stop
     }
 }
 
-/// Shuts the mirror down: the one place the daemon's shutdown stops the Redis writer.
-///
-/// The listeners and the gauge loop, which hold clones, have stopped by now, so the handle
-/// is normally unique and gets the writer's orderly shutdown; if one of them overran its
-/// deadline, the queue is flushed instead.
-async fn shut_mirror_down(mirror: Arc<MirrorHandle>, deadline: Duration) {
-    match Arc::try_unwrap(mirror) {
-        Ok(m) => m.shutdown(deadline).await,
-        Err(m) => {
-            let _ = tokio::time::timeout(deadline, m.flush()).await;
-        }
-    }
+/// Shuts the mirror down: the one place the daemon's shutdown stops the Redis writer, with
+/// whatever is left of the deadline.
+async fn shut_mirror_down(mirror: &MirrorHandle, ends: Instant) -> MirrorStop {
+    mirror
+        .shutdown(ends.saturating_duration_since(Instant::now()))
+        .await
 }
 
 /// The Redis mirror, when the config has one.
