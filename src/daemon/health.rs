@@ -29,7 +29,7 @@ pub(super) fn router(
 
 async fn metrics_page(State(s): State<HealthState>) -> (StatusCode, String) {
     match &s.metrics {
-        Some(h) => (StatusCode::OK, h.render()),
+        Some(h) => (StatusCode::OK, crate::metrics::render(h)),
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no metrics recorder\n".to_owned(),

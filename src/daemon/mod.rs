@@ -102,7 +102,9 @@ impl Daemon {
         let api_addr = listeners.api.as_ref().map(|(bound, _)| bound.addr);
         let supervisor = Supervisor::new(
             index.clone(),
-            mirror.as_ref().map(|m| m.sender()),
+            mirror
+                .as_ref()
+                .map(|m| Arc::new(m.sender()) as Arc<dyn crate::index::DeltaMirror>),
             cancel.child_token(),
             replay_limits,
         );

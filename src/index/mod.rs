@@ -25,7 +25,7 @@ use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
-pub use delta::{Delta, DeltaSink, Discard, FieldValue};
+pub use delta::{Delta, DeltaMirror, DeltaSink, Discard, FieldValue};
 
 use crate::hash::std_hash;
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
