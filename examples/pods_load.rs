@@ -7,9 +7,8 @@
 //! (defaults `127.0.0.1:18080`, 12000), then
 //! `wrk -t2 -c16 -d 10s --latency http://127.0.0.1:18080/v1/pods`.
 
-
 use kvindex::api::{router, serve, ApiState};
-use kvindex::config::{TcpEndpoint, Target};
+use kvindex::config::{Target, TcpEndpoint};
 use kvindex::index::{Discard, Index, SourceSpec};
 use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::ingest::supervisor::Supervisor;
@@ -68,7 +67,12 @@ fn fill(index: &Index, n: u32, entries: u32) {
             events.push(hashes("CPU"));
         }
         index
-            .apply(source, &EngineBatch::of(events), 1_700_000_000, &mut Discard)
+            .apply(
+                source,
+                &EngineBatch::of(events),
+                1_700_000_000,
+                &mut Discard,
+            )
             .expect("registered");
     }
 }
@@ -83,14 +87,14 @@ async fn main() -> std::io::Result<()> {
         fill(&index, n, entries);
     }
     let cancel = CancellationToken::new();
-    let supervisor = Supervisor::new(
-        index.clone(),
-        None,
-        cancel.clone(),
-        ReplayLimits::default(),
-    );
+    let supervisor = Supervisor::new(index.clone(), None, cancel.clone(), ReplayLimits::default());
     supervisor.apply((0..PODS).map(target).collect()).await;
-    let state = ApiState::new(index.clone(), TierWeights::default(), None, supervisor.clone());
+    let state = ApiState::new(
+        index.clone(),
+        TierWeights::default(),
+        None,
+        supervisor.clone(),
+    );
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!(
         "Serving /v1/pods on http://{} ({} entries).",
