@@ -18,7 +18,7 @@ mod offline;
 pub mod replay_client;
 mod seq;
 mod stats;
-pub mod status;
+mod status;
 pub mod subscriber;
 pub mod supervisor;
 

@@ -36,7 +36,7 @@ pub trait PodsView: Send + Sync + 'static {
 /// Resident (block, pod) entries of `pod` per reported medium spelling, from the index's
 /// per-pod counters (O(1), no walk). Entries stored without a medium have no spelling and
 /// are left out, as they always were.
-pub fn resident_blocks(index: &Index, pod: &str) -> BTreeMap<String, u64> {
+pub(crate) fn resident_blocks(index: &Index, pod: &str) -> BTreeMap<String, u64> {
     let Some(id) = index.pod_id(pod) else {
         return BTreeMap::new();
     };
