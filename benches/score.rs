@@ -19,7 +19,8 @@ use kvindex::hash::prompt_block_hashes;
 use kvindex::index::{Discard, Index, SourceSpec};
 use kvindex::ingest::{PodStatus, PodsView};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::score::{block_key, score_index, score_prefix, RedisLookup};
+use kvindex::redis_layout::block_key;
+use kvindex::score::{score_index, score_prefix, RedisLookup};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -574,7 +574,7 @@ impl Config {
     pub fn to_json(&self) -> serde_json::Value {
         let redis = self.redis.as_ref().map(|r| {
             serde_json::json!({
-                "url": redact_url(&r.url),
+                "url": crate::redis_layout::redact_url(&r.url),
                 "value_format": r.value_format,
                 "mapping_keys": r.mapping_keys,
                 "flush_max_commands": r.flush_max_commands,
@@ -607,17 +607,6 @@ impl Config {
             })).collect::<Vec<_>>(),
         })
     }
-}
-
-/// A Redis URL with its password replaced by `***`.
-pub fn redact_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((creds, host)) = rest.rsplit_once('@') {
-            let user = creds.split(':').next().unwrap_or("");
-            return format!("{scheme}://{user}:***@{host}");
-        }
-    }
-    url.to_owned()
 }
 
 #[cfg(test)]
@@ -715,10 +704,5 @@ targets:
         let t = "  - {pod: a, model: m, engine: vllm, endpoint: 'tcp://h:1'}\n";
         let err = Config::from_str(&format!("targets:\n{t}{t}")).unwrap_err();
         assert!(err.to_string().contains("already targets[0]"), "{err}");
-    }
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
     }
 }

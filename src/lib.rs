@@ -15,6 +15,7 @@
 //! | [`hash`] | kthena's standardized block hash and prompt chunking |
 //! | [`medium`] | storage media, media bitsets, tier weights |
 //! | [`index`] | in-memory residency index, emits deltas |
+//! | [`redis_layout`] | kthena's Redis keys and values, written by `store`, read by `score`; URL redaction |
 //! | [`store`] | Redis mirror of the index (kthena layout) |
 //! | [`ingest`] | ZMQ subscribers, sequence tracking, replay, fixtures, targets |
 //! | [`score`] | longest-prefix scoring, PD pairing |
@@ -31,6 +32,7 @@ pub mod index;
 pub mod ingest;
 pub mod medium;
 pub mod metrics;
+pub mod redis_layout;
 pub mod score;
 pub mod store;
 pub mod wire;

@@ -10,10 +10,8 @@ use std::time::Duration;
 use kvindex::index::{Delta, Index, SourceId, SourceSpec};
 use kvindex::ingest::{fixture, unix_now, OfflineReplay};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::store::redis::{
-    block_key, dump, field_value, mapping_key, MirrorError, MirrorHandle, RedisConfig, RedisDump,
-    ValueFormat,
-};
+use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
+use kvindex::store::redis::{dump, MirrorError, MirrorHandle, RedisConfig, RedisDump};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 
 const REDIS: &str = "redis://127.0.0.1:6379/0";
@@ -487,32 +485,132 @@ async fn a_failed_outage_write_is_repaired_when_redis_kept_its_data() {
 }
 
 #[tokio::test]
-async fn bad_urls_and_failed_auth_are_start_up_errors_without_the_password() {
-    let bad = MirrorHandle::start(
-        config("nope://127.0.0.1", ValueFormat::Tiered),
-        Index::new(),
-        TierWeights::default(),
-    )
-    .await
-    .unwrap_err();
-    assert!(matches!(bad, MirrorError::BadUrl { .. }), "{bad}");
+async fn the_db_index_comes_from_the_url() {
+    let server = OwnRedis::start(None, &[]);
+    let url = format!("redis://127.0.0.1:{}/5", server.port);
+    let rig = Rig::new(&url, ValueFormat::Tiered).await;
+    rig.apply(vec![stored(5, vec![5, 5, 5, 5], Medium::GPU)])
+        .await;
+    rig.flush().await;
+    assert!(hget(&url, &rig.key(&[5, 5, 5, 5]), &rig.pod).is_some());
+    let db0 = format!("redis://127.0.0.1:{}/0", server.port);
+    assert_eq!(hget(&db0, &rig.key(&[5, 5, 5, 5]), &rig.pod), None);
+    rig.mirror.shutdown(WAIT).await;
+}
 
+/// Every log line of this test binary, at every level. One global subscriber: a per-thread
+/// one (`set_default`) misses lines when tests run in parallel, since tracing caches a
+/// callsite's interest across threads. Tests find their own lines by their server's port.
+struct CapturedLogs {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl CapturedLogs {
+    fn install() -> CapturedLogs {
+        static LINES: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
+            std::sync::OnceLock::new();
+        let lines = LINES.get_or_init(|| {
+            let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let sink = std::sync::Arc::clone(&lines);
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::TRACE)
+                .with_ansi(false)
+                .with_writer(move || LogSink(std::sync::Arc::clone(&sink)))
+                .finish();
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("no other subscriber in this test binary");
+            lines
+        });
+        CapturedLogs {
+            lines: std::sync::Arc::clone(lines),
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.lines.lock().unwrap()).into_owned()
+    }
+
+    /// Waits for a line that contains every one of `parts`.
+    async fn wait_for(&self, parts: &[&str]) {
+        let started = std::time::Instant::now();
+        while !self
+            .text()
+            .lines()
+            .any(|line| parts.iter().all(|p| line.contains(p)))
+        {
+            assert!(started.elapsed() < WAIT, "no log line with {parts:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+struct LogSink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn start_up_errors_are_typed_and_never_show_the_password() {
+    let logs = CapturedLogs::install();
+    let secret = "s3cret-Horse%21";
+    let decoded = "s3cret-Horse!";
     let server = OwnRedis::start(None, &["--requirepass", "right-horse"]);
-    let wrong = format!("redis://:wrong-battery@127.0.0.1:{}/0", server.port);
-    let err = MirrorHandle::start(
-        config(&wrong, ValueFormat::Tiered),
-        Index::new(),
-        TierWeights::default(),
-    )
-    .await
-    .unwrap_err();
-    let text = err.to_string();
-    assert!(matches!(err, MirrorError::Auth { .. }), "{text}");
-    assert!(!text.contains("wrong-battery"), "{text}");
-    assert!(
-        text.contains(&format!("127.0.0.1:{}", server.port)),
-        "{text}"
-    );
+    let cases = [
+        ("bad scheme", format!("nope://u:{secret}@127.0.0.1/0")),
+        (
+            "bad port",
+            format!("redis://u:{secret}@127.0.0.1:notaport/0"),
+        ),
+        (
+            "refused",
+            format!("redis://:{secret}@127.0.0.1:{}/0", closed_port()),
+        ),
+        (
+            "wrong password",
+            format!("redis://:{secret}@127.0.0.1:{}/0", server.port),
+        ),
+        (
+            "wrong user",
+            format!("redis://nobody:{secret}@127.0.0.1:{}/0", server.port),
+        ),
+    ];
+    for (case, url) in &cases {
+        let err = MirrorHandle::start(
+            config(url, ValueFormat::Tiered),
+            Index::new(),
+            TierWeights::default(),
+        )
+        .await
+        .unwrap_err();
+        let shown = format!("{err} / {err:?}");
+        assert!(
+            !shown.contains(secret) && !shown.contains(decoded),
+            "{case}: {shown}"
+        );
+        assert!(shown.contains(":***@127.0.0.1"), "{case}: {shown}");
+        let kind_ok = match *case {
+            "bad scheme" | "bad port" => matches!(err, MirrorError::BadUrl { .. }),
+            "refused" => matches!(err, MirrorError::Connect { .. }),
+            _ => matches!(err, MirrorError::Auth { .. }),
+        };
+        assert!(kind_ok, "{case}: {shown}");
+        let dump_err = dump(url, None, None).await.unwrap_err().to_string();
+        assert!(!dump_err.contains(secret), "{case} (dump): {dump_err}");
+    }
+    let text = logs.text();
+    assert!(!text.contains(secret) && !text.contains(decoded), "{text}");
 
     let none = MirrorHandle::start(
         config(&server.url(), ValueFormat::Tiered),
@@ -522,7 +620,6 @@ async fn bad_urls_and_failed_auth_are_start_up_errors_without_the_password() {
     .await
     .unwrap_err();
     assert!(matches!(none, MirrorError::Auth { .. }), "{none}");
-
     let right = format!("redis://:right-horse@127.0.0.1:{}/3", server.port);
     let mirror = MirrorHandle::start(
         config(&right, ValueFormat::Tiered),
@@ -536,15 +633,83 @@ async fn bad_urls_and_failed_auth_are_start_up_errors_without_the_password() {
 }
 
 #[tokio::test]
-async fn the_db_index_comes_from_the_url() {
-    let server = OwnRedis::start(None, &[]);
-    let url = format!("redis://127.0.0.1:{}/5", server.port);
+async fn a_failing_reconcile_logs_without_the_password() {
+    // The mirror's credentials stop working mid-run (the password is rotated and its
+    // connection killed), so writes fail and every reconcile attempt is refused; once the
+    // password is restored the mirror reconciles. No line on the way may show the password.
+    let logs = CapturedLogs::install();
+    let secret = "rotating-Battery-7";
+    let server = OwnRedis::start(None, &["--requirepass", secret]);
+    let url = format!("redis://:{secret}@127.0.0.1:{}/0", server.port);
     let rig = Rig::new(&url, ValueFormat::Tiered).await;
-    rig.apply(vec![stored(5, vec![5, 5, 5, 5], Medium::GPU)])
+    rig.apply(vec![stored(1, vec![1, 2, 3, 4], Medium::GPU)])
         .await;
     rig.flush().await;
-    assert!(hget(&url, &rig.key(&[5, 5, 5, 5]), &rig.pod).is_some());
-    let db0 = format!("redis://127.0.0.1:{}/0", server.port);
-    assert_eq!(hget(&db0, &rig.key(&[5, 5, 5, 5]), &rig.pod), None);
+
+    let admin = redis::Client::open(url.as_str()).unwrap();
+    let mut admin = admin.get_connection().unwrap();
+    let set_password = |conn: &mut redis::Connection, pw: &str| {
+        let () = redis::cmd("CONFIG")
+            .arg(&["SET", "requirepass", pw][..])
+            .query(conn)
+            .unwrap();
+    };
+    set_password(&mut admin, "the-next-one");
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"][..])
+        .query(&mut admin)
+        .unwrap();
+    rig.apply(vec![stored(2, vec![5, 6, 7, 8], Medium::GPU)])
+        .await;
+    let shown = format!("redis://:***@127.0.0.1:{}/0", server.port);
+    logs.wait_for(&["Redis writes failed", &shown]).await;
+    logs.wait_for(&["retries its reconcile", "AuthenticationFailed", &shown])
+        .await;
+    let reconciles = rig.mirror.stats().reconciles;
+    set_password(&mut admin, secret);
+    rig.flush().await;
+    assert_eq!(rig.mirror.stats().reconciles, reconciles + 1);
+    logs.wait_for(&["Reconciled the Redis mirror", &shown])
+        .await;
+    assert_eq!(
+        redis_state(&url, &rig.pod).await,
+        expected_of(&rig.index, &rig.pod, ValueFormat::Tiered)
+    );
     rig.mirror.shutdown(WAIT).await;
+
+    let text = logs.text();
+    assert!(!text.contains(secret), "{text}");
+    let shown = format!("redis://:***@127.0.0.1:{}/0", server.port);
+    assert!(
+        text.contains(&shown),
+        "the lines name the redacted URL: {text}"
+    );
+}
+
+#[tokio::test]
+async fn any_holder_of_a_shared_handle_stops_the_writer_in_order_once() {
+    use kvindex::store::redis::MirrorStop;
+    let server = OwnRedis::start(None, &[]);
+    let url = server.url();
+    let rig = Rig::new(&url, ValueFormat::Tiered).await;
+    for i in 0..100u32 {
+        rig.apply(vec![stored(u64::from(i), vec![i, 1, 2, 3], Medium::GPU)])
+            .await;
+    }
+    let mirror = std::sync::Arc::new(rig.mirror);
+    let other_holder = std::sync::Arc::clone(&mirror);
+    // No flush: the shutdown alone must write what is queued.
+    assert_eq!(mirror.shutdown(WAIT).await, MirrorStop::Orderly);
+    assert_eq!(
+        redis_state(&url, &rig.pod).await,
+        expected_of(&rig.index, &rig.pod, ValueFormat::Tiered)
+    );
+    assert_eq!(
+        other_holder.shutdown(WAIT).await,
+        MirrorStop::AlreadyStopped
+    );
+    assert!(matches!(
+        other_holder.flush().await,
+        Err(MirrorError::Stopped { .. })
+    ));
 }

@@ -3,7 +3,7 @@
 use std::process::Command;
 
 use kvindex::hash::prompt_block_hashes;
-use kvindex::score::block_key;
+use kvindex::redis_layout::block_key;
 
 #[tokio::test]
 async fn score_json_from_redis_prints_the_api_body() {
@@ -104,4 +104,53 @@ fn score_from_recorded_streams_prints_a_table() {
     assert_eq!(lines.len(), 3, "{text}");
     let row: Vec<&str> = lines[2].split_whitespace().collect();
     assert_eq!(row, ["replay-0.default", "100", "2", "2.000"]);
+}
+
+/// `score --redis` with a password URL that fails, as the binary prints it.
+fn score_with_redis(url: &str) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens.json");
+    std::fs::write(&file, "[1, 2, 3]").unwrap();
+    Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        .args(["score", "--model", "m", "--tokens"])
+        .arg(&file)
+        .args(["--pods", "a.ns", "--redis", url])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn score_redis_errors_never_show_the_password() {
+    let secret = "s3cret-Horse%21";
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cases = [
+        ("bad scheme", format!("nope://u:{secret}@127.0.0.1/0"), 64),
+        ("bad port", format!("redis://u:{secret}@127.0.0.1:x/0"), 64),
+        (
+            "refused",
+            format!("redis://:{secret}@127.0.0.1:{closed}/0"),
+            1,
+        ),
+        // The shared Redis has no password for `nobody`: AUTH is refused.
+        (
+            "wrong user",
+            format!("redis://nobody:{secret}@127.0.0.1:6379/0"),
+            1,
+        ),
+    ];
+    for (case, url, code) in &cases {
+        let out = score_with_redis(url);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(*code), "{case}: {stderr}");
+        for text in [&stderr, &stdout] {
+            assert!(!text.contains(secret), "{case}: {text}");
+            assert!(!text.contains("s3cret-Horse!"), "{case}: {text}");
+        }
+        assert!(stderr.contains(":***@127.0.0.1"), "{case}: {stderr}");
+    }
 }

@@ -6,10 +6,14 @@ mod util;
 use std::time::Duration;
 
 use kvindex::config::Config;
+use kvindex::redis_layout::{block_key, parse_field_value};
+use kvindex::store::redis::MirrorStop;
 use util::*;
 
+/// Regression (issue 8, bug 6d): the metrics routes and the gauge task hold the mirror too,
+/// so shutdown used to fall back to a bounded flush and never stopped the writer in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ingested_blocks_reach_redis_and_shutdown_flushes() {
+async fn shutdown_right_after_ingest_with_metrics_stops_the_mirror_in_order() {
     let port = free_ports(1);
     // db 13 and a unique model keep this test apart from others sharing the Redis.
     let model = format!("serve-redis-{}", std::process::id());
@@ -29,18 +33,28 @@ async fn ingested_blocks_reach_redis_and_shutdown_flushes() {
     }
     wait_messages(&daemon, "rd.test", 0, msgs.len() as u64).await;
     let dump = daemon.index.dump();
-    daemon.shutdown(Duration::from_secs(5)).await;
+    assert!(!dump.is_empty());
+    let stop = daemon.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(stop, Some(MirrorStop::Orderly));
     let client = redis::Client::open("redis://127.0.0.1:6379/13").unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     for e in &dump {
-        let key = format!("matrix:kv:block:{}@{}", e.model, e.std_hash);
+        let key = block_key(&e.model, e.std_hash.parse().unwrap());
         let v: Option<String> = redis::cmd("HGET")
             .arg(&key)
             .arg(&e.pod)
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!(v.is_some(), "{key} {}", e.pod);
+        let v = v.unwrap_or_else(|| panic!("{key} {}: no field", e.pod));
+        let owner = parse_field_value(&v);
+        assert_eq!(owner.written_at, Some(u64::from(e.stored_at)), "{key}: {v}");
+        let medium_ok = if e.media.is_empty() {
+            owner.medium.is_empty()
+        } else {
+            e.media.iter().any(|m| m == owner.medium)
+        };
+        assert!(medium_ok, "{key}: {v} for media {:?}", e.media);
     }
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("matrix:kv:block:{model}@*"))

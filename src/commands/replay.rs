@@ -43,11 +43,30 @@ pub struct ReplayArgs {
     pub redis: Option<String>,
     /// Field value format in Redis: `tiered` (`ts|MEDIUM`) or `timestamp` (bare `ts`, for
     /// kthena routers that predate tier support).
-    #[arg(long, value_enum, default_value_t = ValueFormat::Tiered)]
-    pub value_format: ValueFormat,
+    #[arg(long, value_enum, default_value_t = ValueFormatArg::Tiered)]
+    pub value_format: ValueFormatArg,
     /// Do not write the engine-hash mapping keys.
     #[arg(long)]
     pub no_mapping_keys: bool,
+}
+
+/// `--value-format`: the CLI's spelling of the store's [`ValueFormat`], kept at the edge so
+/// the store does not depend on clap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ValueFormatArg {
+    /// `ts|MEDIUM` when a medium is known, bare `ts` otherwise.
+    Tiered,
+    /// Always a bare `ts`.
+    Timestamp,
+}
+
+impl From<ValueFormatArg> for ValueFormat {
+    fn from(arg: ValueFormatArg) -> ValueFormat {
+        match arg {
+            ValueFormatArg::Tiered => ValueFormat::Tiered,
+            ValueFormatArg::Timestamp => ValueFormat::Timestamp,
+        }
+    }
 }
 
 /// What a replay did, printed at the end.
@@ -204,7 +223,7 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
     let index = Index::new();
     let config = RedisConfig {
         url,
-        value_format: args.value_format,
+        value_format: args.value_format.into(),
         mapping_keys: !args.no_mapping_keys,
         ..RedisConfig::default()
     };

@@ -15,7 +15,9 @@ use super::replay::{replay_into_index, ReplayArgs};
 use super::UsageError;
 use crate::api::ScoreBody;
 use crate::medium::TierWeights;
-use crate::score::{score_index, score_prefix, PrefixScores, PromptSettings, RedisLookup};
+use crate::score::{
+    score_index, score_prefix, PrefixScores, PromptSettings, RedisLookup, RedisLookupError,
+};
 
 /// Arguments of `kvindex score`.
 #[derive(Debug, clap::Args)]
@@ -130,12 +132,10 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
     let tokens = read_tokens(&args.tokens)?;
     let blocks = prompt.hash(&tokens);
     if let Some(url) = &args.redis {
-        let client = redis::Client::open(url.as_str())
-            .map_err(|e| UsageError(format!("--redis `{url}` is not a Redis URL: {e}")))?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .context("cannot connect to Redis")?;
+        let mut conn = RedisLookup::connect(url).await.map_err(|e| match e {
+            RedisLookupError::BadUrl { .. } => UsageError(format!("--redis: {e}")).into(),
+            e => anyhow::Error::new(e),
+        })?;
         let mut owners =
             RedisLookup::fetch(&mut conn, &args.model, &blocks, &args.pods, &weights).await?;
         let slots = score_prefix(&mut owners, args.pods.len(), &started_at);
@@ -152,7 +152,7 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
         dump: None,
         json: false,
         redis: None,
-        value_format: crate::store::redis::ValueFormat::Tiered,
+        value_format: super::replay::ValueFormatArg::Tiered,
         no_mapping_keys: false,
     };
     let (index, _) = replay_into_index(&replay)?;

@@ -19,7 +19,7 @@ use crate::config::{Config, ProcessEnv};
 use crate::index::Index;
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::supervisor::{reload_loop, Supervisor};
-use crate::store::redis::MirrorHandle;
+use crate::store::redis::{MirrorHandle, MirrorStop};
 
 /// Arguments of `kvindex serve`.
 #[derive(Debug, clap::Args)]
@@ -208,23 +208,21 @@ impl Daemon {
         self.cancel.clone()
     }
 
-    /// Stops subscribers, flushes the mirror and stops the listeners, within `deadline`.
-    pub async fn shutdown(self, deadline: Duration) {
+    /// Stops subscribers, flushes and stops the mirror, and stops the listeners, within
+    /// `deadline`. Returns how the mirror stopped, when Redis is configured.
+    pub async fn shutdown(self, deadline: Duration) -> Option<MirrorStop> {
         let started = tokio::time::Instant::now();
         self.supervisor.shutdown(deadline / 2).await;
-        if let Some(mirror) = self.mirror {
-            let left = deadline.saturating_sub(started.elapsed());
-            match Arc::try_unwrap(mirror) {
-                Ok(m) => m.shutdown(left).await,
-                Err(m) => {
-                    let _ = tokio::time::timeout(left, m.flush()).await;
-                }
-            }
-        }
+        let left = deadline.saturating_sub(started.elapsed());
+        let mirror_stop = match &self.mirror {
+            Some(mirror) => Some(mirror.shutdown(left).await),
+            None => None,
+        };
         self.cancel.cancel();
         let left = deadline.saturating_sub(started.elapsed());
         let _ = tokio::time::timeout(left, futures::future::join_all(self.tasks)).await;
         info!("kvindex serve stopped.");
+        mirror_stop
     }
 }
 

@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | `prompt.rs` | [`PromptSettings`]: tokens → standardized block hashes (block size, cap) |
 //! | `lookup.rs` | the [`Lookup`] trait and [`IndexLookup`], the in-memory backend |
-//! | `redis_lookup.rs` | [`RedisLookup`]: one pipelined `HGETALL` per prompt over kthena's keys |
+//! | `redis_lookup.rs` | [`RedisLookup`]: one pipelined `HGETALL` per prompt over kthena's keys (spelled by [`crate::redis_layout`]) |
 //! | `prefix.rs` | [`score_prefix`]: first block required, consecutive match, integer score |
 //! | `pd.rs` | [`schedule`]: top-N decodes paired with the best prefill of their group |
 //!
@@ -29,7 +29,4 @@ pub use pd::{
 };
 pub use prefix::{kthena_score, score_index, score_prefix, PodScore, PrefixScores, SlotScore};
 pub use prompt::{PromptError, PromptSettings};
-pub use redis_lookup::{
-    block_key, parse_field_value, FieldOwner, RedisLookup, RedisLookupError, RedisOwners,
-    BLOCK_KEY_PREFIX,
-};
+pub use redis_lookup::{RedisLookup, RedisLookupError, RedisOwners};

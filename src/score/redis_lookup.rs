@@ -3,61 +3,39 @@
 //! Key `matrix:kv:block:{model}@{std_hash}` is a hash whose fields are pod identifiers and
 //! whose values are `"{unix_seconds}"` or `"{unix_seconds}|{MEDIUM}"` (DESIGN.md §6). Every
 //! block of the prompt is fetched in one pipeline of `HGETALL`, as kthena's router does, so
-//! a lookup costs one round trip whatever the prompt length.
-
-use std::fmt::Write as _;
+//! a lookup costs one round trip whatever the prompt length. Keys are built and values parsed
+//! by [`crate::redis_layout`], the module the mirror writes with.
 
 use hashbrown::HashMap;
+use redis::aio::MultiplexedConnection;
 use redis::Value;
 
 use super::lookup::{Lookup, Owner};
 use crate::hash::StdHash;
 use crate::medium::TierWeights;
+use crate::redis_layout::{
+    block_key, parse_field_value, push_block_key, redact_url, scrub_secrets,
+};
 
-/// Prefix of kthena's block keys.
-pub const BLOCK_KEY_PREFIX: &str = "matrix:kv:block:";
-
-/// The Redis key of block `std_hash` of `model`.
-pub fn block_key(model: &str, std_hash: StdHash) -> String {
-    let mut key = String::with_capacity(BLOCK_KEY_PREFIX.len() + model.len() + 21);
-    push_block_key(&mut key, model, std_hash);
-    key
-}
-
-fn push_block_key(key: &mut String, model: &str, std_hash: StdHash) {
-    key.clear();
-    key.push_str(BLOCK_KEY_PREFIX);
-    key.push_str(model);
-    key.push('@');
-    // Writing into a String cannot fail.
-    let _ = write!(key, "{std_hash}");
-}
-
-/// A field value as parsed: the write time and the medium spelling (`""` when none).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FieldOwner<'v> {
-    /// Unix second of the write; `None` when the timestamp does not parse.
-    pub written_at: Option<u64>,
-    /// Medium as written (`""` for a timestamp-only value).
-    pub medium: &'v str,
-}
-
-/// Parses `"{ts}"` or `"{ts}|{MEDIUM}"`. A timestamp that does not parse is kept as
-/// unknown (kthena keeps such an owner as fresh) rather than dropping the owner.
-pub fn parse_field_value(value: &str) -> FieldOwner<'_> {
-    let (ts, medium) = match value.split_once('|') {
-        Some((ts, medium)) => (ts, medium.trim()),
-        None => (value, ""),
-    };
-    FieldOwner {
-        written_at: ts.trim().parse::<u64>().ok(),
-        medium,
-    }
-}
-
-/// Why a Redis lookup failed.
+/// Why a Redis lookup failed. URLs are always shown without their password.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisLookupError {
+    /// The URL does not parse as a Redis URL.
+    #[error("invalid Redis URL {url}: {reason}")]
+    BadUrl {
+        /// URL without its password.
+        url: String,
+        /// Why it does not parse, without the password.
+        reason: String,
+    },
+    /// Redis did not answer or refused the connection (or its credentials).
+    #[error("cannot connect to Redis at {url}: {reason}")]
+    Connect {
+        /// URL without its password.
+        url: String,
+        /// What the connection attempt reported, without the password.
+        reason: String,
+    },
     /// The pipeline failed (connection, timeout, server error).
     #[error("redis lookup of {blocks} block keys failed: {source}")]
     Redis {
@@ -80,6 +58,27 @@ pub enum RedisLookupError {
 pub struct RedisLookup;
 
 impl RedisLookup {
+    /// Opens the connection lookups run on (one multiplexed connection, no retries: a
+    /// router-side caller decides how to retry).
+    ///
+    /// # Errors
+    /// [`RedisLookupError::BadUrl`] or [`RedisLookupError::Connect`], naming the URL without
+    /// its password.
+    pub async fn connect(url: &str) -> Result<MultiplexedConnection, RedisLookupError> {
+        let scrub = |e: redis::RedisError| scrub_secrets(url, &e.to_string());
+        let client = redis::Client::open(url).map_err(|e| RedisLookupError::BadUrl {
+            url: redact_url(url),
+            reason: scrub(e),
+        })?;
+        client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| RedisLookupError::Connect {
+                url: redact_url(url),
+                reason: scrub(e),
+            })
+    }
+
     /// Fetches every block of the prompt in one pipeline and keeps the owners among
     /// `candidates`. A missing key (unknown model, block held by nobody) holds nothing.
     ///
@@ -225,34 +224,6 @@ impl Lookup for RedisOwners {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_follow_kthenas_layout() {
-        assert_eq!(
-            block_key("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 12345),
-            "matrix:kv:block:deepseek-ai/DeepSeek-R1-Distill-Qwen-7B@12345"
-        );
-    }
-
-    #[test]
-    fn values_parse_with_and_without_medium() {
-        assert_eq!(
-            parse_field_value("1703123456"),
-            FieldOwner {
-                written_at: Some(1703123456),
-                medium: ""
-            }
-        );
-        assert_eq!(
-            parse_field_value("1703123789|CPU_PINNED"),
-            FieldOwner {
-                written_at: Some(1703123789),
-                medium: "CPU_PINNED"
-            }
-        );
-        assert_eq!(parse_field_value("x|GPU").written_at, None);
-        assert_eq!(parse_field_value("7|").medium, "");
-    }
 
     #[test]
     fn medium_weights_are_case_insensitive_and_memoized() {

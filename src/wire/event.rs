@@ -4,8 +4,9 @@ use std::fmt;
 
 use crate::medium::Medium;
 
-/// Which engine family produced a stream; decides mapping-key prefixes and map-form field
-/// names, never the decoding rules (every era is recognised from its shape).
+/// Which engine family produced a stream; decides map-form field names (and, in
+/// `redis_layout`, mapping-key prefixes), never the decoding rules (every era is recognised
+/// from its shape).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Engine {
@@ -24,14 +25,6 @@ impl Engine {
             Engine::Vllm => "vllm",
             Engine::Sglang => "sglang",
             Engine::Trtllm => "trtllm",
-        }
-    }
-
-    /// Prefix of kthena's engine-hash mapping keys (`vllm:kv:block:…`); TRT-LLM uses vLLM's.
-    pub fn mapping_prefix(self) -> &'static str {
-        match self {
-            Engine::Sglang => "sglang",
-            Engine::Vllm | Engine::Trtllm => "vllm",
         }
     }
 }

@@ -271,7 +271,7 @@ pub fn offline(files: &[&str], pod_id: &str, model: &str) -> Vec<DumpEntry> {
         dump: None,
         json: false,
         redis: None,
-        value_format: kvindex::store::redis::ValueFormat::Tiered,
+        value_format: kvindex::commands::replay::ValueFormatArg::Tiered,
         no_mapping_keys: false,
     };
     let (index, _) = kvindex::commands::replay::replay_into_index(&args).unwrap();

@@ -5,9 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::layout::{glob_escape, mapping_prefix, redact_url, BLOCK_PREFIX};
 use super::mirror::connect;
 use super::MirrorError;
+use crate::redis_layout::{
+    block_key_pattern, mapping_key_pattern, redact_url, scrub_secrets, split_block_key,
+};
 use crate::wire::Engine;
 
 /// Keys fetched per pipeline.
@@ -44,13 +46,11 @@ pub async fn dump(
     let mut conn = connect(url).await?;
     let failed = |e: redis::RedisError| MirrorError::Command {
         url: redact_url(url),
-        reason: e.to_string(),
+        reason: scrub_secrets(url, &e.to_string()),
     };
-    let block_pattern = match model {
-        Some(m) => format!("{BLOCK_PREFIX}{}@*", glob_escape(m)),
-        None => format!("{BLOCK_PREFIX}*"),
-    };
-    let block_keys = scan(&mut conn, &block_pattern).await.map_err(failed)?;
+    let block_keys = scan(&mut conn, &block_key_pattern(model))
+        .await
+        .map_err(failed)?;
     let mut out = RedisDump::default();
     for chunk in block_keys.chunks(FETCH_CHUNK) {
         let mut pipe = redis::pipe();
@@ -70,17 +70,13 @@ pub async fn dump(
     }
     let mut mapping_keys = Vec::new();
     for engine in [Engine::Vllm, Engine::Sglang] {
-        let prefix = mapping_prefix(engine);
-        let pattern = match pod {
-            Some(p) => format!("{prefix}{}@*", glob_escape(p)),
-            None => format!("{prefix}*"),
-        };
+        let pattern = mapping_key_pattern(engine, pod);
         mapping_keys.extend(scan(&mut conn, &pattern).await.map_err(failed)?);
     }
     let kept_hashes: Option<BTreeSet<&str>> = model.map(|_| {
         out.blocks
             .keys()
-            .filter_map(|k| k.rsplit_once('@').map(|(_, h)| h))
+            .filter_map(|k| split_block_key(k).map(|(_, h)| h))
             .collect()
     });
     let mut mappings = BTreeMap::new();

@@ -11,10 +11,12 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::layout::{block_key, field_value, mapping_key, redact_url, MAPPING_TTL_SECS};
 use super::{MirrorError, RedisConfig};
-use crate::index::{Delta, FieldValue, Index, ModelId, PodId};
+use crate::index::{Delta, Index, ModelId, PodId};
 use crate::medium::TierWeights;
+use crate::redis_layout::{
+    block_key, field_value, mapping_key, mapping_value, redact_url, scrub_secrets, MAPPING_TTL_SECS,
+};
 use crate::wire::{BlockHash, Engine};
 
 /// First retry after a failure; doubles up to [`MAX_BACKOFF`].
@@ -39,7 +41,9 @@ pub(super) enum Msg {
     Shutdown(oneshot::Sender<()>),
 }
 
-/// One Redis field or key the mirror writes.
+/// Which Redis field or key a [`Delta`] writes: the coalescing key of one flush and the
+/// record of writes that may not have landed. The wanted state is the [`Delta`] itself, so a
+/// key kind and a state kind can never be paired wrongly.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) enum Key {
     /// Field `pod` of block key `(model, std)`.
@@ -62,44 +66,49 @@ pub(super) enum Key {
     },
 }
 
-/// The latest wanted state of a [`Key`] within one flush.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Op {
-    /// HSET with this value, or HDEL when `None`.
-    Field(Option<FieldValue>),
-    /// SET … EX with this std hash, or DEL when `None`.
-    Mapping(Option<u64>),
-}
-
-/// Splits a delta into its key and wanted state.
-pub(super) fn key_op(delta: Delta) -> (Key, Op) {
-    match delta {
-        Delta::Field {
-            model,
-            std_hash,
-            pod,
-            value,
-        } => (
-            Key::Field {
+impl Key {
+    /// The key `delta` writes.
+    pub(super) fn of(delta: &Delta) -> Key {
+        match delta {
+            Delta::Field {
                 model,
-                std: std_hash,
+                std_hash,
                 pod,
+                ..
+            } => Key::Field {
+                model: *model,
+                std: *std_hash,
+                pod: *pod,
             },
-            Op::Field(value),
-        ),
-        Delta::Mapping {
-            pod,
-            engine,
-            engine_hash,
-            std_hash,
-        } => (
-            Key::Mapping {
+            Delta::Mapping {
                 pod,
                 engine,
-                hash: engine_hash,
+                engine_hash,
+                ..
+            } => Key::Mapping {
+                pod: *pod,
+                engine: *engine,
+                hash: engine_hash.clone(),
             },
-            Op::Mapping(std_hash),
-        ),
+        }
+    }
+
+    /// The write that deletes this key (HDEL of the field, DEL of the mapping key).
+    pub(super) fn deletion(self) -> Delta {
+        match self {
+            Key::Field { model, std, pod } => Delta::Field {
+                model,
+                std_hash: std,
+                pod,
+                value: None,
+            },
+            Key::Mapping { pod, engine, hash } => Delta::Mapping {
+                pod,
+                engine,
+                engine_hash: hash,
+                std_hash: None,
+            },
+        }
     }
 }
 
@@ -153,7 +162,7 @@ impl Shared {
 /// [`MirrorError`] naming the URL without its password.
 pub(super) async fn connect(url: &str) -> Result<ConnectionManager, MirrorError> {
     let shown = redact_url(url);
-    let scrub = |e: &redis::RedisError| scrub_password(url, &e.to_string());
+    let scrub = |e: &redis::RedisError| scrub_secrets(url, &e.to_string());
     let client = redis::Client::open(url).map_err(|e| MirrorError::BadUrl {
         url: shown.clone(),
         reason: scrub(&e),
@@ -167,13 +176,7 @@ pub(super) async fn connect(url: &str) -> Result<ConnectionManager, MirrorError>
         .set_max_delay(MAX_BACKOFF);
     let classify = |e: redis::RedisError| {
         let reason = scrub(&e);
-        let text = reason.to_ascii_uppercase();
-        if e.kind() == redis::ErrorKind::AuthenticationFailed
-            || text.contains("WRONGPASS")
-            || text.contains("NOAUTH")
-            || text.contains("INVALID PASSWORD")
-            || text.contains("INVALID USERNAME")
-        {
+        if is_auth_error(&e) {
             MirrorError::Auth {
                 url: shown.clone(),
                 reason,
@@ -195,26 +198,14 @@ pub(super) async fn connect(url: &str) -> Result<ConnectionManager, MirrorError>
     Ok(conn)
 }
 
-/// Removes the URL's password from a driver message, in case the driver echoes it.
-fn scrub_password(url: &str, message: &str) -> String {
-    let redacted = redact_url(url);
-    // The password is whatever redaction replaced; find it by comparing the two forms.
-    let prefix = url
-        .bytes()
-        .zip(redacted.bytes())
-        .take_while(|(a, b)| a == b)
-        .count();
-    let suffix = url
-        .bytes()
-        .rev()
-        .zip(redacted.bytes().rev())
-        .take_while(|(a, b)| a == b)
-        .count();
-    if prefix + suffix >= url.len() {
-        return message.to_owned();
-    }
-    let secret = &url[prefix..url.len() - suffix];
-    message.replace(secret, "***")
+/// Whether Redis refused the credentials (or wants some and got none).
+pub(super) fn is_auth_error(e: &redis::RedisError) -> bool {
+    let text = e.to_string().to_ascii_uppercase();
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || text.contains("WRONGPASS")
+        || text.contains("NOAUTH")
+        || text.contains("INVALID PASSWORD")
+        || text.contains("INVALID USERNAME")
 }
 
 /// The writer task's state.
@@ -224,8 +215,8 @@ pub(super) struct Writer {
     weights: TierWeights,
     pub(super) conn: ConnectionManager,
     pub(super) shared: Arc<Shared>,
-    /// Wanted state per key since the last flush (coalescing).
-    pending: HashMap<Key, Op>,
+    /// Wanted state per key since the last flush (coalescing: the last delta wins).
+    pending: HashMap<Key, Delta>,
     /// Keys whose last write may not have reached Redis (failed pipeline or dropped while
     /// dirty): the record the reconcile checks for fields that must be deleted.
     pub(super) touched: HashSet<Key>,
@@ -366,7 +357,7 @@ impl Writer {
             if !self.config.mapping_keys && matches!(delta, Delta::Mapping { .. }) {
                 continue;
             }
-            let (key, op) = key_op(delta);
+            let key = Key::of(&delta);
             if self.dirty {
                 // Not written now: the reconcile writes the index's state of this key.
                 self.touched.insert(key);
@@ -374,7 +365,7 @@ impl Writer {
                 if self.pending.is_empty() {
                     self.flush_at = Instant::now() + self.config.flush_interval;
                 }
-                self.pending.insert(key, op);
+                self.pending.insert(key, delta);
             }
         }
     }
@@ -387,15 +378,20 @@ impl Writer {
         }
     }
 
-    /// Appends the command for `(key, op)` to `pipe`.
-    pub(super) fn push_command(&mut self, pipe: &mut redis::Pipeline, key: &Key, op: Op) {
-        match (key, op) {
-            (Key::Field { model, std, pod }, Op::Field(value)) => {
-                let bk = block_key(&self.names.model(&self.index, *model), *std);
+    /// Appends the command that brings Redis to `delta`'s state to `pipe`.
+    pub(super) fn push_command(&mut self, pipe: &mut redis::Pipeline, delta: &Delta) {
+        match delta {
+            Delta::Field {
+                model,
+                std_hash,
+                pod,
+                value,
+            } => {
+                let bk = block_key(&self.names.model(&self.index, *model), *std_hash);
                 let field = self.names.pod(&self.index, *pod);
                 match value {
                     Some(v) => {
-                        let v = field_value(v, self.config.value_format, &self.weights);
+                        let v = field_value(*v, self.config.value_format, &self.weights);
                         pipe.hset(bk, &*field, v).ignore();
                     }
                     None => {
@@ -403,19 +399,23 @@ impl Writer {
                     }
                 }
             }
-            (Key::Mapping { pod, engine, hash }, Op::Mapping(std)) => {
-                let mk = mapping_key(*engine, &self.names.pod(&self.index, *pod), hash);
-                match std {
+            Delta::Mapping {
+                pod,
+                engine,
+                engine_hash,
+                std_hash,
+            } => {
+                let mk = mapping_key(*engine, &self.names.pod(&self.index, *pod), engine_hash);
+                match std_hash {
                     Some(std) => {
-                        pipe.set_ex(mk, std.to_string(), MAPPING_TTL_SECS).ignore();
+                        pipe.set_ex(mk, mapping_value(*std), MAPPING_TTL_SECS)
+                            .ignore();
                     }
                     None => {
                         pipe.del(mk).ignore();
                     }
                 }
             }
-            // A key and an op of different kinds are never built together.
-            _ => {}
         }
     }
 
@@ -442,25 +442,33 @@ impl Writer {
         if self.pending.is_empty() {
             return;
         }
-        let batch: Vec<(Key, Op)> = self.pending.drain().collect();
+        let batch: Vec<(Key, Delta)> = self.pending.drain().collect();
         let mut pipe = redis::pipe();
-        for (key, op) in &batch {
-            self.push_command(&mut pipe, key, *op);
+        for (_, delta) in &batch {
+            self.push_command(&mut pipe, delta);
         }
         if let Err(err) = self.send(&pipe, batch.len()).await {
             self.touched.extend(batch.into_iter().map(|(k, _)| k));
-            self.go_dirty(&scrub_password(&self.config.url, &err.to_string()));
+            self.go_dirty(&err);
         }
     }
 
-    /// Stops writing until a reconcile succeeds; pending keys join the record.
-    pub(super) fn go_dirty(&mut self, reason: &str) {
+    /// Stops writing until a reconcile succeeds; pending keys join the record. The driver's
+    /// message is logged without the URL's password.
+    pub(super) fn go_dirty(&mut self, err: &redis::RedisError) {
+        let reason = scrub_secrets(&self.config.url, &err.to_string());
         if self.dirty {
             self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            tracing::debug!(
+                url = %redact_url(&self.config.url),
+                reason = %reason,
+                backoff_ms = self.backoff.as_millis() as u64,
+                "Redis still fails; the mirror retries its reconcile after the backoff."
+            );
         } else {
             tracing::warn!(
                 url = %redact_url(&self.config.url),
-                reason,
+                reason = %reason,
                 "Redis writes failed; the mirror pauses and will reconcile from the index once Redis answers."
             );
             self.backoff = MIN_BACKOFF;

@@ -3,11 +3,13 @@
 //! | file | job |
 //! | --- | --- |
 //! | `mod.rs` | the public surface: [`RedisConfig`], [`MirrorHandle`], [`MirrorSender`] |
-//! | `layout.rs` | key and value spellings, byte for byte; URL redaction |
 //! | `mirror.rs` | the writer task: coalescing, one pipeline per flush, outage handling |
 //! | `reconcile.rs` | bringing Redis back in line with the index after an outage |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
-//! | `tests.rs` | unit tests of layout and coalescing |
+//! | `tests.rs` | unit tests of coalescing |
+//!
+//! Key and value spellings and URL redaction live in [`crate::redis_layout`], shared with the
+//! Redis scoring backend.
 //!
 //! The index is the truth. Deltas flow one way into a bounded queue; the writer coalesces
 //! them per flush (last write of a field or mapping key wins, so writes to one key stay in
@@ -20,7 +22,6 @@
 //! collected), so operators of such routers must choose `timestamp` (bare `"{ts}"`).
 
 mod dump;
-mod layout;
 mod mirror;
 mod reconcile;
 #[cfg(test)]
@@ -30,35 +31,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 
 use crate::index::{Delta, Index};
 use crate::medium::TierWeights;
+use crate::redis_layout::redact_url;
 
+/// The field value format is part of kthena's layout; re-exported as [`RedisConfig`] uses it.
+pub use crate::redis_layout::ValueFormat;
 pub use dump::{dump, MappingEntry, RedisDump};
-pub use layout::{block_key, field_value, mapping_key, redact_url, MAPPING_TTL_SECS};
 use mirror::{Msg, Shared};
-
-/// How field values are written.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum ValueFormat {
-    /// `"{ts}"` without a medium, `"{ts}|{MEDIUM}"` with one (default).
-    #[default]
-    Tiered,
-    /// Always a bare `"{ts}"`, for kthena routers that predate tier support.
-    Timestamp,
-}
 
 /// Settings of the mirror.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,12 +156,27 @@ impl MirrorSender {
     }
 }
 
-/// The running mirror task.
+/// How [`MirrorHandle::shutdown`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MirrorStop {
+    /// The writer wrote everything queued before the call and exited on its own.
+    Orderly,
+    /// The deadline passed first: the writer was aborted with writes outstanding.
+    DeadlinePassed,
+    /// The writer task had already ended without a shutdown (it panicked).
+    WriterLost,
+    /// An earlier call already stopped the writer.
+    AlreadyStopped,
+}
+
+/// The running mirror task. Every method takes `&self`, so any holder of a shared handle
+/// (the daemon, its health routes, its gauge task) can flush or stop it.
 #[derive(Debug)]
 pub struct MirrorHandle {
     tx: mpsc::Sender<Msg>,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    /// Taken by the first [`MirrorHandle::shutdown`]; a std lock, held only to take it.
+    task: Mutex<Option<JoinHandle<()>>>,
     url: String,
 }
 
@@ -201,7 +200,7 @@ impl MirrorHandle {
         Ok(MirrorHandle {
             tx,
             shared,
-            task,
+            task: Mutex::new(Some(task)),
             url,
         })
     }
@@ -251,19 +250,47 @@ impl MirrorHandle {
         self.shared.healthy.load(Ordering::Relaxed)
     }
 
-    /// Flushes what is queued (bounded by `deadline`) and stops the writer.
-    pub async fn shutdown(self, deadline: Duration) {
-        let MirrorHandle { tx, task, url, .. } = self;
-        let (done, wait) = oneshot::channel();
-        let drained = async {
-            if tx.send(Msg::Shutdown(done)).await.is_ok() {
-                let _ = wait.await;
+    /// Writes what is queued (bounded by `deadline`) and stops the writer, through a shared
+    /// reference: other holders keep a handle whose [`flush`](Self::flush) then reports
+    /// [`MirrorError::Stopped`]. Only the first call stops the writer; later ones return
+    /// [`MirrorStop::AlreadyStopped`] at once.
+    pub async fn shutdown(&self, deadline: Duration) -> MirrorStop {
+        let Some(task) = self.task.lock().take() else {
+            return MirrorStop::AlreadyStopped;
+        };
+        let abort = task.abort_handle();
+        let drain = async {
+            let (done, answered) = oneshot::channel();
+            let asked = self.tx.send(Msg::Shutdown(done)).await.is_ok();
+            let drained = asked && answered.await.is_ok();
+            let exited = task.await.is_ok();
+            drained && exited
+        };
+        let stop = match tokio::time::timeout(deadline, drain).await {
+            Ok(true) => MirrorStop::Orderly,
+            Ok(false) => MirrorStop::WriterLost,
+            Err(_) => {
+                abort.abort();
+                MirrorStop::DeadlinePassed
             }
         };
-        if tokio::time::timeout(deadline, drained).await.is_err() {
-            tracing::warn!(url = %url, deadline_ms = deadline.as_millis() as u64, "Stopped the Redis mirror before it had written everything: the drain deadline passed.");
+        self.log_stop(stop, deadline);
+        stop
+    }
+
+    fn log_stop(&self, stop: MirrorStop, deadline: Duration) {
+        let deadline_ms = deadline.as_millis() as u64;
+        match stop {
+            MirrorStop::Orderly => {
+                tracing::info!(url = %self.url, "Stopped the Redis mirror after writing everything queued.");
+            }
+            MirrorStop::DeadlinePassed => {
+                tracing::warn!(url = %self.url, deadline_ms, "Stopped the Redis mirror before it had written everything: the drain deadline passed.");
+            }
+            MirrorStop::WriterLost => {
+                tracing::error!(url = %self.url, "The Redis mirror's writer had ended before shutdown; queued writes are lost.");
+            }
+            MirrorStop::AlreadyStopped => {}
         }
-        task.abort();
-        let _ = task.await;
     }
 }

@@ -6,9 +6,9 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
-use super::layout::redact_url;
-use super::mirror::{Key, Op, Writer};
-use crate::index::{FieldValue, ModelId, PodId};
+use super::mirror::{connect, is_auth_error, Key, Writer};
+use crate::index::{Delta, FieldValue, ModelId, PodId};
+use crate::redis_layout::redact_url;
 use crate::wire::{BlockHash, Engine};
 
 /// Commands per pipeline during a reconcile (bounded memory and response size).
@@ -19,7 +19,10 @@ impl Writer {
     pub(super) async fn try_reconcile(&mut self) {
         // Redis must answer before the index is walked (the walk is the expensive part).
         if let Err(err) = redis::cmd("PING").query_async::<()>(&mut self.conn).await {
-            self.go_dirty(&err.to_string());
+            self.go_dirty(&err);
+            if is_auth_error(&err) {
+                self.renew_connection().await;
+            }
             return;
         }
         self.shared.reconciling.store(true, Ordering::Relaxed);
@@ -41,7 +44,19 @@ impl Writer {
             Err(err) => {
                 // Whatever was not confirmed is recorded again.
                 self.touched.extend(stale);
-                self.go_dirty(&err.to_string());
+                self.go_dirty(&err);
+            }
+        }
+    }
+
+    /// A fresh connection after an authentication failure: the connection manager reconnects
+    /// by itself only after I/O errors, so once its credentials were refused (a password
+    /// rotated and back) it would keep answering with that refusal forever.
+    async fn renew_connection(&mut self) {
+        match connect(&self.config().url).await {
+            Ok(conn) => self.conn = conn,
+            Err(err) => {
+                tracing::debug!(error = %err, "Could not open a fresh Redis connection; retrying after the backoff.")
             }
         }
     }
@@ -86,31 +101,28 @@ impl Writer {
         mappings: &[(PodId, Engine, BlockHash, u64)],
         stale: &HashSet<Key>,
     ) -> Result<(), redis::RedisError> {
-        let mut ops: Vec<(Key, Op)> = Vec::with_capacity(RECONCILE_CHUNK);
+        let mut ops: Vec<Delta> = Vec::with_capacity(RECONCILE_CHUNK);
         let mut pipe = redis::pipe();
-        let stale_ops = stale.iter().map(|k| {
-            let op = match k {
-                Key::Field { .. } => Op::Field(None),
-                Key::Mapping { .. } => Op::Mapping(None),
-            };
-            (k.clone(), op)
-        });
-        let field_ops = fields.iter().map(|&(model, std, pod, value)| {
-            (Key::Field { model, std, pod }, Op::Field(Some(value)))
-        });
-        let mapping_ops = mappings.iter().map(|(pod, engine, hash, std)| {
-            (
-                Key::Mapping {
-                    pod: *pod,
-                    engine: *engine,
-                    hash: hash.clone(),
-                },
-                Op::Mapping(Some(*std)),
-            )
-        });
+        let stale_ops = stale.iter().map(|k| k.clone().deletion());
+        let field_ops = fields
+            .iter()
+            .map(|&(model, std_hash, pod, value)| Delta::Field {
+                model,
+                std_hash,
+                pod,
+                value: Some(value),
+            });
+        let mapping_ops = mappings
+            .iter()
+            .map(|(pod, engine, hash, std)| Delta::Mapping {
+                pod: *pod,
+                engine: *engine,
+                engine_hash: hash.clone(),
+                std_hash: Some(*std),
+            });
         // Deletes first: a key both stale and wanted cannot happen (stale excludes wanted).
-        for (key, op) in stale_ops.chain(field_ops).chain(mapping_ops) {
-            ops.push((key, op));
+        for delta in stale_ops.chain(field_ops).chain(mapping_ops) {
+            ops.push(delta);
             if ops.len() == RECONCILE_CHUNK {
                 self.send_chunk(&mut pipe, &mut ops).await?;
             }
@@ -124,11 +136,11 @@ impl Writer {
     async fn send_chunk(
         &mut self,
         pipe: &mut redis::Pipeline,
-        ops: &mut Vec<(Key, Op)>,
+        ops: &mut Vec<Delta>,
     ) -> Result<(), redis::RedisError> {
         pipe.clear();
-        for (key, op) in ops.iter() {
-            self.push_command(pipe, key, *op);
+        for delta in ops.iter() {
+            self.push_command(pipe, delta);
         }
         let n = ops.len();
         ops.clear();
