@@ -3,7 +3,10 @@
 //! The recorder is installed once per process ([`install`]); before that every function is
 //! a no-op, so library users and tests that do not install it pay nothing.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 
 use metrics::{counter, gauge, histogram, Counter};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -25,34 +28,6 @@ impl ResetReason {
         match self {
             ResetReason::NoReplayEndpoint => "no_replay_endpoint",
             ResetReason::ReplayFailed => "replay_failed",
-        }
-    }
-}
-
-/// Why a replay failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplayFailure {
-    /// Could not connect or send the request in time.
-    Connect,
-    /// A recv timed out (no end marker).
-    Timeout,
-    /// Seqs were missing (or the reply started after the wanted seq).
-    Holes,
-    /// A reply frame was malformed.
-    Malformed,
-    /// More batches than the replay cap.
-    TooLarge,
-}
-
-impl ReplayFailure {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReplayFailure::Connect => "connect",
-            ReplayFailure::Timeout => "timeout",
-            ReplayFailure::Holes => "holes",
-            ReplayFailure::Malformed => "malformed",
-            ReplayFailure::TooLarge => "too_large",
         }
     }
 }
@@ -113,9 +88,9 @@ fn describe() {
     );
     describe_gauge!("kvindex_targets_connected", "DP-rank sockets connected.");
     describe_gauge!("kvindex_targets", "Configured targets.");
-    describe_gauge!(
-        "kvindex_last_message_age_seconds",
-        "Seconds since the last message of a target."
+    describe_counter!(
+        "kvindex_reloads_refused_total",
+        "Config reloads refused because the new file was invalid."
     );
     describe_gauge!(
         "kvindex_resident_blocks",
@@ -238,9 +213,9 @@ impl SourceMetrics {
         counter!("kvindex_replays_succeeded_total", "engine" => self.engine).increment(1);
     }
 
-    /// A replay failed.
-    pub fn replay_failed(&self, reason: ReplayFailure) {
-        counter!("kvindex_replays_failed_total", "engine" => self.engine, "reason" => reason.as_str())
+    /// A replay failed (`reason` is a fixed replay-error label).
+    pub fn replay_failed(&self, reason: &'static str) {
+        counter!("kvindex_replays_failed_total", "engine" => self.engine, "reason" => reason)
             .increment(1);
     }
 
@@ -261,14 +236,46 @@ pub fn targets(n: usize) {
     gauge!("kvindex_targets").set(n as f64);
 }
 
+/// Last-message ages per target, kept here rather than in the recorder: the recorder cannot
+/// delete one series, and a forgotten target must vanish, not read as "just heard from".
+static AGES: Mutex<BTreeMap<String, f64>> = Mutex::new(BTreeMap::new());
+
 /// Seconds since the last message of target `pod` (label bounded by the target list).
 pub fn last_message_age(pod: &str, seconds: f64) {
-    gauge!("kvindex_last_message_age_seconds", "pod" => pod.to_owned()).set(seconds);
+    AGES.lock().insert(pod.to_owned(), seconds);
 }
 
-/// Drops the per-target gauge of a removed target (sets it to NaN is not useful; zero it).
+/// Removes the per-target series of a removed target.
 pub fn forget_target(pod: &str) {
-    gauge!("kvindex_last_message_age_seconds", "pod" => pod.to_owned()).set(0.0);
+    AGES.lock().remove(pod);
+}
+
+/// A config reload was refused (the new file was invalid; the running targets stay).
+pub fn reload_refused() {
+    counter!("kvindex_reloads_refused_total").increment(1);
+}
+
+/// The Prometheus text of every metric, the per-target ages included.
+pub fn render(handle: &PrometheusHandle) -> String {
+    let mut text = handle.render();
+    let ages = AGES.lock();
+    if ages.is_empty() {
+        return text;
+    }
+    text.push_str(
+        "# HELP kvindex_last_message_age_seconds Seconds since the last message of a target.\n",
+    );
+    text.push_str("# TYPE kvindex_last_message_age_seconds gauge\n");
+    for (pod, age) in ages.iter() {
+        let pod = pod
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n");
+        text.push_str(&format!(
+            "kvindex_last_message_age_seconds{{pod=\"{pod}\"}} {age}\n"
+        ));
+    }
+    text
 }
 
 /// Resident (block, pod) entries on `medium` (`""` = none reported).
@@ -283,4 +290,24 @@ pub fn mirror(queue_depth: usize, dirty: bool, reconciling: bool, flush_p99_us: 
     gauge!("kvindex_mirror_dirty").set(f64::from(u8::from(dirty)));
     gauge!("kvindex_mirror_reconciling").set(f64::from(u8::from(reconciling)));
     gauge!("kvindex_mirror_flush_p99_seconds").set(flush_p99_us as f64 / 1e6);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forgotten_target_has_no_age_series() {
+        // No recorder in unit tests: render from a handle of a recorder that is not global.
+        let handle = PrometheusBuilder::new().build_recorder().handle();
+        last_message_age("gone.ns", 3.5);
+        last_message_age("kept.ns", 1.0);
+        let text = render(&handle);
+        assert!(text.contains("kvindex_last_message_age_seconds{pod=\"gone.ns\"} 3.5"));
+        forget_target("gone.ns");
+        let text = render(&handle);
+        assert!(!text.contains("gone.ns"), "{text}");
+        assert!(text.contains("kvindex_last_message_age_seconds{pod=\"kept.ns\"} 1"));
+        forget_target("kept.ns");
+    }
 }

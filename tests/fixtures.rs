@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use kvindex::hash::std_hash;
 use kvindex::index::{Discard, Index};
-use kvindex::ingest::{fixture, unix_now, FeedOutcome, OfflineReplay};
+use kvindex::ingest::{fixture, unix_now, OfflineReplay, Outcome};
 use kvindex::wire::{self, DecodeOptions, Engine};
 use serde_json::Value;
 
@@ -125,10 +125,14 @@ fn replay_until(stream: &str, stop: Option<(u32, u64)>) -> Index {
         Engine::Vllm
     };
     let mut replay = OfflineReplay::new(Index::new(), "pod-a.ns", "base-model", engine);
-    replay.start_file(stream);
     for m in messages(stream) {
         let outcome = replay.offer(&m, unix_now(), &mut Discard).unwrap();
-        let FeedOutcome::Applied { seq, .. } = outcome else {
+        // Offline there is no replay endpoint: every kind of seq step applies the batch.
+        let (Outcome::Applied { seq }
+        | Outcome::MidStreamStart { seq }
+        | Outcome::Restart { seq, .. }
+        | Outcome::Gap { to: seq, .. }) = outcome
+        else {
             panic!("{stream}: message not applied: {outcome:?}");
         };
         if stop == Some((m.endpoint_index, seq)) {
@@ -323,7 +327,7 @@ fn truncated_payload_is_rejected_and_applies_nothing() {
     let mut replay = OfflineReplay::new(Index::new(), "p.ns", "m", Engine::Vllm);
     assert!(matches!(
         replay.offer(&m, 1, &mut Discard).unwrap(),
-        FeedOutcome::Rejected(_)
+        Outcome::DecodeError(_)
     ));
     assert!(replay.index().dump().is_empty());
     assert_eq!(replay.stats().decode_errors.get("truncated"), Some(&1));
@@ -366,7 +370,7 @@ fn empty_batch_is_a_heartbeat_that_advances_seq() {
     let m = malformed("empty_batch_heartbeat.jsonl");
     let mut replay = OfflineReplay::new(Index::new(), "p.ns", "m", Engine::Vllm);
     let outcome = replay.offer(&m, 1, &mut Discard).unwrap();
-    assert!(matches!(outcome, FeedOutcome::Applied { seq: 0, .. }));
+    assert!(matches!(outcome, Outcome::Applied { seq: 0 }));
     assert_eq!(replay.stats().empty_batches, 1);
     assert!(replay.index().dump().is_empty());
 }
@@ -380,8 +384,32 @@ fn bad_messages_inside_a_stream_keep_what_was_indexed() {
     let before = replay.index().dump();
     for bad in ["truncated.jsonl", "empty_payload.jsonl", "two_frames.jsonl"] {
         let outcome = replay.offer(&malformed(bad), 1, &mut Discard).unwrap();
-        assert!(matches!(outcome, FeedOutcome::Rejected(_)), "{bad}");
+        assert!(matches!(outcome, Outcome::DecodeError(_)), "{bad}");
     }
     assert_eq!(replay.index().dump(), before);
     assert_eq!(replay.stats().decode_errors.values().sum::<u64>(), 3);
+}
+
+/// Issue 8, bug 6(b): an endpoint index above 255 names no DP rank; it used to become rank
+/// 255 silently.
+#[test]
+fn an_endpoint_index_past_255_is_rejected_not_folded_into_rank_255() {
+    let mut m = messages("vllm-e01-0.9.0").remove(0);
+    let mut replay = OfflineReplay::new(Index::new(), "p.ns", "m", Engine::Vllm);
+    m.endpoint_index = 255;
+    assert!(replay.offer(&m, 1, &mut Discard).is_ok());
+    m.endpoint_index = 256;
+    let err = replay.offer(&m, 1, &mut Discard).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            kvindex::ingest::OfflineError::EndpointIndex {
+                endpoint_index: 256,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("256"), "{err}");
+    assert!(replay.index().sources_of_pod("p.ns").len() == 1);
 }

@@ -672,3 +672,46 @@ fn sglang_metadata_map_with_nil_values_keeps_the_following_keys() {
         }
     }
 }
+
+/// Records the largest single allocation of the current thread, so a test can bound what a
+/// decode reserves (tests run on threads of their own, so others do not interfere).
+struct LargestAllocation;
+
+thread_local! {
+    static LARGEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+unsafe impl std::alloc::GlobalAlloc for LargestAllocation {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = LARGEST.try_with(|l| l.set(l.get().max(layout.size())));
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from `alloc` above with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: LargestAllocation = LargestAllocation;
+
+/// Issue 8, bug 6(a): an array32 header claiming 4 billion events in front of 1 MB of
+/// filler used to reserve `min(len, remaining)` events (~200 bytes per input byte).
+#[test]
+fn a_lying_event_count_reserves_no_more_than_the_bytes_can_hold() {
+    let filler = 1 << 20;
+    let mut payload = vec![0x92, 0xcb];
+    payload.extend_from_slice(&1.0f64.to_be_bytes());
+    payload.push(0xdd);
+    payload.extend_from_slice(&u32::MAX.to_be_bytes());
+    payload.extend(std::iter::repeat_n(0xc0, filler));
+    LARGEST.with(|l| l.set(0));
+    let decoded = decode_batch(&payload, DecodeOptions::INDEX);
+    let largest = LARGEST.with(std::cell::Cell::get);
+    assert!(decoded.is_err(), "nil is not an event");
+    assert!(
+        largest < filler,
+        "decoding a {filler}-byte payload reserved {largest} bytes at once"
+    );
+}

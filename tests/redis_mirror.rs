@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use kvindex::index::{Delta, Index, SourceId, SourceSpec};
-use kvindex::ingest::{fixture, unix_now, OfflineReplay};
+use kvindex::ingest::{load_files, unix_now, OfflineReplay};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, MirrorError, MirrorHandle, RedisConfig, RedisDump};
@@ -114,12 +114,12 @@ async fn replay_stream(stream: &str, pod: &str, model: &str) -> Index {
     .unwrap();
     let sender = mirror.sender();
     let mut replay = OfflineReplay::new(index.clone(), pod, model, engine);
-    replay.start_file(stream);
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/{stream}.jsonl"));
-    for m in fixture::read_file(&path).unwrap() {
-        let mut deltas: Vec<Delta> = Vec::new();
-        replay.offer(&m.unwrap(), unix_now(), &mut deltas).unwrap();
-        sender.send(deltas).await;
+    for file in &load_files(&[path]).unwrap() {
+        replay
+            .replay_loaded_mirrored(file, &sender, || {})
+            .await
+            .unwrap();
     }
     tokio::time::timeout(WAIT, mirror.flush())
         .await

@@ -38,7 +38,8 @@ fn schema_is_json_and_lists_every_section() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_adds_and_removes_targets_at_run_time() {
-    let (pa, pb) = (free_ports(1), free_ports(1));
+    let (mut pub_a, pa) = FakePub::bind_any().await;
+    let (mut pub_b, pb) = FakePub::bind_any().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kvindex.yaml");
     let write = |targets: String| {
@@ -53,8 +54,7 @@ async fn reload_adds_and_removes_targets_at_run_time() {
     let daemon = kvindex::commands::serve::Daemon::start(config, Some(path.clone()), test_limits())
         .await
         .unwrap();
-    let mut pub_a = FakePub::bind(pa).await;
-    wait_connected(&daemon, "a.test", 0, 1).await;
+    wait_connected(&daemon, "a.test", 0, 1, &mut pub_a).await;
     let msgs = messages(E01, None);
     for m in &msgs {
         pub_a.send(&m.frames).await;
@@ -78,19 +78,36 @@ async fn reload_adds_and_removes_targets_at_run_time() {
     // The removed pod is forgotten; the added one ingests.
     assert!(of_pod(&daemon.index.dump(), "a.test").is_empty());
     assert!(daemon.index.sources_of_pod("a.test").is_empty());
-    let mut pub_b = FakePub::bind(pb).await;
-    wait_connected(&daemon, "b.test", 0, 1).await;
+    wait_connected(&daemon, "b.test", 0, 1, &mut pub_b).await;
     for m in &msgs {
         pub_b.send(&m.frames).await;
     }
     wait_messages(&daemon, "b.test", 0, msgs.len() as u64).await;
     assert_eq!(strip(daemon.index.dump()), offline(&[E01], "b.test", "m"));
 
-    // An invalid file is refused and the running target stays.
+    // An invalid file is refused (the reload ran: the refusal is counted) and the running
+    // target stays.
+    let refused_before = reloads_refused(daemon.metrics_addr).await;
     std::fs::write(&path, "targets: [{pod: x}]\n").unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while reloads_refused(daemon.metrics_addr).await <= refused_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the invalid rewrite was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(ids(&daemon), ["b.test"]);
     daemon.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `kvindex_reloads_refused_total` as served on `/metrics` (0 before the first refusal).
+async fn reloads_refused(addr: std::net::SocketAddr) -> u64 {
+    let (code, body) = http_get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix("kvindex_reloads_refused_total "))
+        .map_or(0, |v| v.trim().parse().unwrap())
 }
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
@@ -123,10 +140,9 @@ async fn http_request(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_health_and_readiness_are_served() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     let daemon = start_daemon(&target_yaml("mx", "m", "vllm", port, None, 1), None).await;
-    let mut publisher = FakePub::bind(port).await;
-    wait_connected(&daemon, "mx.test", 0, 1).await;
+    wait_connected(&daemon, "mx.test", 0, 1, &mut publisher).await;
     for m in messages(E01, None) {
         publisher.send(&m.frames).await;
     }
@@ -142,7 +158,7 @@ async fn metrics_health_and_readiness_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_writes_what_replay_reads() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("rec.jsonl");
     let msgs = messages(E01, None);
@@ -155,7 +171,6 @@ async fn record_writes_what_replay_reads() {
         duration: Some(20.0),
         count: Some(msgs.len() as u64),
     };
-    let mut publisher = FakePub::bind(port).await;
     let recorder = tokio::spawn(async move { kvindex::commands::record::record(&args).await });
     // Resend until the recorder has joined (slow joiner): it stops after `count` lines, so
     // repeat the whole stream until it finishes.
@@ -163,7 +178,7 @@ async fn record_writes_what_replay_reads() {
         for m in &msgs {
             publisher.send(&m.frames).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(recorder.await.unwrap().unwrap(), msgs.len() as u64);
     let back = kvindex::ingest::fixture::read_file(&out).unwrap();
@@ -200,13 +215,9 @@ async fn two_hundred_publishing_targets_lose_nothing() {
         .collect();
     let bound = rss_kib();
     let daemon = start_daemon(&yaml, None).await;
-    for i in 0..N {
-        wait_until(Duration::from_secs(30), || {
-            rank(&daemon, &format!("p{i}.test"), 0).is_some_and(|s| s.connects >= 1)
-        })
-        .await;
+    for (i, p) in pubs.iter_mut().enumerate() {
+        wait_connected(&daemon, &format!("p{i}.test"), 0, 1, p).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let connected = rss_kib();
     eprintln!(
         "RSS KiB: start {before}, {N} PUBs bound {bound}, daemon connected to all {connected}"
@@ -256,7 +267,7 @@ async fn two_hundred_publishing_targets_lose_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_scores_what_the_daemon_ingested() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     let text = format!(
         "api:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: 127.0.0.1:0\ntargets:\n{}",
         target_yaml("ap", "m", "vllm", port, None, 1)
@@ -266,8 +277,7 @@ async fn the_api_scores_what_the_daemon_ingested() {
         .await
         .unwrap();
     let api = daemon.api_addr.expect("api listener bound");
-    let mut publisher = FakePub::bind(port).await;
-    wait_connected(&daemon, "ap.test", 0, 1).await;
+    wait_connected(&daemon, "ap.test", 0, 1, &mut publisher).await;
     let msgs = messages(E01, None);
     for m in &msgs {
         publisher.send(&m.frames).await;

@@ -14,7 +14,7 @@ use util::*;
 /// so shutdown used to fall back to a bounded flush and never stopped the writer in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_right_after_ingest_with_metrics_stops_the_mirror_in_order() {
-    let port = free_ports(1);
+    let (mut publisher, port) = FakePub::bind_any().await;
     // db 13 and a unique model keep this test apart from others sharing the Redis.
     let model = format!("serve-redis-{}", std::process::id());
     let text = format!(
@@ -25,8 +25,7 @@ async fn shutdown_right_after_ingest_with_metrics_stops_the_mirror_in_order() {
     let daemon = kvindex::commands::serve::Daemon::start(config, None, test_limits())
         .await
         .unwrap();
-    let mut publisher = FakePub::bind(port).await;
-    wait_connected(&daemon, "rd.test", 0, 1).await;
+    wait_connected(&daemon, "rd.test", 0, 1, &mut publisher).await;
     let msgs = messages("vllm-e01-0.9.0.jsonl", None);
     for m in &msgs {
         publisher.send(&m.frames).await;

@@ -65,7 +65,7 @@ pub async fn record(args: &RecordArgs) -> anyhow::Result<u64> {
                     written += 1;
                 }
             }
-            Err(f) => tracing::warn!(failure = f.as_str(), "Replay before recording failed."),
+            Err(f) => tracing::warn!(failure = f.reason(), "Replay before recording failed."),
         }
     }
     let deadline = args

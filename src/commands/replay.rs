@@ -7,9 +7,8 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::decode::EngineArg;
-use crate::index::{Delta, Discard, Index, IndexStats};
-use crate::ingest::fixture::{self, FixtureError, RecordedMessage};
-use crate::ingest::{unix_now, IngestStats, OfflineReplay};
+use crate::index::{Discard, Index, IndexStats};
+use crate::ingest::{load_files, IngestStats, LoadedFile, OfflineReplay};
 use crate::medium::TierWeights;
 use crate::store::redis::{MirrorHandle, MirrorStats, RedisConfig, ValueFormat};
 
@@ -192,17 +191,8 @@ pub fn replay_into_index(args: &ReplayArgs) -> anyhow::Result<(Index, ReplaySumm
     let engine = args.engine.resolve(&args.files[0]);
     let mut replay = OfflineReplay::new(Index::new(), &args.pod, &args.model, engine);
     let (loaded, progress) = load(args)?;
-    for (file, messages) in loaded {
-        replay.start_file(&file.display().to_string());
-        for message in messages {
-            progress.inc(1);
-            match message {
-                Ok(message) => {
-                    replay.offer(&message, unix_now(), &mut Discard)?;
-                }
-                Err(err) => skip_bad_line(&mut replay, file, &err),
-            }
-        }
+    for file in &loaded {
+        replay.replay_loaded(file, &mut Discard, || progress.inc(1))?;
     }
     progress.finish_and_clear();
     finish(args, &replay, started, None)
@@ -231,19 +221,10 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
     let sender = mirror.sender();
     let mut replay = OfflineReplay::new(index.clone(), &args.pod, &args.model, engine);
     let (loaded, progress) = load(args)?;
-    for (file, messages) in loaded {
-        replay.start_file(&file.display().to_string());
-        for message in messages {
-            progress.inc(1);
-            match message {
-                Ok(message) => {
-                    let mut deltas: Vec<Delta> = Vec::new();
-                    replay.offer(&message, unix_now(), &mut deltas)?;
-                    sender.send(deltas).await;
-                }
-                Err(err) => skip_bad_line(&mut replay, file, &err),
-            }
-        }
+    for file in &loaded {
+        replay
+            .replay_loaded_mirrored(file, &sender, || progress.inc(1))
+            .await?;
     }
     progress.finish_and_clear();
     tokio::time::timeout(REDIS_DRAIN_DEADLINE, mirror.flush())
@@ -255,20 +236,10 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
 }
 
 /// Every file's recorded messages, read up front, with a progress bar sized to them.
-type Loaded<'a> = Vec<(&'a PathBuf, Vec<Result<RecordedMessage, FixtureError>>)>;
-
-fn load(args: &ReplayArgs) -> anyhow::Result<(Loaded<'_>, indicatif::ProgressBar)> {
-    let mut loaded = Vec::with_capacity(args.files.len());
-    for file in &args.files {
-        loaded.push((file, fixture::read_file(file)?));
-    }
+fn load(args: &ReplayArgs) -> anyhow::Result<(Vec<LoadedFile>, indicatif::ProgressBar)> {
+    let loaded = load_files(&args.files)?;
     let total: u64 = loaded.iter().map(|(_, m)| m.len() as u64).sum();
     Ok((loaded, progress_bar(total)))
-}
-
-fn skip_bad_line(replay: &mut OfflineReplay, file: &std::path::Path, err: &FixtureError) {
-    tracing::warn!(file = %file.display(), "Skipped a bad fixture line: {err}.");
-    replay.count_bad_line();
 }
 
 /// Builds the summary (and writes the dump when asked) once every file was replayed.

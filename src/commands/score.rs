@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use super::decode::EngineArg;
-use super::replay::{replay_into_index, ReplayArgs};
 use super::UsageError;
 use crate::api::ScoreBody;
+use crate::index::Index;
+use crate::ingest::replay_files;
 use crate::medium::TierWeights;
 use crate::score::{
     score_index, score_prefix, PrefixScores, PromptSettings, RedisLookup, RedisLookupError,
@@ -144,20 +145,16 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
     if args.replay.is_empty() {
         return Err(UsageError("give --redis URL or --replay FILE… to score from".into()).into());
     }
-    let replay = ReplayArgs {
-        files: args.replay.clone(),
-        pod: args.replay_pod.clone(),
-        model: args.model.clone(),
-        engine: args.engine,
-        dump: None,
-        json: false,
-        redis: None,
-        value_format: super::replay::ValueFormatArg::Tiered,
-        no_mapping_keys: false,
-    };
-    let (index, _) = replay_into_index(&replay)?;
+    let engine = args.engine.resolve(&args.replay[0]);
+    let replay = replay_files(
+        Index::new(),
+        &args.replay_pod,
+        &args.model,
+        engine,
+        &args.replay,
+    )?;
     Ok(score_index(
-        &index,
+        replay.index(),
         &args.model,
         &blocks,
         &args.pods,

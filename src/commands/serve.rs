@@ -58,7 +58,7 @@ struct HealthState {
 
 async fn metrics_page(State(s): State<HealthState>) -> (StatusCode, String) {
     match &s.metrics {
-        Some(h) => (StatusCode::OK, h.render()),
+        Some(h) => (StatusCode::OK, crate::metrics::render(h)),
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no metrics recorder\n".to_owned(),
@@ -97,7 +97,9 @@ impl Daemon {
         };
         let supervisor = Supervisor::new(
             index.clone(),
-            mirror.as_ref().map(|m| m.sender()),
+            mirror
+                .as_ref()
+                .map(|m| Arc::new(m.sender()) as Arc<dyn crate::index::DeltaMirror>),
             cancel.child_token(),
             replay_limits,
         );

@@ -57,6 +57,16 @@ impl DeltaSink for Vec<Delta> {
     }
 }
 
+/// Where ingest hands the deltas of each message, asynchronously (the Redis mirror in the
+/// daemon): ingest holds this trait, not a concrete store, so it never depends on `store`.
+pub trait DeltaMirror: Send + Sync {
+    /// Queues one message's deltas; may wait while the mirror is behind (backpressure).
+    fn queue(
+        &self,
+        deltas: Vec<Delta>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
+
 /// A sink that drops everything: the embedded, index-only mode.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Discard;

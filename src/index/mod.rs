@@ -29,7 +29,7 @@ use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
 
 pub use apply::ApplyStats;
-pub use delta::{Delta, DeltaSink, Discard, FieldValue};
+pub use delta::{Delta, DeltaMirror, DeltaSink, Discard, FieldValue};
 pub use query::{DumpEntry, IndexStats};
 
 use crate::wire::Engine;

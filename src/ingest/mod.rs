@@ -4,17 +4,17 @@
 //! | --- | --- |
 //! | `fixture.rs` | the fixture line format: read and write recorded messages |
 //! | `seq.rs` | [`SeqTracker`]: in order, gap, duplicate, restart — pure |
-//! | `feed.rs` | [`SourceFeed`]: frames → seq tracking → index for one source |
+//! | `pipeline.rs` | [`SourcePipeline`]: frames → seq tracking → index for one source, pure; [`Observer`]: counters, metrics and logs in one place |
 //! | `stats.rs` | [`IngestStats`] counters |
-//! | `offline.rs` | [`OfflineReplay`]: recorded streams through the same path |
-//! | `subscriber.rs` | one SUB socket + task per (target, DP rank): connect loop, seq, replay |
+//! | `offline.rs` | [`OfflineReplay`], [`replay_files`]: recorded streams through the same path |
+//! | `subscriber.rs` | one SUB socket + task per (target, DP rank): connect loop, recv, replay I/O |
 //! | `replay_client.rs` | the replay DEALER: request, both reply shapes, contiguity |
 //! | `supervisor/` | the target set, hot reload, `PodsView` |
 //! | `status.rs` | [`PodStatus`] and [`PodsView`]: what `GET /v1/pods` reads from ingest |
 
-mod feed;
 pub mod fixture;
 mod offline;
+mod pipeline;
 pub mod replay_client;
 mod seq;
 mod stats;
@@ -22,8 +22,8 @@ mod status;
 pub mod subscriber;
 pub mod supervisor;
 
-pub use feed::{FeedOutcome, SourceFeed};
-pub use offline::OfflineReplay;
+pub use offline::{load_files, replay_files, LoadedFile, OfflineError, OfflineReplay};
+pub use pipeline::{Observer, Outcome, SourcePipeline};
 pub use seq::{SeqDecision, SeqTracker};
 pub use stats::IngestStats;
 pub use status::{PodStatus, PodsView};

@@ -8,10 +8,47 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
 use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::metrics::ReplayFailure;
 use crate::wire::{split_replay_reply, END_MARKER_SEQ};
+
+/// Why a replay gave no usable result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReplayError {
+    /// Could not connect or send the request in time.
+    #[error("could not connect to the replay endpoint or send the request in time")]
+    Connect,
+    /// A recv timed out (no end marker).
+    #[error("a reply did not arrive in time (no end marker)")]
+    Timeout,
+    /// Seqs were missing (or the reply started after the wanted seq).
+    #[error("the replayed seqs have holes")]
+    Holes,
+    /// A reply frame was malformed.
+    #[error("a reply was malformed")]
+    Malformed,
+    /// More batches than the replay cap.
+    #[error("the replay exceeded its batch cap")]
+    TooLarge,
+    /// The task was stopped while waiting: not a failure of the engine.
+    #[error("the replay was cancelled")]
+    Cancelled,
+}
+
+impl ReplayError {
+    /// Metric label value.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ReplayError::Connect => "connect",
+            ReplayError::Timeout => "timeout",
+            ReplayError::Holes => "holes",
+            ReplayError::Malformed => "malformed",
+            ReplayError::TooLarge => "too_large",
+            ReplayError::Cancelled => "cancelled",
+        }
+    }
+}
 
 /// Timeouts and limits of one replay.
 #[derive(Debug, Clone, Copy)]
@@ -43,38 +80,56 @@ pub struct Replayed {
     pub frames: [Bytes; 3],
 }
 
+/// [`replay`] that stops with [`ReplayError::Cancelled`] as soon as `cancel` fires.
+///
+/// # Errors
+/// As [`replay`], plus [`ReplayError::Cancelled`].
+pub async fn replay_or_cancel(
+    endpoint: &str,
+    from: u64,
+    need_through: u64,
+    limits: ReplayLimits,
+    cancel: &CancellationToken,
+) -> Result<Vec<Replayed>, ReplayError> {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(ReplayError::Cancelled),
+        r = replay(endpoint, from, need_through, limits) => r,
+    }
+}
+
 /// Requests batches `from..` and checks they are contiguous through `need_through`
 /// (inclusive). Batches past `need_through` are kept too, in order.
 ///
 /// # Errors
-/// The [`ReplayFailure`] that made the replay unusable.
+/// The [`ReplayError`] that made the replay unusable.
 pub async fn replay(
     endpoint: &str,
     from: u64,
     need_through: u64,
     limits: ReplayLimits,
-) -> Result<Vec<Replayed>, ReplayFailure> {
+) -> Result<Vec<Replayed>, ReplayError> {
     let mut options = SocketOptions::default();
     options.connect_timeout(limits.connect);
     let mut socket = DealerSocket::with_options(options);
     match tokio::time::timeout(limits.connect, socket.connect(endpoint)).await {
         Ok(Ok(())) => {}
-        _ => return Err(ReplayFailure::Connect),
+        _ => return Err(ReplayError::Connect),
     }
     let request = ZmqMessage::try_from(vec![
         Bytes::new(),
         Bytes::copy_from_slice(&from.to_be_bytes()),
     ])
-    .map_err(|_| ReplayFailure::Malformed)?;
+    .map_err(|_| ReplayError::Malformed)?;
     match tokio::time::timeout(limits.connect, socket.send(request)).await {
         Ok(Ok(())) => {}
-        _ => return Err(ReplayFailure::Connect),
+        _ => return Err(ReplayError::Connect),
     }
     let mut out: Vec<Replayed> = Vec::new();
     loop {
         let message = match tokio::time::timeout(limits.recv, socket.recv()).await {
             Ok(Ok(m)) => m,
-            Ok(Err(_)) | Err(_) => return Err(ReplayFailure::Timeout),
+            Ok(Err(_)) | Err(_) => return Err(ReplayError::Timeout),
         };
         let mut frames = message.into_vec();
         // The DEALER sees the ROUTER's empty delimiter first; tolerate its absence.
@@ -82,7 +137,7 @@ pub async fn replay(
             frames.remove(0);
         }
         let (topic, seq, payload) = {
-            let reply = split_replay_reply(&frames).map_err(|_| ReplayFailure::Malformed)?;
+            let reply = split_replay_reply(&frames).map_err(|_| ReplayError::Malformed)?;
             (
                 Bytes::copy_from_slice(reply.topic),
                 reply.seq,
@@ -98,10 +153,10 @@ pub async fn replay(
             continue;
         }
         if seq != expected {
-            return Err(ReplayFailure::Holes);
+            return Err(ReplayError::Holes);
         }
         if out.len() >= limits.max_batches {
-            return Err(ReplayFailure::TooLarge);
+            return Err(ReplayError::TooLarge);
         }
         out.push(Replayed {
             seq,
@@ -110,7 +165,7 @@ pub async fn replay(
     }
     let reached = out.last().map(|r| r.seq);
     if need_through >= from && reached.is_none_or(|last| last < need_through) {
-        return Err(ReplayFailure::Holes);
+        return Err(ReplayError::Holes);
     }
     Ok(out)
 }

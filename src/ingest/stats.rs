@@ -1,4 +1,5 @@
-//! Counters of one ingest run (a replay, or one source of the daemon).
+//! Counters of one ingest run (a replay, or one source of the daemon), kept by
+//! [`super::pipeline::Observer`] only.
 
 use std::collections::BTreeMap;
 
@@ -38,6 +39,12 @@ pub struct IngestStats {
     pub duplicates: u64,
     /// Sources whose first message had seq > 0.
     pub started_mid_stream: u64,
+    /// Replays requested.
+    pub replays_requested: u64,
+    /// Replays that filled their gap.
+    pub replays_succeeded: u64,
+    /// Replays that failed (cancelled ones are not failures).
+    pub replays_failed: u64,
     /// What applying the events did to the index.
     pub apply: ApplyStats,
 }
@@ -64,30 +71,5 @@ impl IngestStats {
                 SkipReason::Invalid(e) => *self.invalid_events.entry(e.reason()).or_default() += 1,
             }
         }
-    }
-
-    /// Adds `other` into `self`.
-    pub fn merge(&mut self, other: &IngestStats) {
-        self.messages += other.messages;
-        self.batches += other.batches;
-        self.empty_batches += other.empty_batches;
-        self.block_stored_events += other.block_stored_events;
-        self.block_removed_events += other.block_removed_events;
-        self.all_blocks_cleared_events += other.all_blocks_cleared_events;
-        for (k, v) in &other.decode_errors {
-            *self.decode_errors.entry(k).or_default() += v;
-        }
-        for (k, v) in &other.unknown_tags {
-            *self.unknown_tags.entry(k.clone()).or_default() += v;
-        }
-        for (k, v) in &other.invalid_events {
-            *self.invalid_events.entry(k).or_default() += v;
-        }
-        self.seq_gaps += other.seq_gaps;
-        self.source_resets += other.source_resets;
-        self.restarts += other.restarts;
-        self.duplicates += other.duplicates;
-        self.started_mid_stream += other.started_mid_stream;
-        self.apply.add(&other.apply);
     }
 }

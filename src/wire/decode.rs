@@ -134,13 +134,25 @@ fn read_dp_rank(r: &mut Reader<'_>) -> Result<Option<i64>, DecodeError> {
 
 type Decoded = (Vec<Event>, Vec<SkippedEvent>);
 
+/// The fewest payload bytes an event can take: `["AllBlocksCleared"]` (fixarray marker,
+/// str marker, 16 bytes of tag).
+const MIN_EVENT_BYTES: usize = 18;
+/// The most elements reserved up front; past that a vector grows as elements really decode.
+const MAX_RESERVATION: usize = 4096;
+
+/// Up-front capacity for an array whose header claims `len` elements of at least
+/// `min_bytes` each: bounded by what the remaining bytes can hold and by
+/// [`MAX_RESERVATION`], so a lying header (an array32 of 4 billion) cannot reserve gigabytes.
+fn reservation(len: usize, remaining: usize, min_bytes: usize) -> usize {
+    len.min(remaining / min_bytes).min(MAX_RESERVATION)
+}
+
 fn decode_events(r: &mut Reader<'_>, options: DecodeOptions) -> Result<Decoded, DecodeError> {
     if r.peek_kind()? != Kind::Array {
         return Err(DecodeError::BadEvents);
     }
     let len = r.read_array_len()?;
-    // Capacity from the header is bounded by the payload so a lying header cannot OOM us.
-    let mut events = Vec::with_capacity(len.min(r.remaining()));
+    let mut events = Vec::with_capacity(reservation(len, r.remaining(), MIN_EVENT_BYTES));
     let mut skipped = Vec::new();
     for index in 0..len {
         match decode_event(r, index, options)? {
@@ -597,7 +609,7 @@ fn read_hash_list(r: &mut Reader<'_>) -> FieldResult<Vec<BlockHash>> {
         return type_error(r);
     }
     let len = r.read_array_len()?;
-    let mut hashes = Vec::with_capacity(len.min(r.remaining()));
+    let mut hashes = Vec::with_capacity(reservation(len, r.remaining(), 1));
     let mut failed = None;
     for _ in 0..len {
         match read_hash(r)? {
@@ -614,7 +626,7 @@ fn read_tokens(r: &mut Reader<'_>) -> FieldResult<Vec<u32>> {
         return type_error(r);
     }
     let len = r.read_array_len()?;
-    let mut tokens = Vec::with_capacity(len.min(r.remaining()));
+    let mut tokens = Vec::with_capacity(reservation(len, r.remaining(), 1));
     let mut failed = None;
     for position in 0..len {
         // Almost every token id is a small unsigned int: read those without the general

@@ -29,22 +29,12 @@ pub fn messages(file: &str, endpoint: Option<u32>) -> Vec<RecordedMessage> {
         .collect()
 }
 
-/// A port `p` with `p..p+n` all free right now.
-pub fn free_ports(n: u16) -> u16 {
-    for _ in 0..200 {
-        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = first.local_addr().unwrap().port();
-        if p > 65000 {
-            continue;
-        }
-        let rest: Vec<_> = (1..n)
-            .map(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)))
-            .collect();
-        if rest.iter().all(Result::is_ok) {
-            return p;
-        }
-    }
-    panic!("no run of {n} free ports");
+/// A port that was free a moment ago, for the few tests whose point is that nothing is bound
+/// there yet (connect before bind, a publisher that restarts on its port). Everything else
+/// binds port 0 and passes the bound port on, which cannot race.
+pub fn unbound_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
 }
 
 /// Polls `cond` every 20 ms until it holds or `timeout` passes; returns whether it held.
@@ -93,6 +83,36 @@ impl FakePub {
         (FakePub { socket }, port)
     }
 
+    /// Binds `n` consecutive ports (a target's DP ranks: port, port + 1, …), the first chosen
+    /// by the OS; returns the sockets (rank order) and the first port.
+    pub async fn bind_ranks(n: u16) -> (Vec<FakePub>, u16) {
+        for _ in 0..100 {
+            let (first, port) = FakePub::bind_any().await;
+            let mut pubs = vec![first];
+            for r in 1..n {
+                let Some(next) = port.checked_add(r) else {
+                    break;
+                };
+                let mut socket = PubSocket::new();
+                if socket
+                    .bind(&format!("tcp://127.0.0.1:{next}"))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                pubs.push(FakePub { socket });
+            }
+            if pubs.len() == usize::from(n) {
+                return (pubs, port);
+            }
+            for p in pubs {
+                p.close().await;
+            }
+        }
+        panic!("no run of {n} free ports");
+    }
+
     /// Sends frames exactly as recorded, paced (the crate's PUB drops under a flat-out loop).
     pub async fn send(&mut self, frames: &[Vec<u8>]) {
         let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
@@ -101,6 +121,12 @@ impl FakePub {
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+
+    /// Sends one readiness probe: seq `u64::MAX` and a `nil` payload (see [`wait_connected`]).
+    pub async fn send_probe(&mut self) {
+        let probe = vec![Vec::new(), u64::MAX.to_be_bytes().to_vec(), vec![0xc0]];
+        self.send(&probe).await;
     }
 
     /// Closes the socket (the port is released).
@@ -122,18 +148,18 @@ pub enum RouterMode {
     Holes,
 }
 
-/// Serves replay of `buffer` (well-formed 3-frame messages) on `127.0.0.1:port`.
+/// Serves replay of `buffer` (well-formed 3-frame messages) on an ephemeral port of
+/// 127.0.0.1; returns the task and the port.
 pub async fn spawn_router(
-    port: u16,
     buffer: Vec<RecordedMessage>,
     mode: RouterMode,
-) -> tokio::task::JoinHandle<()> {
+) -> (tokio::task::JoinHandle<()>, u16) {
     let mut socket = RouterSocket::new();
-    socket
-        .bind(&format!("tcp://127.0.0.1:{port}"))
-        .await
-        .unwrap();
-    tokio::spawn(async move {
+    let endpoint = socket.bind("tcp://127.0.0.1:0").await.unwrap();
+    let zeromq::Endpoint::Tcp(_, port) = endpoint else {
+        panic!("not tcp: {endpoint}");
+    };
+    let task = tokio::spawn(async move {
         loop {
             let Ok(request) = socket.recv().await else {
                 return;
@@ -176,7 +202,8 @@ pub async fn spawn_router(
                     .unwrap();
             }
         }
-    })
+    });
+    (task, port)
 }
 
 /// Short replay timeouts so failing replays stay quick.
@@ -222,23 +249,60 @@ pub fn rank(d: &Daemon, pod_id: &str, rank: usize) -> Option<RankStatus> {
         .and_then(|t| t.ranks.get(rank).cloned())
 }
 
-/// Waits until a rank is connected at least `connects` times, then a short grace for the
-/// subscription to reach the publisher (slow joiner).
-pub async fn wait_connected(d: &Daemon, pod_id: &str, r: usize, connects: u64) {
+/// The decode-error reason probes are counted under: a probe's payload is msgpack `nil`,
+/// which no real stream in these tests sends, so the count is the probes seen.
+pub const PROBE_REASON: &str = "not_a_batch";
+
+/// Probes a rank has seen.
+pub fn probes_seen(st: &RankStatus) -> u64 {
+    st.stats
+        .decode_errors
+        .get(PROBE_REASON)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Messages a rank has seen, probes left out.
+pub fn stream_messages(st: &RankStatus) -> u64 {
+    st.stats.messages - probes_seen(st)
+}
+
+/// Waits until a rank is connected at least `connects` times, then until its subscription
+/// has reached `publisher` (the slow joiner): probes are sent until the rank has seen one.
+/// A probe's seq is `u64::MAX`, which never counts as the next seq, so the stream's seq
+/// bookkeeping is untouched; it is counted as one decode error ([`PROBE_REASON`]).
+pub async fn wait_connected(
+    d: &Daemon,
+    pod_id: &str,
+    r: usize,
+    connects: u64,
+    publisher: &mut FakePub,
+) {
     let ok = wait_until(Duration::from_secs(15), || {
         rank(d, pod_id, r)
             .is_some_and(|s| s.state == LinkState::Connected && s.connects >= connects)
     })
     .await;
     assert!(ok, "{pod_id} rank {r} never connected");
-    // Generous: on a loaded 2-core CI box the subscription can take a while to arrive.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let before = rank(d, pod_id, r).map_or(0, |s| probes_seen(&s));
+    let end = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < end {
+        publisher.send_probe().await;
+        let seen = wait_until(Duration::from_millis(40), || {
+            rank(d, pod_id, r).is_some_and(|s| probes_seen(&s) > before)
+        })
+        .await;
+        if seen {
+            return;
+        }
+    }
+    panic!("{pod_id} rank {r} never received a probe");
 }
 
-/// Waits until a rank has seen `n` messages.
+/// Waits until a rank has seen `n` messages of the stream (probes left out).
 pub async fn wait_messages(d: &Daemon, pod_id: &str, r: usize, n: u64) {
     let ok = wait_until(Duration::from_secs(15), || {
-        rank(d, pod_id, r).is_some_and(|s| s.stats.messages >= n)
+        rank(d, pod_id, r).is_some_and(|s| stream_messages(&s) >= n)
     })
     .await;
     assert!(
@@ -263,19 +327,11 @@ pub fn strip(dump: Vec<DumpEntry>) -> Vec<DumpEntry> {
 
 /// What `replay` leaves for these files as pod `pod_id`.
 pub fn offline(files: &[&str], pod_id: &str, model: &str) -> Vec<DumpEntry> {
-    let args = kvindex::commands::replay::ReplayArgs {
-        files: files.iter().map(|f| fixtures().join(f)).collect(),
-        pod: pod_id.to_owned(),
-        model: model.to_owned(),
-        engine: kvindex::commands::decode::EngineArg::Auto,
-        dump: None,
-        json: false,
-        redis: None,
-        value_format: kvindex::commands::replay::ValueFormatArg::Tiered,
-        no_mapping_keys: false,
-    };
-    let (index, _) = kvindex::commands::replay::replay_into_index(&args).unwrap();
-    strip(index.dump())
+    let files: Vec<PathBuf> = files.iter().map(|f| fixtures().join(f)).collect();
+    let engine = kvindex::commands::decode::EngineArg::Auto.resolve(&files[0]);
+    let index = kvindex::index::Index::new();
+    let replay = kvindex::ingest::replay_files(index, pod_id, model, engine, &files).unwrap();
+    strip(replay.index().dump())
 }
 
 /// Writes messages to a temp fixture file (for offline expectations of a subset).

@@ -10,11 +10,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Target;
-use crate::index::{Delta, Index};
+use crate::index::{Delta, DeltaMirror, Index};
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::status::{resident_blocks, PodStatus, PodsView};
 use crate::ingest::subscriber::{self, LinkState, RankStatus, SubscriberCtx, SubscriberSpec};
-use crate::store::redis::MirrorSender;
 
 /// How long a stopping target's tasks may take before they are aborted.
 const STOP_DEADLINE: Duration = Duration::from_secs(2);
@@ -49,7 +48,7 @@ pub struct TargetStatus {
 /// Owns the subscriber tasks of every target.
 pub struct Supervisor {
     index: Index,
-    mirror: Option<MirrorSender>,
+    mirror: Option<Arc<dyn DeltaMirror>>,
     cancel: CancellationToken,
     replay_limits: ReplayLimits,
     running: Mutex<BTreeMap<String, Running>>,
@@ -61,7 +60,7 @@ impl Supervisor {
     /// A supervisor with no targets; `cancel` is the daemon's token (each target gets a child).
     pub fn new(
         index: Index,
-        mirror: Option<MirrorSender>,
+        mirror: Option<Arc<dyn DeltaMirror>>,
         cancel: CancellationToken,
         replay_limits: ReplayLimits,
     ) -> Arc<Supervisor> {
@@ -187,7 +186,7 @@ impl Supervisor {
         crate::metrics::forget_target(id);
         if let Some(mirror) = &self.mirror {
             if !deltas.is_empty() {
-                mirror.send(deltas).await;
+                mirror.queue(deltas).await;
             }
         }
     }

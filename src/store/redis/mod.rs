@@ -156,6 +156,15 @@ impl MirrorSender {
     }
 }
 
+impl crate::index::DeltaMirror for MirrorSender {
+    fn queue(
+        &self,
+        deltas: Vec<Delta>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.send(deltas))
+    }
+}
+
 /// How [`MirrorHandle::shutdown`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MirrorStop {
