@@ -14,9 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
-use kvindex::api::{router, serve, ApiState, PodStatus, PodsView};
+use kvindex::api::{router, serve, ApiState};
 use kvindex::hash::prompt_block_hashes;
 use kvindex::index::{Discard, Index, SourceSpec};
+use kvindex::ingest::{PodStatus, PodsView};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::redis_layout::block_key;
 use kvindex::score::{score_index, score_prefix, RedisLookup};

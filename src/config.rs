@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
-use crate::medium::TierWeights;
+use crate::medium::{TierWeights, WeightError};
 use crate::store::redis::{RedisConfig, ValueFormat};
 use crate::wire::Engine;
 
@@ -41,7 +41,7 @@ pub struct RawConfig {
     pub metrics: Option<RawMetrics>,
     /// Score weights per storage tier, each in [0.0, 1.0].
     #[serde(default)]
-    pub tier_weights: Option<BTreeMap<String, f64>>,
+    pub tier_weights: Option<BTreeMap<String, Spanned<f64>>>,
     /// Weight of tiers `tier_weights` does not name (default 1.0, kthena's rule).
     #[serde(default)]
     pub unknown_medium_weight: Option<Spanned<f64>>,
@@ -64,11 +64,11 @@ pub struct RawRedis {
     /// Write kthena's engine-hash mapping keys (default true).
     pub mapping_keys: Option<bool>,
     /// Flush after this many pending commands (default 1000).
-    pub flush_max_commands: Option<usize>,
-    /// Flush at least this often, milliseconds (default 5).
-    pub flush_interval_ms: Option<u64>,
+    pub flush_max_commands: Option<Spanned<usize>>,
+    /// Flush at least this often, milliseconds (default 5; 0 is refused).
+    pub flush_interval_ms: Option<Spanned<u64>>,
     /// Delta batches queued before ingest waits (default 1024).
-    pub queue_capacity: Option<usize>,
+    pub queue_capacity: Option<Spanned<usize>>,
 }
 
 /// `api:` as written.
@@ -325,11 +325,39 @@ impl Config {
     }
 }
 
-fn issue(field: impl Into<String>, line: Option<u64>, what: impl Into<String>) -> ConfigIssue {
-    ConfigIssue {
-        field: field.into(),
-        line,
-        what: what.into(),
+/// Every problem found so far, in the order the file is read.
+#[derive(Debug, Default)]
+struct Issues(Vec<ConfigIssue>);
+
+impl Issues {
+    fn add(&mut self, field: impl Into<String>, line: Option<u64>, what: impl Into<String>) {
+        self.0.push(ConfigIssue {
+            field: field.into(),
+            line,
+            what: what.into(),
+        });
+    }
+
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// The 1-based line a value was written on.
+fn line_of<T>(spanned: &Spanned<T>) -> Option<u64> {
+    Some(spanned.referenced.line())
+}
+
+/// A value from the environment (no line), else from the file (its line), else the default.
+fn env_file_or<T: Clone>(
+    env_value: Option<T>,
+    file_value: Option<&Spanned<T>>,
+    default: T,
+) -> (T, Option<u64>) {
+    match (env_value, file_value) {
+        (Some(v), _) => (v, None),
+        (None, Some(s)) => (s.value.clone(), line_of(s)),
+        (None, None) => (default, None),
     }
 }
 
@@ -337,19 +365,17 @@ fn parse_addr(
     field: &str,
     line: Option<u64>,
     text: &str,
-    issues: &mut Vec<ConfigIssue>,
+    issues: &mut Issues,
 ) -> Option<SocketAddr> {
-    match text.parse::<SocketAddr>() {
-        Ok(addr) => Some(addr),
-        Err(_) => {
-            issues.push(issue(
-                field,
-                line,
-                format!("`{text}` is not an ip:port listen address"),
-            ));
-            None
-        }
+    let parsed = text.parse::<SocketAddr>().ok();
+    if parsed.is_none() {
+        issues.add(
+            field,
+            line,
+            format!("`{text}` is not an ip:port listen address"),
+        );
     }
+    parsed
 }
 
 /// Turns a raw config into a validated one, collecting every issue.
@@ -357,220 +383,17 @@ fn parse_addr(
 /// # Errors
 /// [`ConfigError::Invalid`] with all issues.
 pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
-    let mut issues = Vec::new();
-
-    let env_url = env.get("KVINDEX_REDIS_URL");
-    let redis = match (raw.redis, env_url) {
-        (None, None) => None,
-        (section, env_url) => {
-            let section = section.unwrap_or_default();
-            let mut c = RedisConfig::default();
-            let (url, line) = match (&env_url, &section.url) {
-                (Some(u), _) => (u.clone(), None),
-                (None, Some(s)) => (s.value.clone(), Some(s.referenced.line())),
-                (None, None) => (c.url.clone(), None),
-            };
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                issues.push(issue(
-                    "redis.url",
-                    line,
-                    "must start with redis:// or rediss://",
-                ));
-            }
-            c.url = url;
-            if let Some(v) = section.value_format {
-                c.value_format = v;
-            }
-            if let Some(v) = env.get("KVINDEX_REDIS_VALUE_FORMAT") {
-                match v.as_str() {
-                    "tiered" => c.value_format = ValueFormat::Tiered,
-                    "timestamp" => c.value_format = ValueFormat::Timestamp,
-                    other => issues.push(issue(
-                        "KVINDEX_REDIS_VALUE_FORMAT",
-                        None,
-                        format!("`{other}` is neither tiered nor timestamp"),
-                    )),
-                }
-            }
-            if let Some(v) = section.mapping_keys {
-                c.mapping_keys = v;
-            }
-            if let Some(v) = section.flush_max_commands {
-                if v == 0 {
-                    issues.push(issue(
-                        "redis.flush_max_commands",
-                        None,
-                        "must be at least 1",
-                    ));
-                }
-                c.flush_max_commands = v;
-            }
-            if let Some(v) = section.flush_interval_ms {
-                c.flush_interval = Duration::from_millis(v.max(1));
-            }
-            if let Some(v) = section.queue_capacity {
-                if v == 0 {
-                    issues.push(issue("redis.queue_capacity", None, "must be at least 1"));
-                }
-                c.queue_capacity = v;
-            }
-            Some(c)
-        }
-    };
-
-    let env_api = env.get("KVINDEX_API_LISTEN");
-    let api = match (raw.api, env_api) {
-        (None, None) => None,
-        (section, env_listen) => {
-            let section = section.unwrap_or_default();
-            let (text, line) = match (&env_listen, &section.listen) {
-                (Some(t), _) => (t.clone(), None),
-                (None, Some(s)) => (s.value.clone(), Some(s.referenced.line())),
-                (None, None) => ("127.0.0.1:8080".to_owned(), None),
-            };
-            let listen = parse_addr("api.listen", line, &text, &mut issues);
-            let token = env.get("KVINDEX_API_TOKEN").or(section.token);
-            listen.map(|listen| ApiConfig { listen, token })
-        }
-    };
-
-    let (metrics_text, metrics_line) = match (
-        env.get("KVINDEX_METRICS_LISTEN"),
-        raw.metrics.and_then(|m| m.listen),
-    ) {
-        (Some(t), _) => (t, None),
-        (None, Some(s)) => (s.value, Some(s.referenced.line())),
-        (None, None) => ("127.0.0.1:9090".to_owned(), None),
-    };
-    let metrics_listen = parse_addr("metrics.listen", metrics_line, &metrics_text, &mut issues)
-        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9090)));
-
-    let unknown = raw.unknown_medium_weight.as_ref().map_or(1.0, |s| s.value);
-    let unknown_line = raw
-        .unknown_medium_weight
-        .as_ref()
-        .map(|s| s.referenced.line());
-    let configured = raw.tier_weights.unwrap_or_default();
-    let weights = match TierWeights::new(configured.iter().map(|(k, v)| (k.as_str(), *v)), unknown)
-    {
-        Ok(w) => w,
-        Err(errors) => {
-            for e in errors {
-                let (field, line) = match &e {
-                    crate::medium::WeightError::OutOfRange { tier, .. }
-                        if tier == "unknown_medium_weight" =>
-                    {
-                        ("unknown_medium_weight".to_owned(), unknown_line)
-                    }
-                    crate::medium::WeightError::OutOfRange { tier, .. } => {
-                        (format!("tier_weights.{tier}"), None)
-                    }
-                    crate::medium::WeightError::EmptyName => ("tier_weights".to_owned(), None),
-                };
-                issues.push(issue(field, line, e.to_string()));
-            }
-            TierWeights::default()
-        }
-    };
-
-    let mut targets = Vec::new();
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    for (i, spanned) in raw.targets.into_iter().enumerate() {
-        let line = Some(spanned.referenced.line());
-        let t = spanned.value;
-        let at = |f: &str| format!("targets[{i}].{f}");
-        let before = issues.len();
-        let pod = t.pod.unwrap_or_default();
-        if pod.is_empty() {
-            issues.push(issue(at("pod"), line, "is required"));
-        }
-        let namespace = t.namespace.unwrap_or_else(|| "default".to_owned());
-        let model = t.model.unwrap_or_default();
-        if model.is_empty() {
-            issues.push(issue(at("model"), line, "is required"));
-        }
-        let engine = match t.engine.as_deref().map(str::parse::<Engine>) {
-            Some(Ok(e)) => Some(e),
-            Some(Err(what)) => {
-                issues.push(issue(at("engine"), line, what));
-                None
-            }
-            None => {
-                issues.push(issue(
-                    at("engine"),
-                    line,
-                    "is required (vllm, sglang or trtllm)",
-                ));
-                None
-            }
-        };
-        let endpoint = match t.endpoint.as_deref().map(TcpEndpoint::parse) {
-            Some(Ok(e)) => Some(e),
-            Some(Err(what)) => {
-                issues.push(issue(at("endpoint"), line, what));
-                None
-            }
-            None => {
-                issues.push(issue(at("endpoint"), line, "is required"));
-                None
-            }
-        };
-        let replay_endpoint = match t.replay_endpoint.as_deref().map(TcpEndpoint::parse) {
-            Some(Ok(e)) => Some(e),
-            Some(Err(what)) => {
-                issues.push(issue(at("replay_endpoint"), line, what));
-                None
-            }
-            None => None,
-        };
-        let dp_ranks = t.dp_ranks.unwrap_or(1);
-        if dp_ranks == 0 || dp_ranks > MAX_DP_RANKS {
-            issues.push(issue(
-                at("dp_ranks"),
-                line,
-                format!("must lie in 1..={MAX_DP_RANKS}"),
-            ));
-        }
-        for (name, ep) in [
-            ("endpoint", &endpoint),
-            ("replay_endpoint", &replay_endpoint),
-        ] {
-            if let Some(ep) = ep {
-                if ep.for_rank(dp_ranks.saturating_sub(1)).is_none() {
-                    issues.push(issue(at(name), line, "port + dp_ranks passes 65535"));
-                }
-            }
-        }
-        let id = format!("{pod}.{namespace}");
-        if let Some(first) = seen.insert(id.clone(), i) {
-            issues.push(issue(
-                at("pod"),
-                line,
-                format!("`{id}` is already targets[{first}]"),
-            ));
-        }
-        if issues.len() == before {
-            if let (Some(engine), Some(endpoint)) = (engine, endpoint) {
-                targets.push(Target {
-                    pod,
-                    namespace,
-                    model,
-                    engine,
-                    endpoint,
-                    replay_endpoint,
-                    topic: t.topic.unwrap_or_default(),
-                    dp_ranks,
-                });
-            }
-        }
-    }
-
+    let mut issues = Issues::default();
+    let redis = validate_redis(raw.redis, env, &mut issues);
+    let api = validate_api(raw.api, env, &mut issues);
+    let metrics_listen = validate_metrics(raw.metrics, env, &mut issues);
+    let weights = validate_weights(raw.tier_weights, raw.unknown_medium_weight, &mut issues);
+    let targets = validate_targets(raw.targets, &mut issues);
     let discovery = raw
         .discovery
         .and_then(|d| d.kubernetes)
         .and_then(|k| validate_kubernetes(k, env, &mut issues));
-
-    if issues.is_empty() {
+    if issues.0.is_empty() {
         Ok(Config {
             redis,
             api,
@@ -580,7 +403,326 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
             discovery,
         })
     } else {
-        Err(ConfigError::Invalid(issues))
+        Err(ConfigError::Invalid(issues.0))
+    }
+}
+
+/// `redis:` (or `KVINDEX_REDIS_URL` alone): absent = no mirror.
+fn validate_redis(
+    section: Option<RawRedis>,
+    env: &impl Env,
+    issues: &mut Issues,
+) -> Option<RedisConfig> {
+    let env_url = env.get("KVINDEX_REDIS_URL");
+    if section.is_none() && env_url.is_none() {
+        return None;
+    }
+    let section = section.unwrap_or_default();
+    let mut c = RedisConfig::default();
+    let (url, line) = env_file_or(env_url, section.url.as_ref(), c.url.clone());
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        issues.add("redis.url", line, "must start with redis:// or rediss://");
+    }
+    c.url = url;
+    if let Some(v) = section.value_format {
+        c.value_format = v;
+    }
+    if let Some(v) = env_value_format(env, issues) {
+        c.value_format = v;
+    }
+    if let Some(v) = section.mapping_keys {
+        c.mapping_keys = v;
+    }
+    if let Some(v) = at_least_one(
+        "redis.flush_max_commands",
+        section.flush_max_commands,
+        issues,
+    ) {
+        c.flush_max_commands = v;
+    }
+    // 0 would make the writer flush in a busy loop; it is refused, never rounded up.
+    if let Some(v) = at_least_one("redis.flush_interval_ms", section.flush_interval_ms, issues) {
+        c.flush_interval = Duration::from_millis(v);
+    }
+    if let Some(v) = at_least_one("redis.queue_capacity", section.queue_capacity, issues) {
+        c.queue_capacity = v;
+    }
+    Some(c)
+}
+
+/// `KVINDEX_REDIS_VALUE_FORMAT`, when set and valid.
+fn env_value_format(env: &impl Env, issues: &mut Issues) -> Option<ValueFormat> {
+    match env.get("KVINDEX_REDIS_VALUE_FORMAT")?.as_str() {
+        "tiered" => Some(ValueFormat::Tiered),
+        "timestamp" => Some(ValueFormat::Timestamp),
+        other => {
+            issues.add(
+                "KVINDEX_REDIS_VALUE_FORMAT",
+                None,
+                format!("`{other}` is neither tiered nor timestamp"),
+            );
+            None
+        }
+    }
+}
+
+/// A count that must be at least 1: the value when it is, an issue when it is 0.
+fn at_least_one<T: Copy + PartialEq + Default>(
+    field: &str,
+    value: Option<Spanned<T>>,
+    issues: &mut Issues,
+) -> Option<T> {
+    let value = value?;
+    if value.value == T::default() {
+        issues.add(field, line_of(&value), "must be at least 1");
+        return None;
+    }
+    Some(value.value)
+}
+
+/// `api:` (or `KVINDEX_API_LISTEN` alone): absent = not served.
+fn validate_api(section: Option<RawApi>, env: &impl Env, issues: &mut Issues) -> Option<ApiConfig> {
+    let env_listen = env.get("KVINDEX_API_LISTEN");
+    if section.is_none() && env_listen.is_none() {
+        return None;
+    }
+    let section = section.unwrap_or_default();
+    let (text, line) = env_file_or(
+        env_listen,
+        section.listen.as_ref(),
+        "127.0.0.1:8080".to_owned(),
+    );
+    let listen = parse_addr("api.listen", line, &text, issues)?;
+    let token = env.get("KVINDEX_API_TOKEN").or(section.token);
+    Some(ApiConfig { listen, token })
+}
+
+/// `metrics.listen`, defaulting to 127.0.0.1:9090.
+fn validate_metrics(
+    section: Option<RawMetrics>,
+    env: &impl Env,
+    issues: &mut Issues,
+) -> SocketAddr {
+    let default = SocketAddr::from(([127, 0, 0, 1], 9090));
+    let file = section.and_then(|m| m.listen);
+    let (text, line) = env_file_or(
+        env.get("KVINDEX_METRICS_LISTEN"),
+        file.as_ref(),
+        default.to_string(),
+    );
+    parse_addr("metrics.listen", line, &text, issues).unwrap_or(default)
+}
+
+/// `tier_weights` and `unknown_medium_weight`, each in [0.0, 1.0].
+fn validate_weights(
+    configured: Option<BTreeMap<String, Spanned<f64>>>,
+    unknown: Option<Spanned<f64>>,
+    issues: &mut Issues,
+) -> TierWeights {
+    let configured = configured.unwrap_or_default();
+    let unknown_value = unknown.as_ref().map_or(1.0, |s| s.value);
+    let pairs = configured.iter().map(|(k, v)| (k.as_str(), v.value));
+    let errors = match TierWeights::new(pairs, unknown_value) {
+        Ok(weights) => return weights,
+        Err(errors) => errors,
+    };
+    for e in errors {
+        let (field, line) = match &e {
+            WeightError::OutOfRange { tier, .. } if tier == "unknown_medium_weight" => (
+                "unknown_medium_weight".to_owned(),
+                unknown.as_ref().and_then(line_of),
+            ),
+            WeightError::OutOfRange { tier, .. } => (
+                format!("tier_weights.{tier}"),
+                configured.get(tier).and_then(line_of),
+            ),
+            WeightError::EmptyName => ("tier_weights".to_owned(), None),
+        };
+        issues.add(field, line, e.to_string());
+    }
+    TierWeights::default()
+}
+
+/// Every `targets:` entry; a pod identifier may appear once.
+fn validate_targets(raw: Vec<Spanned<RawTarget>>, issues: &mut Issues) -> Vec<Target> {
+    let mut targets = Vec::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, spanned) in raw.into_iter().enumerate() {
+        let line = line_of(&spanned);
+        let before = issues.count();
+        let target = validate_target(&TargetAt { index: i, line }, spanned.value, issues);
+        let id = target.id();
+        if let Some(first) = seen.insert(id.clone(), i) {
+            issues.add(
+                format!("targets[{i}].pod"),
+                line,
+                format!("`{id}` is already targets[{first}]"),
+            );
+        }
+        if issues.count() == before {
+            targets.extend(target.complete());
+        }
+    }
+    targets
+}
+
+/// Where a target entry is: its index in `targets:` and its line.
+struct TargetAt {
+    index: usize,
+    line: Option<u64>,
+}
+
+impl TargetAt {
+    fn field(&self, name: &str) -> String {
+        format!("targets[{}].{name}", self.index)
+    }
+
+    fn add(&self, issues: &mut Issues, name: &str, what: impl Into<String>) {
+        issues.add(self.field(name), self.line, what);
+    }
+}
+
+/// A target's fields after validation; `engine` and `endpoint` are `None` when invalid.
+struct CheckedTarget {
+    pod: String,
+    namespace: String,
+    model: String,
+    engine: Option<Engine>,
+    endpoint: Option<TcpEndpoint>,
+    replay_endpoint: Option<TcpEndpoint>,
+    topic: String,
+    dp_ranks: u32,
+}
+
+impl CheckedTarget {
+    fn id(&self) -> String {
+        format!("{}.{}", self.pod, self.namespace)
+    }
+
+    fn complete(self) -> Option<Target> {
+        Some(Target {
+            engine: self.engine?,
+            endpoint: self.endpoint?,
+            pod: self.pod,
+            namespace: self.namespace,
+            model: self.model,
+            replay_endpoint: self.replay_endpoint,
+            topic: self.topic,
+            dp_ranks: self.dp_ranks,
+        })
+    }
+}
+
+/// One target's fields, then what they must satisfy together (ports).
+fn validate_target(at: &TargetAt, t: RawTarget, issues: &mut Issues) -> CheckedTarget {
+    let pod = required(at, "pod", t.pod, issues);
+    let namespace = t.namespace.unwrap_or_else(|| "default".to_owned());
+    let model = required(at, "model", t.model, issues);
+    let engine = match t.engine.as_deref().map(str::parse::<Engine>) {
+        Some(Ok(e)) => Some(e),
+        Some(Err(what)) => {
+            at.add(issues, "engine", what);
+            None
+        }
+        None => {
+            at.add(issues, "engine", "is required (vllm, sglang or trtllm)");
+            None
+        }
+    };
+    let endpoint = match t.endpoint {
+        Some(text) => parse_endpoint(at, "endpoint", &text, issues),
+        None => {
+            at.add(issues, "endpoint", "is required");
+            None
+        }
+    };
+    let replay_endpoint = t
+        .replay_endpoint
+        .and_then(|text| parse_endpoint(at, "replay_endpoint", &text, issues));
+    let dp_ranks = t.dp_ranks.unwrap_or(1);
+    if dp_ranks == 0 || dp_ranks > MAX_DP_RANKS {
+        at.add(
+            issues,
+            "dp_ranks",
+            format!("must lie in 1..={MAX_DP_RANKS}"),
+        );
+    }
+    check_ports(
+        at,
+        endpoint.as_ref(),
+        replay_endpoint.as_ref(),
+        dp_ranks,
+        issues,
+    );
+    CheckedTarget {
+        pod,
+        namespace,
+        model,
+        engine,
+        endpoint,
+        replay_endpoint,
+        topic: t.topic.unwrap_or_default(),
+        dp_ranks,
+    }
+}
+
+/// A string field that must be present and non-empty.
+fn required(at: &TargetAt, name: &str, value: Option<String>, issues: &mut Issues) -> String {
+    let value = value.unwrap_or_default();
+    if value.is_empty() {
+        at.add(issues, name, "is required");
+    }
+    value
+}
+
+fn parse_endpoint(
+    at: &TargetAt,
+    name: &str,
+    text: &str,
+    issues: &mut Issues,
+) -> Option<TcpEndpoint> {
+    TcpEndpoint::parse(text)
+        .map_err(|what| at.add(issues, name, what))
+        .ok()
+}
+
+/// Rank r uses `endpoint` port + r and `replay_endpoint` port + r: both ranges must fit
+/// under 65535 and, on one host, must not share a port (rank 1's PUB socket would be
+/// rank 0's replay ROUTER).
+fn check_ports(
+    at: &TargetAt,
+    endpoint: Option<&TcpEndpoint>,
+    replay: Option<&TcpEndpoint>,
+    dp_ranks: u32,
+    issues: &mut Issues,
+) {
+    let last_rank = dp_ranks.saturating_sub(1);
+    for (name, ep) in [("endpoint", endpoint), ("replay_endpoint", replay)] {
+        if ep.is_some_and(|ep| ep.for_rank(last_rank).is_none()) {
+            at.add(issues, name, "port + dp_ranks passes 65535");
+        }
+    }
+    let (Some(endpoint), Some(replay)) = (endpoint, replay) else {
+        return;
+    };
+    if !endpoint.host.eq_ignore_ascii_case(&replay.host) || dp_ranks == 0 {
+        return;
+    }
+    let ports = |ep: &TcpEndpoint| u32::from(ep.port)..u32::from(ep.port) + dp_ranks;
+    let (pub_ports, replay_ports) = (ports(endpoint), ports(replay));
+    if pub_ports.start < replay_ports.end && replay_ports.start < pub_ports.end {
+        at.add(
+            issues,
+            "replay_endpoint",
+            format!(
+                "ports {}..={} (one per DP rank) overlap the endpoint's ports {}..={}; \
+                 rank r uses port + r on both, so space them at least dp_ranks apart",
+                replay_ports.start,
+                replay_ports.end - 1,
+                pub_ports.start,
+                pub_ports.end - 1
+            ),
+        );
     }
 }
 
@@ -643,7 +785,7 @@ targets:
     model: meta-llama/Llama-3.1-8B-Instruct
     engine: vllm
     endpoint: tcp://vllm-0.vllm.default.svc:5557
-    replay_endpoint: tcp://vllm-0.vllm.default.svc:5558   # optional
+    replay_endpoint: tcp://vllm-0.vllm.default.svc:5559   # optional; rank r: port + r
     topic: ""                                             # optional; "" = all
     dp_ranks: 2                                           # optional; default 1
 "#;

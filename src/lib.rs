@@ -7,7 +7,9 @@
 //!
 //! # Layout
 //!
-//! Data flows one way: `wire` → `index` → `store` | `score` → `api`.
+//! Data flows one way: `wire` → `index` → `store` | `score` → `api`, with `ingest` feeding
+//! the index. `daemon` composes them into the running service; `commands` is the CLI edge
+//! over the rest.
 //!
 //! | module | job |
 //! | --- | --- |
@@ -22,11 +24,17 @@
 //! | [`api`] | HTTP query service |
 //! | [`config`] | the YAML config file |
 //! | [`metrics`] | Prometheus metrics |
+//! | [`daemon`] | the running service: composition root, health server, shutdown |
 //! | [`commands`] | the CLI commands, callable as library functions |
+//!
+//! The types a library user needs are re-exported here by name, so
+//! `use kvindex::{Index, Engine, TierWeights, Config, Daemon};` is enough to embed the
+//! index, score from it, or run the daemon in-process.
 
 pub mod api;
 pub mod commands;
 pub mod config;
+pub mod daemon;
 pub mod hash;
 pub mod index;
 pub mod ingest;
@@ -36,3 +44,17 @@ pub mod redis_layout;
 pub mod score;
 pub mod store;
 pub mod wire;
+
+pub use config::{Config, ConfigError, Target};
+pub use daemon::{Daemon, DaemonError};
+pub use hash::{prompt_block_hashes, std_hash, StdHash};
+pub use index::{Delta, DeltaSink, DumpEntry, Index, IndexStats};
+pub use medium::{MediaSet, Medium, TierWeights, WeightError};
+pub use score::{
+    schedule, score_index, score_prefix, DecodeCandidate, IndexLookup, Lookup, Pair, PodScore,
+    PrefixScores, PromptSettings,
+};
+pub use store::redis::{MirrorError, MirrorHandle, MirrorStop, RedisConfig, ValueFormat};
+pub use wire::{
+    decode_batch, decode_message, BlockHash, DecodeError, DecodeOptions, Engine, EngineBatch, Event,
+};

@@ -373,16 +373,6 @@ impl TierWeights {
             .map_or(self.unknown, |(_, w)| *w)
     }
 
-    /// Weight of the best medium in `set` (1.0 for an empty set, as a bare timestamp).
-    pub fn best_weight(&self, set: MediaSet) -> f64 {
-        set.iter()
-            .map(|m| self.weight(m))
-            .fold(None, |acc: Option<f64>, w| {
-                Some(acc.map_or(w, |a| a.max(w)))
-            })
-            .unwrap_or(1.0)
-    }
-
     /// The configured weights by canonical tier name, for printing the resolved config.
     pub fn entries(&self) -> impl Iterator<Item = (&str, f64)> {
         self.by_canonical.iter().map(|(k, v)| (k.as_str(), *v))

@@ -4,11 +4,15 @@ use std::sync::Arc;
 
 use axum::body::{to_bytes, Body};
 use axum::http::{header, Request, StatusCode};
-use kvindex::api::{router, serve, ApiLimits, ApiState, PodStatus, PodsView};
+use kvindex::api::{router, serve, ApiLimits, ApiState};
+use kvindex::config::{Target, TcpEndpoint};
 use kvindex::hash::prompt_block_hashes;
 use kvindex::index::{Discard, Index, SourceSpec};
+use kvindex::ingest::replay_client::ReplayLimits;
+use kvindex::ingest::supervisor::Supervisor;
+use kvindex::ingest::{PodStatus, PodsView};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
+use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -323,36 +327,18 @@ async fn serves_on_a_real_loopback_port_and_shuts_down() {
         .unwrap();
 }
 
-/// Checks `value` against the `properties`/`required`/`additionalProperties` of `schema`,
-/// recursively through objects and arrays (the subset of JSON Schema our bodies use).
-fn conforms(schema: &Value, value: &Value, at: &str) {
-    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
-        let obj = value
-            .as_object()
-            .unwrap_or_else(|| panic!("{at}: not an object"));
-        for req in schema["required"].as_array().into_iter().flatten() {
-            assert!(
-                obj.contains_key(req.as_str().unwrap()),
-                "{at}: missing {req}"
-            );
-        }
-        for (k, v) in obj {
-            let sub = props
-                .get(k)
-                .unwrap_or_else(|| panic!("{at}: `{k}` not in the schema"));
-            conforms(sub, v, &format!("{at}.{k}"));
-        }
-    }
-    if let (Some(items), Some(arr)) = (schema.get("items"), value.as_array()) {
-        for (i, v) in arr.iter().enumerate() {
-            conforms(items, v, &format!("{at}[{i}]"));
-        }
-    }
+fn validator(name: &str) -> jsonschema::Validator {
+    let path = format!("{}/schemas/{name}", env!("CARGO_MANIFEST_DIR"));
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    jsonschema::validator_for(&schema).unwrap_or_else(|err| panic!("{name}: {err}"))
 }
 
-fn schema(name: &str) -> Value {
-    let path = format!("{}/schemas/{name}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+fn assert_conforms(name: &str, value: &Value) {
+    let errors: Vec<String> = validator(name)
+        .iter_errors(value)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{name}: {value}\n{}", errors.join("\n"));
 }
 
 #[tokio::test]
@@ -363,19 +349,138 @@ async fn response_bodies_match_their_schemas() {
         json!({"model": "m", "tokens": tokens(4), "pods": ["a.ns", "b.ns"]}),
     )
     .await;
-    conforms(&schema("api-score-response.schema.json"), &body, "score");
+    assert_conforms("api-score-response.schema.json", &body);
     let req = json!({"model": "m", "tokens": tokens(4), "decode": [{"pod": "a.ns", "group": "g"}], "prefill": {"g": ["p.ns"]}});
     let (_, body) = post(app(None), "/v1/pd/schedule", req).await;
-    conforms(&schema("api-pd-schedule-response.schema.json"), &body, "pd");
+    assert_conforms("api-pd-schedule-response.schema.json", &body);
     let (_, body) = call(app(None), "GET", "/v1/pods", None, None).await;
-    conforms(&schema("api-pods-response.schema.json"), &body, "pods");
+    assert_conforms("api-pods-response.schema.json", &body);
+    // Error bodies of every kind: bad field, 404, 401, 413, 422.
     let (_, body) = post(app(None), "/v1/score", json!({"tokens": [1], "pods": []})).await;
-    conforms(&schema("api-error.schema.json"), &body, "error");
-    // The request schemas describe the same fields the server accepts.
-    let score_req = schema("api-score-request.schema.json");
-    conforms(
-        &score_req,
-        &json!({"model": "m", "tokens": [1], "block_hashes": ["1"], "pods": ["a"], "weights": {"gpu": 1.0}}),
-        "score request",
+    assert_conforms("api-error.schema.json", &body);
+    let (_, body) = call(app(None), "GET", "/v1/nope", None, None).await;
+    assert_conforms("api-error.schema.json", &body);
+    let (_, body) = call(app(Some("t")), "GET", "/v1/pods", None, None).await;
+    assert_conforms("api-error.schema.json", &body);
+    let big = json!({"model": "m", "tokens": vec![7u32; 4000], "pods": []});
+    let (_, body) = post(app(None), "/v1/score", big).await;
+    assert_conforms("api-error.schema.json", &body);
+    let req =
+        json!({"model": "m", "tokens": [1], "decode": [{"pod": "d", "group": "g"}], "prefill": {}});
+    let (_, body) = post(app(None), "/v1/pd/schedule", req).await;
+    assert_conforms("api-error.schema.json", &body);
+}
+
+/// The request schemas describe what the server accepts: a body the schema refuses is a 400,
+/// and a body it accepts never is.
+#[tokio::test]
+async fn request_schemas_agree_with_the_server() {
+    let score = [
+        json!({"model": "m", "tokens": [1], "pods": ["a.ns"], "weights": {"gpu": 1.0}}),
+        json!({"model": "m", "block_hashes": ["1", 2], "pods": []}),
+        json!({"model": "m", "tokens": [1], "block_hashes": ["1"], "pods": ["a"]}),
+        json!({"model": "m", "pods": ["a"]}),
+        json!({"model": "", "tokens": [1], "pods": []}),
+        json!({"model": "m", "tokens": [1], "pods": [""]}),
+        json!({"model": "m", "tokens": [-1], "pods": []}),
+        json!({"model": "m", "tokens": [1], "pods": [], "weights": {"gpu": 1.5}}),
+        json!({"model": "m", "tokens": [1], "pods": [], "extra": true}),
+    ];
+    let decode = json!([{"pod": "a.ns", "group": "g"}]);
+    let pd = [
+        json!({"model": "m", "tokens": [1], "decode": decode, "prefill": {"g": ["p.ns"]}, "top_n": 2}),
+        json!({"model": "m", "tokens": [1], "decode": decode, "prefill": {}}),
+        json!({"model": "m", "tokens": [1], "decode": [], "prefill": {}}),
+        json!({"model": "m", "tokens": [1], "decode": [{"pod": "a.ns"}], "prefill": {}}),
+        json!({"model": "m", "tokens": [1], "decode": decode, "prefill": {"g": [""]}}),
+        json!({"model": "m", "tokens": [1], "decode": decode, "prefill": {}, "top_n": 0}),
+    ];
+    let routes = [
+        ("/v1/score", "api-score-request.schema.json", &score[..]),
+        (
+            "/v1/pd/schedule",
+            "api-pd-schedule-request.schema.json",
+            &pd[..],
+        ),
+    ];
+    for (uri, schema, bodies) in routes {
+        let validator = validator(schema);
+        for req in bodies {
+            let (status, body) = post(app(None), uri, req.clone()).await;
+            assert_eq!(
+                status == StatusCode::BAD_REQUEST,
+                !validator.is_valid(req),
+                "{uri} {req}: {status} {body}"
+            );
+        }
+    }
+}
+
+fn closed_target(pod: &str) -> Target {
+    Target {
+        pod: pod.to_owned(),
+        namespace: "ns".to_owned(),
+        model: "m".to_owned(),
+        engine: Engine::Vllm,
+        // Nothing listens on the discard port: the target stays `connecting`.
+        endpoint: TcpEndpoint::parse("tcp://127.0.0.1:9").unwrap(),
+        replay_endpoint: None,
+        topic: String::new(),
+        dp_ranks: 1,
+    }
+}
+
+/// Bug 6(e): `GET /v1/pods` reports the daemon's real targets with resident counts from the
+/// index's per-pod counters, and follows removes and clears without a walk.
+#[tokio::test]
+async fn pods_reports_resident_counts_of_the_real_supervisor() {
+    let index = index();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let supervisor = Supervisor::new(index.clone(), None, cancel.clone(), ReplayLimits::default());
+    supervisor
+        .apply(vec![
+            closed_target("a"),
+            closed_target("b"),
+            closed_target("q"),
+        ])
+        .await;
+    let state = ApiState::new(
+        index.clone(),
+        TierWeights::default(),
+        None,
+        supervisor.clone(),
     );
+    let resident = |body: &Value| -> Vec<Value> {
+        let pods = body["pods"].as_array().unwrap();
+        pods.iter().map(|p| p["resident_blocks"].clone()).collect()
+    };
+    let (status, body) = call(router(state.clone()), "GET", "/v1/pods", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_conforms("api-pods-response.schema.json", &body);
+    assert_eq!(body["pods"][0]["pod"], json!("a.ns"));
+    assert_eq!(
+        resident(&body),
+        vec![json!({"GPU": 2}), json!({"CPU": 4}), json!({})]
+    );
+    let a = index.sources_of_pod("a.ns")[0];
+    let remove = Event::BlockRemoved(BlockRemoved {
+        block_hashes: vec![BlockHash::from_i64(2)],
+        medium: Medium::intern("GPU"),
+        group_idx: None,
+        locality: None,
+        ownership: None,
+    });
+    index
+        .apply(a, &EngineBatch::of(vec![remove]), 101, &mut Discard)
+        .unwrap();
+    index
+        .clear_source(index.sources_of_pod("b.ns")[0], &mut Discard)
+        .unwrap();
+    let (_, body) = call(router(state), "GET", "/v1/pods", None, None).await;
+    assert_eq!(
+        resident(&body),
+        vec![json!({"GPU": 1}), json!({}), json!({})]
+    );
+    cancel.cancel();
+    supervisor.shutdown(std::time::Duration::from_secs(5)).await;
 }

@@ -5,7 +5,8 @@
 //! `Index::dump()` must equal the reference after every batch. Block contents come from a
 //! small pool, so one std hash often stands for several engine hashes (the case kthena gets
 //! wrong). A deliberately broken reference (removal drops every medium) is shown to be
-//! caught, so the comparison has teeth.
+//! caught, so the comparison has teeth. The same streams check the index's O(1) entry
+//! counters (whole index and per pod) against a full walk.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -274,6 +275,54 @@ fn first_divergence(
     None
 }
 
+/// Entry counts per medium spelling (`""` = none reported), summed over equal spellings.
+type Counts = (u64, BTreeMap<&'static str, u64>);
+
+fn counts(total: u64, per_medium: Vec<(&'static str, u64)>) -> Counts {
+    let mut by_name = BTreeMap::new();
+    for (name, n) in per_medium {
+        *by_name.entry(name).or_insert(0) += n;
+    }
+    (total, by_name)
+}
+
+/// The whole index's and each pod's entry counts from one full walk, the slow truth the
+/// resident counters must equal.
+fn walked_counts(index: &Index) -> (Counts, BTreeMap<String, Counts>) {
+    let mut all: Counts = (0, BTreeMap::new());
+    let mut by_pod: BTreeMap<String, Counts> = BTreeMap::new();
+    index.for_each_field(|_, _, pod, value| {
+        let pod = by_pod.entry(index.pod_name(pod).to_string()).or_default();
+        for counts in [&mut all, pod] {
+            counts.0 += 1;
+            for m in value.media.iter() {
+                *counts.1.entry(m.spelling()).or_insert(0) += 1;
+            }
+        }
+    });
+    (all, by_pod)
+}
+
+/// Where the resident counters differ from a full walk, if anywhere.
+fn counter_divergence(index: &Index) -> Option<String> {
+    let (want_all, want_pods) = walked_counts(index);
+    let (total, per_medium) = index.entry_counts();
+    let got_all = counts(total, per_medium);
+    if got_all != want_all {
+        return Some(format!("index: counters {got_all:?}, walk {want_all:?}"));
+    }
+    for (pod, _) in SOURCES {
+        let id = index.pod_id(pod)?;
+        let (total, per_medium) = index.pod_entry_counts(id);
+        let got = counts(total, per_medium);
+        let want = want_pods.get(pod).cloned().unwrap_or_default();
+        if got != want {
+            return Some(format!("{pod}: counters {got:?}, walk {want:?}"));
+        }
+    }
+    None
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -281,6 +330,31 @@ proptest! {
     fn index_matches_the_reference_after_every_batch(stream in gen_stream(), with_deltas in any::<bool>()) {
         if let Some((batch, diff)) = first_divergence(&stream, Reference::default(), with_deltas) {
             prop_assert!(false, "diverged after batch {}: {}", batch, diff);
+        }
+    }
+
+    /// The O(1) entry counters (whole index and per pod, behind metrics and `GET /v1/pods`)
+    /// equal a full walk after every batch, source reset and pod removal.
+    #[test]
+    fn entry_counters_equal_a_full_walk_after_every_batch(
+        stream in gen_stream(),
+        resets in proptest::collection::vec(0u8..8, 1..40),
+    ) {
+        let (index, ids) = new_index();
+        for (n, (source, ops)) in stream.iter().enumerate() {
+            let batch = EngineBatch::of(ops.iter().map(to_event).collect());
+            index.apply(ids[*source], &batch, 1_000 + n as u32, &mut Discard).expect("registered");
+            // Now and then a source is reset as after an engine restart or unfillable gap.
+            if resets[n % resets.len()] == 0 {
+                index.clear_source(ids[*source], &mut Discard).expect("registered");
+            }
+            if let Some(diff) = counter_divergence(&index) {
+                prop_assert!(false, "after batch {}: {}", n, diff);
+            }
+        }
+        index.forget_pod(SOURCES[0].0, &mut Discard);
+        if let Some(diff) = counter_divergence(&index) {
+            prop_assert!(false, "after forgetting {}: {}", SOURCES[0].0, diff);
         }
     }
 }

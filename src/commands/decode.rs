@@ -8,52 +8,16 @@ use anyhow::Context;
 use crate::ingest::fixture;
 use crate::wire::{self, DecodeOptions, MessageErrorKind};
 
-/// Engine selection on the command line (`auto` = guess from the file name, else vLLM).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum EngineArg {
-    /// Guess from the file name (`sglang-…`, `trtllm-…`), vLLM otherwise.
-    Auto,
-    /// vLLM.
-    Vllm,
-    /// SGLang.
-    Sglang,
-    /// TensorRT-LLM.
-    Trtllm,
-}
-
-impl EngineArg {
-    /// The engine for a file: explicit, or guessed from its name.
-    pub fn resolve(self, file: &std::path::Path) -> wire::Engine {
-        match self {
-            EngineArg::Vllm => wire::Engine::Vllm,
-            EngineArg::Sglang => wire::Engine::Sglang,
-            EngineArg::Trtllm => wire::Engine::Trtllm,
-            EngineArg::Auto => {
-                let name = file
-                    .file_name()
-                    .map(|n| n.to_string_lossy().to_ascii_lowercase())
-                    .unwrap_or_default();
-                if name.starts_with("sglang") {
-                    wire::Engine::Sglang
-                } else if name.starts_with("trtllm") || name.starts_with("tensorrt") {
-                    wire::Engine::Trtllm
-                } else {
-                    wire::Engine::Vllm
-                }
-            }
-        }
-    }
-}
+/// The engine flag of `replay` and `score`, at its old path (tests name it here).
+pub use super::EngineArg;
 
 /// Arguments of `kvindex decode`.
+// No engine flag: decoding recognises every engine and era from the data's shape, and the
+// engine only decides Redis key prefixes, which `decode` never writes.
 #[derive(Debug, clap::Args)]
 pub struct DecodeArgs {
     /// A recorded stream (fixture JSON lines).
     pub file: PathBuf,
-    /// Engine of the stream. Decoding recognises every era from its shape; this only
-    /// labels the stream.
-    #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
-    pub engine: EngineArg,
 }
 
 /// Prints one JSON object per message of the file.

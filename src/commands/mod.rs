@@ -20,6 +20,46 @@ pub mod serve;
 
 use tracing_subscriber::EnvFilter;
 
+use crate::wire;
+
+/// Engine of recorded streams on the command line (`replay`, `score`): `auto` guesses from
+/// the file name, else vLLM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineArg {
+    /// Guess from the file name (`sglang-…`, `trtllm-…`), vLLM otherwise.
+    Auto,
+    /// vLLM.
+    Vllm,
+    /// SGLang.
+    Sglang,
+    /// TensorRT-LLM.
+    Trtllm,
+}
+
+impl EngineArg {
+    /// The engine for a file: explicit, or guessed from its name.
+    pub fn resolve(self, file: &std::path::Path) -> wire::Engine {
+        match self {
+            EngineArg::Vllm => wire::Engine::Vllm,
+            EngineArg::Sglang => wire::Engine::Sglang,
+            EngineArg::Trtllm => wire::Engine::Trtllm,
+            EngineArg::Auto => {
+                let name = file
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_ascii_lowercase())
+                    .unwrap_or_default();
+                if name.starts_with("sglang") {
+                    wire::Engine::Sglang
+                } else if name.starts_with("trtllm") || name.starts_with("tensorrt") {
+                    wire::Engine::Trtllm
+                } else {
+                    wire::Engine::Vllm
+                }
+            }
+        }
+    }
+}
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {

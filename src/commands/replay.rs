@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use super::decode::EngineArg;
+use super::EngineArg;
 use crate::index::{Discard, Index, IndexStats};
 use crate::ingest::{load_files, IngestStats, LoadedFile, OfflineReplay};
 use crate::medium::TierWeights;

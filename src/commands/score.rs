@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::decode::EngineArg;
+use super::EngineArg;
 use super::UsageError;
 use crate::api::ScoreBody;
 use crate::index::Index;

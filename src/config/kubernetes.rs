@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{issue, ConfigIssue, Env, MAX_DP_RANKS};
+use super::{Env, Issues, MAX_DP_RANKS};
 use crate::wire::Engine;
 
 /// Default time a target stays subscribed while its pod is not Ready (a readiness flap).
@@ -161,16 +161,16 @@ pub fn check_port_ranges(port: u16, replay: Option<u16>, dp_ranks: u32) -> Resul
 }
 
 /// Validates the section, pushing every problem to `issues`.
-pub fn validate_kubernetes(
+pub(super) fn validate_kubernetes(
     raw: RawKubernetes,
     env: &impl Env,
-    issues: &mut Vec<ConfigIssue>,
+    issues: &mut Issues,
 ) -> Option<KubernetesConfig> {
-    let before = issues.len();
+    let before = issues.count();
     let at = |f: &str| format!("discovery.kubernetes.{f}");
     let access = match (raw.kubeconfig, env.get("KUBECONFIG")) {
         (Some(path), _) if path.is_empty() => {
-            issues.push(issue(at("kubeconfig"), None, "must not be empty"));
+            issues.add(at("kubeconfig"), None, "must not be empty");
             ClusterAccess::InCluster
         }
         (Some(path), _) => ClusterAccess::Kubeconfig(PathBuf::from(path)),
@@ -182,7 +182,7 @@ pub fn validate_kubernetes(
     let engine = match raw.engine.as_deref().map(str::parse::<Engine>) {
         Some(Ok(e)) => Some(e),
         Some(Err(what)) => {
-            issues.push(issue(at("engine"), None, what));
+            issues.add(at("engine"), None, what);
             None
         }
         None => None,
@@ -190,7 +190,7 @@ pub fn validate_kubernetes(
     let mut port_of = |field: &str, value: Option<u32>| match value.map(port_number) {
         Some(Ok(p)) => Some(p),
         Some(Err(e)) => {
-            issues.push(issue(at(field), None, e.to_string()));
+            issues.add(at(field), None, e.to_string());
             None
         }
         None => None,
@@ -199,22 +199,18 @@ pub fn validate_kubernetes(
     let replay_port = port_of("replay_port", raw.replay_port);
     let dp_ranks = raw.dp_ranks.unwrap_or(1);
     if dp_ranks == 0 || dp_ranks > MAX_DP_RANKS {
-        issues.push(issue(
+        issues.add(
             at("dp_ranks"),
             None,
             format!("must lie in 1..={MAX_DP_RANKS}"),
-        ));
+        );
     } else if let Some(port) = port {
         if let Err(e) = check_port_ranges(port, replay_port, dp_ranks) {
-            issues.push(issue(at("replay_port"), None, e.to_string()));
+            issues.add(at("replay_port"), None, e.to_string());
         }
     }
     if raw.model.as_deref() == Some("") {
-        issues.push(issue(
-            at("model"),
-            None,
-            "must not be empty (omit it instead)",
-        ));
+        issues.add(at("model"), None, "must not be empty (omit it instead)");
     }
     let defaults = PodDefaults {
         engine,
@@ -227,7 +223,7 @@ pub fn validate_kubernetes(
     let not_ready_grace = raw
         .not_ready_grace_s
         .map_or(DEFAULT_NOT_READY_GRACE, Duration::from_secs);
-    (issues.len() == before).then_some(KubernetesConfig {
+    (issues.count() == before).then_some(KubernetesConfig {
         access,
         namespaces,
         label_selector,
@@ -236,16 +232,16 @@ pub fn validate_kubernetes(
     })
 }
 
-fn validate_namespaces(raw: Option<Vec<String>>, issues: &mut Vec<ConfigIssue>) -> Vec<String> {
+fn validate_namespaces(raw: Option<Vec<String>>, issues: &mut Issues) -> Vec<String> {
     let Some(list) = raw else {
         return Vec::new();
     };
     if list.is_empty() {
-        issues.push(issue(
+        issues.add(
             "discovery.kubernetes.namespaces",
             None,
             "is empty; omit it to watch every namespace",
-        ));
+        );
     }
     let mut seen = BTreeSet::new();
     for (i, ns) in list.iter().enumerate() {
@@ -257,17 +253,17 @@ fn validate_namespaces(raw: Option<Vec<String>>, issues: &mut Vec<ConfigIssue>) 
             && !ns.starts_with('-')
             && !ns.ends_with('-');
         if !valid {
-            issues.push(issue(
+            issues.add(
                 format!("discovery.kubernetes.namespaces[{i}]"),
                 None,
                 format!("`{ns}` is not a namespace name (a DNS label)"),
-            ));
+            );
         } else if !seen.insert(ns.as_str()) {
-            issues.push(issue(
+            issues.add(
                 format!("discovery.kubernetes.namespaces[{i}]"),
                 None,
                 format!("`{ns}` is listed twice"),
-            ));
+            );
         }
     }
     list

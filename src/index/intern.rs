@@ -48,9 +48,4 @@ impl Interner {
             .cloned()
             .unwrap_or_else(|| Arc::from(""))
     }
-
-    /// Number of names.
-    pub(crate) fn len(&self) -> usize {
-        self.inner.read().names.len()
-    }
 }

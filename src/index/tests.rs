@@ -1,5 +1,7 @@
 use super::*;
-use crate::wire::BlockHash;
+use crate::hash::std_hash;
+use crate::medium::Medium;
+use crate::wire::{BlockHash, BlockRemoved, BlockStored, EngineBatch, Event};
 
 fn spec(pod: &str, rank: u8) -> SourceSpec {
     SourceSpec {
@@ -330,10 +332,17 @@ fn entry_counts_follow_field_changes_without_a_walk() {
     assert_eq!(total, 3);
     assert!(per_medium.contains(&("GPU", 3)));
     assert!(per_medium.contains(&("CPU", 1)));
+    let (pod_a, pod_b) = (index.pod_id("a.ns").unwrap(), index.pod_id("b.ns").unwrap());
+    assert_eq!(index.pod_entry_counts(pod_a), (2, vec![("GPU", 2)]));
+    let (total_b, mut media_b) = index.pod_entry_counts(pod_b);
+    media_b.sort_unstable();
+    assert_eq!((total_b, media_b), (1, vec![("CPU", 1), ("GPU", 1)]));
     index.forget_pod("b.ns", &mut Discard);
+    assert_eq!(index.pod_entry_counts(pod_b), (0, vec![]));
     index
         .apply(a, &batch(vec![removed(&[2], "GPU")]), 2, &mut Discard)
         .unwrap();
     assert_eq!(index.entry_counts(), (1, vec![("GPU", 1)]));
+    assert_eq!(index.pod_entry_counts(pod_a), (1, vec![("GPU", 1)]));
     assert_eq!(index.stats().entries, 1);
 }

@@ -10,6 +10,7 @@
 //! | `subscriber.rs` | one SUB socket + task per (target, DP rank): connect loop, recv, replay I/O |
 //! | `replay_client.rs` | the replay DEALER: request, both reply shapes, contiguity |
 //! | `supervisor/` | the target set, hot reload, `PodsView` |
+//! | `status.rs` | [`PodStatus`] and [`PodsView`]: what `GET /v1/pods` reads from ingest |
 //! | `discovery/` | targets from the Kubernetes API (pods → targets, restarts by identity) |
 
 pub mod discovery;
@@ -19,6 +20,7 @@ mod pipeline;
 pub mod replay_client;
 mod seq;
 mod stats;
+mod status;
 pub mod subscriber;
 pub mod supervisor;
 
@@ -26,6 +28,7 @@ pub use offline::{load_files, replay_files, LoadedFile, OfflineError, OfflineRep
 pub use pipeline::{Observer, Outcome, SourcePipeline};
 pub use seq::{SeqDecision, SeqTracker};
 pub use stats::IngestStats;
+pub use status::{PodStatus, PodsView};
 
 /// The current unix second, the store time recorded in the index.
 pub fn unix_now() -> u32 {

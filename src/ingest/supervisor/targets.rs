@@ -10,10 +10,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::sourced::{DiscoveredTarget, EngineIdentity, TargetSource};
-use crate::api::{PodStatus, PodsView};
 use crate::config::Target;
 use crate::index::{Delta, DeltaMirror, Index};
 use crate::ingest::replay_client::ReplayLimits;
+use crate::ingest::status::{resident_blocks, PodStatus, PodsView};
 use crate::ingest::subscriber::{self, LinkState, RankStatus, SubscriberCtx, SubscriberSpec};
 
 /// How long a stopping target's tasks may take before they are aborted.
@@ -291,14 +291,6 @@ impl Supervisor {
 
 impl PodsView for Supervisor {
     fn pods(&self) -> Vec<PodStatus> {
-        // One walk of the index for every pod's per-medium counts.
-        let mut by_pod: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
-        self.index.for_each_field(|_, _, p, value| {
-            let entry = by_pod.entry(p.0).or_default();
-            for m in value.media.spellings() {
-                *entry.entry(m.to_owned()).or_insert(0) += 1;
-            }
-        });
         self.status()
             .into_iter()
             .map(|t| {
@@ -318,11 +310,7 @@ impl PodsView for Supervisor {
                     .map(|i| i.elapsed().as_secs_f64())
                     .reduce(f64::min);
                 let pod = t.target.pod_id();
-                let resident = self
-                    .index
-                    .pod_id(&pod)
-                    .and_then(|id| by_pod.remove(&id.0))
-                    .unwrap_or_default();
+                let resident = resident_blocks(&self.index, &pod);
                 PodStatus {
                     pod,
                     model: t.target.model.clone(),

@@ -1,0 +1,174 @@
+//! Request bodies: JSON parsing that names the bad field, and the checks both scoring routes
+//! share (model, pods, weight overrides, prompt blocks).
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, HeaderMap, StatusCode};
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::state::ApiLimits;
+use crate::hash::StdHash;
+use crate::medium::TierWeights;
+use crate::score::PromptSettings;
+
+/// Parses a JSON body, naming the field serde stopped at.
+pub(super) fn parse_body<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|rejection| {
+        let status = rejection.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "request body is too large".to_owned()
+        } else {
+            "request body could not be read".to_owned()
+        };
+        ApiError::status(status, message)
+    })?;
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("");
+        let json = ct
+            .split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return Err(ApiError::status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "content type must be application/json",
+            ));
+        }
+    }
+    let de = &mut serde_json::Deserializer::from_slice(&body);
+    serde_path_to_error::deserialize(de).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        let message = inner.to_string();
+        let field = missing_field(&message)
+            .map(|name| {
+                if path == "." {
+                    name.to_owned()
+                } else {
+                    format!("{path}.{name}")
+                }
+            })
+            .unwrap_or_else(|| if path == "." { "body".to_owned() } else { path });
+        ApiError::bad_field(field, message)
+    })
+}
+
+fn missing_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("missing field `")?;
+    rest.split('`').next()
+}
+
+/// A block hash given as a JSON number or a decimal string (JSON numbers lose bits past 2^53
+/// in most clients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub(super) enum HashArg {
+    Num(u64),
+    Str(#[serde(deserialize_with = "de_decimal")] u64),
+}
+
+fn de_decimal<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let s = String::deserialize(d)?;
+    s.trim().parse().map_err(serde::de::Error::custom)
+}
+
+pub(super) fn check_model(model: &str) -> Result<(), ApiError> {
+    if model.trim().is_empty() {
+        return Err(ApiError::bad_field("model", "model must not be empty"));
+    }
+    Ok(())
+}
+
+pub(super) fn check_pods(field: &str, pods: &[String], limits: &ApiLimits) -> Result<(), ApiError> {
+    if pods.len() > limits.max_pods {
+        return Err(ApiError::bad_field(
+            field,
+            format!("at most {} pods per request", limits.max_pods),
+        ));
+    }
+    if let Some(i) = pods.iter().position(|p| p.trim().is_empty()) {
+        return Err(ApiError::bad_field(
+            format!("{field}[{i}]"),
+            "pod identifier must not be empty",
+        ));
+    }
+    Ok(())
+}
+
+/// The server's weights with the request's overrides applied, validated like the config's.
+pub(super) fn request_weights(
+    base: &TierWeights,
+    overrides: Option<&BTreeMap<String, f64>>,
+) -> Result<TierWeights, ApiError> {
+    let Some(overrides) = overrides else {
+        return Ok(base.clone());
+    };
+    let entries = base
+        .entries()
+        .chain(overrides.iter().map(|(k, v)| (k.as_str(), *v)));
+    TierWeights::new(entries, base.unknown_medium_weight()).map_err(|errors| {
+        let bad = overrides
+            .iter()
+            .find(|(k, v)| k.trim().is_empty() || !(0.0..=1.0).contains(*v))
+            .map_or_else(|| "weights".to_owned(), |(k, _)| format!("weights.{k}"));
+        let message = errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        ApiError::bad_field(bad, message)
+    })
+}
+
+/// The prompt's standardized block hashes, from tokens or given directly (exactly one).
+pub(super) fn prompt_blocks(
+    prompt: &PromptSettings,
+    tokens: Option<&[u32]>,
+    hashes: Option<&[HashArg]>,
+) -> Result<Vec<StdHash>, ApiError> {
+    match (tokens, hashes) {
+        (Some(_), Some(_)) => Err(ApiError::bad_field(
+            "block_hashes",
+            "give either tokens or block_hashes, not both",
+        )),
+        (None, None) => Err(ApiError::bad_field(
+            "tokens",
+            "missing field `tokens` (or `block_hashes`)",
+        )),
+        (Some(tokens), None) => Ok(prompt.hash(tokens)),
+        (None, Some(hashes)) => {
+            let mut out = Vec::with_capacity(hashes.len().min(prompt.max_blocks()));
+            for (i, h) in hashes.iter().take(prompt.max_blocks()).enumerate() {
+                let (HashArg::Num(v) | HashArg::Str(v)) = *h;
+                if v > i64::MAX as u64 {
+                    return Err(ApiError::bad_field(
+                        format!("block_hashes[{i}]"),
+                        "a standardized block hash is below 2^63",
+                    ));
+                }
+                out.push(v);
+            }
+            Ok(out)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_field_names_are_extracted() {
+        assert_eq!(
+            missing_field("missing field `model` at line 1 column 2"),
+            Some("model")
+        );
+        assert_eq!(missing_field("invalid type"), None);
+    }
+}

@@ -1,0 +1,187 @@
+//! `POST /v1/pd/schedule`: decode pods paired with the best prefill pod of their PD group.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::body::{check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg};
+use super::error::ApiError;
+use super::state::{ApiLimits, ApiState};
+use crate::hash::StdHash;
+use crate::medium::TierWeights;
+use crate::score::{schedule, DecodeCandidate, KvScorer, Pair, PdError, DEFAULT_TOP_N};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecodeArg {
+    pod: String,
+    group: String,
+    #[serde(default)]
+    score: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PdRequest {
+    model: String,
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    block_hashes: Option<Vec<HashArg>>,
+    decode: Vec<DecodeArg>,
+    prefill: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    top_n: Option<usize>,
+    #[serde(default)]
+    weights: Option<BTreeMap<String, f64>>,
+}
+
+/// A PD request that passed every check, borrowing its pods from the request.
+struct ValidPd<'a> {
+    blocks: Vec<StdHash>,
+    weights: TierWeights,
+    top_n: usize,
+    decodes: Vec<DecodeCandidate<'a>>,
+    groups: BTreeMap<&'a str, Vec<&'a str>>,
+}
+
+impl PdRequest {
+    /// Checks the request against the server's limits, in the order fields are reported.
+    fn validate(&self, state: &ApiState) -> Result<ValidPd<'_>, ApiError> {
+        check_model(&self.model)?;
+        self.check_decodes(&state.limits)?;
+        for (group, pods) in &self.prefill {
+            check_pods(&format!("prefill.{group}"), pods, &state.limits)?;
+        }
+        let top_n = self.top_n.unwrap_or(DEFAULT_TOP_N);
+        if top_n == 0 {
+            return Err(ApiError::bad_field("top_n", "top_n must be at least 1"));
+        }
+        let weights = request_weights(&state.weights, self.weights.as_ref())?;
+        let blocks = prompt_blocks(
+            &state.prompt,
+            self.tokens.as_deref(),
+            self.block_hashes.as_deref(),
+        )?;
+        Ok(ValidPd {
+            blocks,
+            weights,
+            top_n,
+            decodes: self.decode.iter().map(DecodeArg::candidate).collect(),
+            groups: self
+                .prefill
+                .iter()
+                .map(|(g, pods)| (g.as_str(), pods.iter().map(String::as_str).collect()))
+                .collect(),
+        })
+    }
+
+    /// At least one decode, the pod limit over decodes and prefills, each decode well-formed.
+    fn check_decodes(&self, limits: &ApiLimits) -> Result<(), ApiError> {
+        if self.decode.is_empty() {
+            return Err(ApiError::bad_field(
+                "decode",
+                "at least one decode candidate",
+            ));
+        }
+        let total_pods = self.decode.len() + self.prefill.values().map(Vec::len).sum::<usize>();
+        if total_pods > limits.max_pods {
+            return Err(ApiError::bad_field(
+                "decode",
+                format!("at most {} pods per request", limits.max_pods),
+            ));
+        }
+        for (i, d) in self.decode.iter().enumerate() {
+            if d.pod.trim().is_empty() {
+                return Err(ApiError::bad_field(
+                    format!("decode[{i}].pod"),
+                    "pod identifier must not be empty",
+                ));
+            }
+            if d.score.is_some_and(|s| !s.is_finite()) {
+                return Err(ApiError::bad_field(
+                    format!("decode[{i}].score"),
+                    "score must be a finite number",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl DecodeArg {
+    fn candidate(&self) -> DecodeCandidate<'_> {
+        DecodeCandidate {
+            pod: &self.pod,
+            group: &self.group,
+            score: self.score,
+        }
+    }
+}
+
+impl ValidPd<'_> {
+    /// Every pod the call may ask about, so the prompt is looked up once for all of them.
+    fn all_pods(&self) -> Vec<&str> {
+        let mut all: Vec<&str> = self.decodes.iter().map(|d| d.pod).collect();
+        all.extend(self.groups.values().flatten().copied());
+        all
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct PairEntry<'a> {
+    decode: &'a str,
+    prefill: &'a str,
+    prefill_score: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct PdBody<'a> {
+    pairs: Vec<PairEntry<'a>>,
+}
+
+impl<'a> PdBody<'a> {
+    fn new(pairs: &[Pair<'a>]) -> PdBody<'a> {
+        PdBody {
+            pairs: pairs
+                .iter()
+                .map(|p| PairEntry {
+                    decode: p.decode,
+                    prefill: p.prefill,
+                    prefill_score: p.prefill_score,
+                })
+                .collect(),
+        }
+    }
+}
+
+fn pd_error(err: PdError) -> ApiError {
+    match err {
+        PdError::NoDecode => ApiError::bad_field("decode", err.to_string()),
+        PdError::NoPair { .. } => ApiError::unprocessable("prefill", err.to_string()),
+    }
+}
+
+pub(super) async fn pd_handler(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: PdRequest = parse_body(&headers, body)?;
+    let pd = req.validate(&state)?;
+    let mut scorer = KvScorer::from_index(
+        &state.index,
+        &req.model,
+        &pd.blocks,
+        &pd.all_pods(),
+        &pd.weights,
+    );
+    let pairs = schedule(&pd.decodes, &pd.groups, pd.top_n, &mut scorer).map_err(pd_error)?;
+    Ok(Json(PdBody::new(&pairs)).into_response())
+}

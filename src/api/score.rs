@@ -1,0 +1,102 @@
+//! `POST /v1/score`: longest-prefix scores of candidate pods for one prompt.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::body::{check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg};
+use super::error::ApiError;
+use super::state::ApiState;
+use crate::hash::StdHash;
+use crate::medium::TierWeights;
+use crate::score::{score_index, PrefixScores};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScoreRequest {
+    model: String,
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    block_hashes: Option<Vec<HashArg>>,
+    pods: Vec<String>,
+    #[serde(default)]
+    weights: Option<BTreeMap<String, f64>>,
+}
+
+/// A score request that passed every check: what the scorer is called with.
+struct ValidScore {
+    blocks: Vec<StdHash>,
+    weights: TierWeights,
+}
+
+impl ScoreRequest {
+    /// Checks the request against the server's limits, in the order fields are reported.
+    fn validate(&self, state: &ApiState) -> Result<ValidScore, ApiError> {
+        check_model(&self.model)?;
+        check_pods("pods", &self.pods, &state.limits)?;
+        let weights = request_weights(&state.weights, self.weights.as_ref())?;
+        let blocks = prompt_blocks(
+            &state.prompt,
+            self.tokens.as_deref(),
+            self.block_hashes.as_deref(),
+        )?;
+        Ok(ValidScore { blocks, weights })
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct ScoreEntry<'a> {
+    pod: &'a str,
+    score: u32,
+    matched_blocks: u32,
+}
+
+/// The body of `POST /v1/score` (also what `kvindex score --json` prints).
+#[derive(Debug, Serialize)]
+pub struct ScoreBody<'a> {
+    total_blocks: usize,
+    scores: Vec<ScoreEntry<'a>>,
+}
+
+impl<'a> ScoreBody<'a> {
+    /// The response body for `scores`.
+    pub fn new(scores: &'a PrefixScores) -> ScoreBody<'a> {
+        ScoreBody {
+            total_blocks: scores.total_blocks,
+            scores: scores
+                .scores
+                .iter()
+                .map(|s| ScoreEntry {
+                    pod: &s.pod,
+                    score: s.score,
+                    matched_blocks: s.matched_blocks,
+                })
+                .collect(),
+        }
+    }
+}
+
+pub(super) async fn score_handler(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ScoreRequest = parse_body(&headers, body)?;
+    let valid = req.validate(&state)?;
+    let scores = score_index(
+        &state.index,
+        &req.model,
+        &valid.blocks,
+        &req.pods,
+        &valid.weights,
+        &[],
+    );
+    Ok(Json(ScoreBody::new(&scores)).into_response())
+}

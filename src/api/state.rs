@@ -1,0 +1,75 @@
+//! What every handler shares: the index, weights, token, targets and limits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::index::Index;
+use crate::ingest::PodsView;
+use crate::medium::TierWeights;
+use crate::score::PromptSettings;
+
+/// Protective limits of the service (axum's key-value-store example: shed, limit, time out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// Largest request body accepted, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Requests served at once; more are shed with 503.
+    pub concurrency: usize,
+    /// Deadline of one request (503 past it).
+    pub timeout: Duration,
+    /// Candidate pods accepted in one request.
+    pub max_pods: usize,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            max_body_bytes: 1 << 20,
+            concurrency: 512,
+            timeout: Duration::from_secs(5),
+            max_pods: 4096,
+        }
+    }
+}
+
+/// Everything the handlers need.
+#[derive(Clone)]
+pub struct ApiState {
+    pub(super) index: Index,
+    pub(super) weights: TierWeights,
+    pub(super) token: Option<Arc<str>>,
+    pub(super) pods: Arc<dyn PodsView>,
+    pub(super) limits: ApiLimits,
+    pub(super) prompt: PromptSettings,
+}
+
+impl ApiState {
+    /// State over the in-memory index; `token` enables bearer auth.
+    pub fn new(
+        index: Index,
+        weights: TierWeights,
+        token: Option<String>,
+        pods: Arc<dyn PodsView>,
+    ) -> ApiState {
+        ApiState {
+            index,
+            weights,
+            token: token.filter(|t| !t.is_empty()).map(Arc::from),
+            pods,
+            limits: ApiLimits::default(),
+            prompt: PromptSettings::default(),
+        }
+    }
+
+    /// Replaces the protective limits.
+    pub fn with_limits(mut self, limits: ApiLimits) -> ApiState {
+        self.limits = limits;
+        self
+    }
+
+    /// Replaces how prompts are cut into blocks (block size, max blocks).
+    pub fn with_prompt(mut self, prompt: PromptSettings) -> ApiState {
+        self.prompt = prompt;
+        self
+    }
+}

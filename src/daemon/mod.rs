@@ -1,0 +1,285 @@
+//! The daemon behind `kvindex serve`, as a library: [`Daemon`] is the composition root that
+//! wires config → index → mirror → subscribers → HTTP, so tests and embedders start the same
+//! thing the binary does.
+//!
+//! | file | job |
+//! | --- | --- |
+//! | `mod.rs` | [`Daemon`]: start in order, shut down in order, [`DaemonError`] |
+//! | `health.rs` | the `/metrics`, `/healthz`, `/readyz` router |
+//! | `gauges.rs` | the loop that refreshes gauges computed from state |
+//!
+//! Shutdown follows one order, bounded by one deadline: stop accepting (listeners, config
+//! reload, gauges) → stop subscribers → flush the mirror → exit.
+
+mod gauges;
+mod health;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::{ApiConfig, Config};
+use crate::index::Index;
+use crate::ingest::discovery::{self, DiscoveryError, DiscoveryHealth};
+use crate::ingest::replay_client::ReplayLimits;
+use crate::ingest::supervisor::{reload_loop, Supervisor};
+use crate::store::redis::{MirrorError, MirrorHandle, MirrorStop};
+
+/// Why a daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The Redis mirror could not connect or authenticate.
+    #[error("cannot start the Redis mirror")]
+    Mirror(#[source] MirrorError),
+    /// A listen address could not be bound.
+    #[error("cannot bind the {listener} listener on {addr}")]
+    Bind {
+        /// Which listener (`metrics` or `API`).
+        listener: &'static str,
+        /// The configured address.
+        addr: SocketAddr,
+        /// What the OS reported.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Kubernetes client for `discovery.kubernetes` could not be built.
+    #[error("cannot start Kubernetes discovery")]
+    Discovery(#[source] DiscoveryError),
+}
+
+/// A running daemon.
+pub struct Daemon {
+    /// The in-memory index (the truth).
+    pub index: Index,
+    /// The targets.
+    pub supervisor: Arc<Supervisor>,
+    /// Where `/metrics`, `/healthz`, `/readyz` are served.
+    pub metrics_addr: SocketAddr,
+    /// Where the API is served, when configured.
+    pub api_addr: Option<SocketAddr>,
+    /// Kubernetes discovery's health, when discovery is configured.
+    pub discovery: Option<DiscoveryHealth>,
+    cancel: CancellationToken,
+    /// Child of `cancel` for what accepts work from outside (listeners, reload, gauges):
+    /// cancelled first on shutdown.
+    accept: CancellationToken,
+    mirror: Option<Arc<MirrorHandle>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The listeners, bound before any task is spawned so a failed bind leaves nothing running.
+struct Listeners {
+    metrics: Bound,
+    api: Option<(Bound, ApiConfig)>,
+}
+
+/// A bound listener and the address it got (the port the OS chose for `:0`).
+struct Bound {
+    listener: TcpListener,
+    addr: SocketAddr,
+}
+
+impl Daemon {
+    /// Starts everything a config asks for. `config_path` enables hot reload.
+    ///
+    /// # Errors
+    /// [`DaemonError`] when a listener cannot bind or the mirror cannot start.
+    pub async fn start(
+        config: Config,
+        config_path: Option<PathBuf>,
+        replay_limits: ReplayLimits,
+    ) -> Result<Daemon, DaemonError> {
+        let cancel = CancellationToken::new();
+        let accept = cancel.child_token();
+        let index = Index::new();
+        // Installed before the mirror starts, so its start-up counts are kept.
+        let metrics = crate::metrics::install();
+        let mirror = start_mirror(&config, &index).await?;
+        // Built before any port is bound: a bad kubeconfig fails the start.
+        let kube_client = match &config.discovery {
+            Some(k) => Some(
+                discovery::client_for(&k.access)
+                    .await
+                    .map_err(DaemonError::Discovery)?,
+            ),
+            None => None,
+        };
+        let listeners = bind_listeners(&config).await?;
+        let metrics_addr = listeners.metrics.addr;
+        let api_addr = listeners.api.as_ref().map(|(bound, _)| bound.addr);
+        let supervisor = Supervisor::new(
+            index.clone(),
+            mirror
+                .as_ref()
+                .map(|m| Arc::new(m.sender()) as Arc<dyn crate::index::DeltaMirror>),
+            cancel.child_token(),
+            replay_limits,
+        );
+        let mut daemon = Daemon {
+            index,
+            supervisor,
+            metrics_addr,
+            api_addr,
+            discovery: kube_client.as_ref().map(|_| DiscoveryHealth::default()),
+            cancel,
+            accept,
+            mirror,
+            tasks: Vec::new(),
+        };
+        daemon.serve(listeners, metrics, &config);
+        daemon.start_targets(&config, config_path).await;
+        daemon.start_discovery(&config, kube_client);
+        daemon.spawn_gauges();
+        info!(
+            targets = config.targets.len(),
+            metrics = %metrics_addr,
+            redis = config.redis.is_some(),
+            "kvindex serve started."
+        );
+        Ok(daemon)
+    }
+
+    /// Serves the health router and, when configured, the API.
+    fn serve(&mut self, listeners: Listeners, metrics: Option<PrometheusHandle>, config: &Config) {
+        let health = health::router(metrics, self.mirror.clone(), self.discovery.clone());
+        let metrics = spawn_server("metrics", listeners.metrics.listener, health, &self.accept);
+        self.tasks.push(metrics);
+        if let Some((bound, api)) = listeners.api {
+            let state = crate::api::ApiState::new(
+                self.index.clone(),
+                config.weights.clone(),
+                api.token,
+                self.supervisor.clone(),
+            );
+            let router = crate::api::router(state);
+            self.tasks
+                .push(spawn_server("API", bound.listener, router, &self.accept));
+        }
+    }
+
+    /// Subscribes to the configured targets and, with a config file, follows its changes.
+    async fn start_targets(&mut self, config: &Config, config_path: Option<PathBuf>) {
+        self.supervisor.apply(config.targets.clone()).await;
+        if let Some(path) = config_path {
+            let reload = reload_loop(path, self.supervisor.clone(), self.accept.child_token());
+            self.tasks.push(tokio::spawn(reload));
+        }
+    }
+
+    /// Feeds the supervisor the pods that `discovery.kubernetes` finds, next to the static
+    /// targets; it stops with the listeners, before the subscribers.
+    fn start_discovery(&mut self, config: &Config, client: Option<kube::Client>) {
+        let (Some(k), Some(client), Some(health)) =
+            (config.discovery.clone(), client, self.discovery.clone())
+        else {
+            return;
+        };
+        let supervisor = self.supervisor.clone();
+        let running = discovery::spawn(k, client, supervisor, health, self.accept.child_token());
+        self.tasks.push(running.task);
+    }
+
+    fn spawn_gauges(&mut self) {
+        self.tasks.push(tokio::spawn(gauges::refresh_loop(
+            self.supervisor.clone(),
+            self.index.clone(),
+            self.mirror.clone(),
+            self.accept.child_token(),
+        )));
+    }
+
+    /// The daemon's cancellation token (cancelling it starts shutdown).
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Stops accepting, stops subscribers, flushes and stops the mirror and exits, within
+    /// `deadline`. Returns how the mirror stopped, when Redis is configured.
+    pub async fn shutdown(self, deadline: Duration) -> Option<MirrorStop> {
+        let ends = Instant::now() + deadline;
+        self.accept.cancel();
+        let stopped = futures::future::join_all(self.tasks);
+        if tokio::time::timeout(deadline / 4, stopped).await.is_err() {
+            warn!("Listeners did not stop in time; going on with the shutdown.");
+        }
+        let left = ends.saturating_duration_since(Instant::now());
+        self.supervisor.shutdown(left.min(deadline / 2)).await;
+        let mirror_stop = match &self.mirror {
+            Some(mirror) => Some(shut_mirror_down(mirror, ends).await),
+            None => None,
+        };
+        self.cancel.cancel();
+        info!("kvindex serve stopped.");
+        mirror_stop
+    }
+}
+
+/// Shuts the mirror down: the one place the daemon's shutdown stops the Redis writer, with
+/// whatever is left of the deadline.
+async fn shut_mirror_down(mirror: &MirrorHandle, ends: Instant) -> MirrorStop {
+    mirror
+        .shutdown(ends.saturating_duration_since(Instant::now()))
+        .await
+}
+
+/// The Redis mirror, when the config has one.
+async fn start_mirror(
+    config: &Config,
+    index: &Index,
+) -> Result<Option<Arc<MirrorHandle>>, DaemonError> {
+    let Some(redis) = &config.redis else {
+        return Ok(None);
+    };
+    let mirror = MirrorHandle::start(redis.clone(), index.clone(), config.weights.clone())
+        .await
+        .map_err(DaemonError::Mirror)?;
+    Ok(Some(Arc::new(mirror)))
+}
+
+async fn bind_listeners(config: &Config) -> Result<Listeners, DaemonError> {
+    let metrics = bind("metrics", config.metrics_listen).await?;
+    let api = match &config.api {
+        Some(api) => Some((bind("API", api.listen).await?, api.clone())),
+        None => None,
+    };
+    Ok(Listeners { metrics, api })
+}
+
+async fn bind(listener: &'static str, addr: SocketAddr) -> Result<Bound, DaemonError> {
+    let failed = |source| DaemonError::Bind {
+        listener,
+        addr,
+        source,
+    };
+    let bound = TcpListener::bind(addr).await.map_err(failed)?;
+    let addr = bound.local_addr().map_err(failed)?;
+    Ok(Bound {
+        listener: bound,
+        addr,
+    })
+}
+
+/// Serves `router` until `accept` is cancelled, then drains open requests.
+fn spawn_server(
+    name: &'static str,
+    listener: TcpListener,
+    router: axum::Router,
+    accept: &CancellationToken,
+) -> JoinHandle<()> {
+    let stop = accept.child_token();
+    tokio::spawn(async move {
+        let served =
+            crate::api::serve(listener, router, async move { stop.cancelled().await }).await;
+        if let Err(err) = served {
+            warn!(error = %err, listener = name, "A listener failed.");
+        }
+    })
+}

@@ -1,0 +1,465 @@
+//! The mutation engine: events of one source applied to the block maps, every changed field
+//! counted and handed to the sink.
+//!
+//! A [`Mutation`] is built per `apply` call while the source's lock is held; its steps take
+//! only what differs per block, the rest (source state, sink, store time, counters) is in it.
+
+use std::sync::Arc;
+
+use dashmap::mapref::entry::Entry;
+use serde::Serialize;
+
+use super::counters::{slot_medium, EntryCounter};
+use super::delta::{Delta, DeltaSink, FieldValue};
+use super::residents::{Resident, Residents};
+use super::source::SourceState;
+use super::{Index, IndexError, ModelId, PodId, SourceId};
+use crate::hash::std_hash;
+use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
+use crate::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
+
+/// Every medium bit: what a `BlockRemoved` without medium removes.
+const ALL_MEDIA: u32 = (1 << MEDIA_SLOTS) - 1;
+
+/// Counters from applying events; summed by callers for summaries and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ApplyStats {
+    /// Blocks stored (new, refreshed or gaining a medium).
+    pub blocks_stored: u64,
+    /// Blocks removed from at least one medium.
+    pub blocks_removed: u64,
+    /// `AllBlocksCleared` events applied.
+    pub clears: u64,
+    /// Tokenless stores whose engine hash this source never stored.
+    pub unresolved_stores: u64,
+    /// Removes of engine hashes this source does not hold.
+    pub unknown_removes: u64,
+    /// Removes naming a medium the block was not on.
+    pub noop_removes: u64,
+    /// Blocks of non-main KV-cache groups (hybrid models), skipped.
+    pub skipped_group_blocks: u64,
+    /// Stores whose std block this source already held through another engine hash.
+    pub duplicate_engine_hashes: u64,
+}
+
+impl ApplyStats {
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &ApplyStats) {
+        self.blocks_stored += other.blocks_stored;
+        self.blocks_removed += other.blocks_removed;
+        self.clears += other.clears;
+        self.unresolved_stores += other.unresolved_stores;
+        self.unknown_removes += other.unknown_removes;
+        self.noop_removes += other.noop_removes;
+        self.skipped_group_blocks += other.skipped_group_blocks;
+        self.duplicate_engine_hashes += other.duplicate_engine_hashes;
+    }
+}
+
+impl Index {
+    /// Applies one batch of `source` in order, emitting deltas for every changed field.
+    /// `now` is the unix second recorded as the store time.
+    ///
+    /// # Errors
+    /// [`IndexError::UnknownSource`] when `source` is not registered.
+    pub fn apply(
+        &self,
+        source: SourceId,
+        batch: &EngineBatch,
+        now: u32,
+        sink: &mut impl DeltaSink,
+    ) -> Result<ApplyStats, IndexError> {
+        let state = self.source(source)?;
+        let mut state = state.lock();
+        let mut mutation = Mutation::new(self, &mut state, sink, now);
+        for event in &batch.events {
+            match event {
+                Event::BlockStored(stored) => mutation.stored(stored),
+                Event::BlockRemoved(removed) => mutation.removed(removed),
+                Event::AllBlocksCleared => {
+                    mutation.clear();
+                    mutation.stats.clears += 1;
+                }
+            }
+        }
+        Ok(mutation.stats)
+    }
+
+    /// Drops every block of `source` (engine restart, unfillable gap), keeping it registered.
+    ///
+    /// # Errors
+    /// [`IndexError::UnknownSource`] when `source` is not registered.
+    pub fn clear_source(
+        &self,
+        source: SourceId,
+        sink: &mut impl DeltaSink,
+    ) -> Result<(), IndexError> {
+        let state = self.source(source)?;
+        let mut state = state.lock();
+        // A clear stores nothing, so the store time is never read.
+        Mutation::new(self, &mut state, sink, 0).clear();
+        Ok(())
+    }
+
+    /// Drops every block of `source` and unregisters it.
+    ///
+    /// # Errors
+    /// [`IndexError::UnknownSource`] when `source` is not registered.
+    pub fn remove_source(
+        &self,
+        source: SourceId,
+        sink: &mut impl DeltaSink,
+    ) -> Result<(), IndexError> {
+        self.clear_source(source, sink)?;
+        if let Some(slot) = self.inner.sources.write().get_mut(source.0 as usize) {
+            *slot = None;
+        }
+        Ok(())
+    }
+
+    /// Forgets a pod: every source of it is cleared and unregistered.
+    pub fn forget_pod(&self, pod: &str, sink: &mut impl DeltaSink) {
+        for source in self.sources_of_pod(pod) {
+            // A concurrent removal of the same source is harmless: it is gone either way.
+            let _ = self.remove_source(source, sink);
+        }
+    }
+}
+
+/// Where a mutation's effects go: the sink and the entry counters, for one source's pod.
+struct Out<'a, S: DeltaSink> {
+    index: &'a Index,
+    sink: &'a mut S,
+    pod: u32,
+    engine: Engine,
+    /// The pod's counter, looked up once per call rather than once per field.
+    pod_entries: Arc<EntryCounter>,
+}
+
+impl<S: DeltaSink> Out<'_, S> {
+    /// Counts a pod-level field change (whole index and this pod) and hands it to the sink.
+    fn field(
+        &mut self,
+        model: u32,
+        std: u64,
+        before: Option<FieldValue>,
+        after: Option<FieldValue>,
+    ) {
+        if before == after {
+            return;
+        }
+        self.index.inner.entries.record(before, after);
+        self.pod_entries.record(before, after);
+        self.sink.push(Delta::Field {
+            model: ModelId(model),
+            std_hash: std,
+            pod: PodId(self.pod),
+            value: after,
+        });
+    }
+
+    /// Tells the sink that `engine_hash` now maps to `std`, or to nothing; clones the hash
+    /// only when the sink wants mappings.
+    fn mapping(&mut self, engine_hash: &BlockHash, std: Option<u64>) {
+        if self.sink.wants_mappings() {
+            self.mapping_owned(engine_hash.clone(), std);
+        }
+    }
+
+    fn mapping_owned(&mut self, engine_hash: BlockHash, std: Option<u64>) {
+        self.sink.push(Delta::Mapping {
+            pod: PodId(self.pod),
+            engine: self.engine,
+            engine_hash,
+            std_hash: std,
+        });
+    }
+}
+
+/// One source's events being applied: the state every step shares.
+struct Mutation<'a, S: DeltaSink> {
+    state: &'a mut SourceState,
+    out: Out<'a, S>,
+    /// Unix second recorded as the store time.
+    now: u32,
+    stats: ApplyStats,
+}
+
+impl<'a, S: DeltaSink> Mutation<'a, S> {
+    fn new(index: &'a Index, state: &'a mut SourceState, sink: &'a mut S, now: u32) -> Self {
+        let out = Out {
+            index,
+            sink,
+            pod: state.pod,
+            engine: state.engine,
+            pod_entries: index.inner.pod_entries.of(state.pod),
+        };
+        Mutation {
+            state,
+            out,
+            now,
+            stats: ApplyStats::default(),
+        }
+    }
+
+    fn stored(&mut self, stored: &BlockStored) {
+        let blocks = stored.block_hashes.len() as u64;
+        if !self
+            .state
+            .is_main_group(stored.group_idx, stored.kv_cache_spec_kind.as_deref())
+        {
+            self.stats.skipped_group_blocks += blocks;
+            return;
+        }
+        let model = match &stored.lora_name {
+            Some(name) => self.out.index.intern_model(name).0,
+            None => self.state.base_model,
+        };
+        let media = MediaSet::single(stored.medium);
+        let tokenless = stored.token_ids.is_empty();
+        for (i, hash) in stored.block_hashes.iter().enumerate() {
+            let std = if tokenless {
+                None
+            } else {
+                Some(std_hash(stored.block_tokens(i)))
+            };
+            self.store_block(model, hash, std, media);
+        }
+    }
+
+    /// Stores one engine block; `std` is `None` for a tokenless tier copy.
+    fn store_block(&mut self, model: u32, hash: &BlockHash, std: Option<u64>, media: MediaSet) {
+        let existing = self
+            .state
+            .find_mut(hash, model)
+            .map(|(m, slot)| (m, slot.std(), slot.media()));
+        let (model, std, added, new_copy) = match (existing, std) {
+            (None, None) => {
+                self.stats.unresolved_stores += 1;
+                return;
+            }
+            (Some((m, old_std, old_media)), None) => {
+                (m, old_std, media.difference(old_media), false)
+            }
+            (Some((m, old_std, old_media)), Some(std)) if m == model && old_std == std => {
+                (m, std, media.difference(old_media), false)
+            }
+            (Some((m, old_std, old_media)), Some(std)) => {
+                // The engine reused a hash for other content: the old block is gone.
+                self.state.remove(m, hash);
+                self.drop_engine_media(m, old_std, old_media, true);
+                self.insert_slot(model, hash, std, media);
+                (model, std, media, true)
+            }
+            (None, Some(std)) => {
+                self.insert_slot(model, hash, std, media);
+                (model, std, media, true)
+            }
+        };
+        if !new_copy {
+            if let Some((_, slot)) = self.state.find_mut(hash, model) {
+                slot.set_media(slot.media().union(media));
+            }
+        }
+        if self.add_engine_media(model, std, added, new_copy) {
+            self.stats.duplicate_engine_hashes += 1;
+        }
+        self.out.mapping(hash, Some(std));
+        self.stats.blocks_stored += 1;
+    }
+
+    /// Adds an engine slot. Int keys hold only the 64 bits, so a hash with the same bits
+    /// and the other sign (found by fuzzing) is displaced: that block is dropped like a
+    /// reused hash, its mapping key included.
+    fn insert_slot(&mut self, model: u32, hash: &BlockHash, std: u64, media: MediaSet) {
+        let Some((twin, old)) = self.state.insert(model, hash, std, media) else {
+            return;
+        };
+        self.drop_engine_media(model, old.std(), old.media(), true);
+        self.out.mapping(&twin, None);
+    }
+
+    /// Records `added` media (and a new engine copy) on the source's resident of the block;
+    /// returns whether the block is now held through more than one engine hash.
+    fn add_engine_media(&mut self, model: u32, std: u64, added: MediaSet, new_copy: bool) -> bool {
+        let Some(blocks) = self.out.index.blocks_of(model) else {
+            return false;
+        };
+        let (pod, rank, now) = (self.state.pod, self.state.rank, self.now);
+        let mut entry = match blocks.entry(std) {
+            Entry::Vacant(vacant) => {
+                vacant.insert(Residents::One(Resident::new(pod, rank, now, added)));
+                let value = FieldValue {
+                    stored_at: now,
+                    media: added,
+                };
+                self.out.field(model, std, None, Some(value));
+                return false;
+            }
+            Entry::Occupied(occupied) => occupied,
+        };
+        let residents = entry.get_mut();
+        let before = residents.pod_value(pod);
+        let mut duplicate = false;
+        match residents.find_mut(pod, rank) {
+            None => residents.push(Resident::new(pod, rank, now, added)),
+            Some(resident) => {
+                let copies = resident.copies();
+                if new_copy {
+                    duplicate = true;
+                    if copies == 1 {
+                        let mut counts = [0u16; MEDIA_SLOTS];
+                        for m in resident.media().iter() {
+                            counts[m.slot() as usize] = 1;
+                        }
+                        self.state.dups.insert((model, std), counts);
+                    }
+                    resident.set_copies(copies.saturating_add(1));
+                }
+                if resident.copies() > 1 {
+                    if let Some(counts) = self.state.dups.get_mut(&(model, std)) {
+                        for m in added.iter() {
+                            let c = &mut counts[m.slot() as usize];
+                            *c = c.saturating_add(1);
+                        }
+                    }
+                }
+                resident.set_media(resident.media().union(added));
+                resident.stored_at = now;
+            }
+        }
+        let after = residents.pod_value(pod);
+        drop(entry);
+        self.out.field(model, std, before, after);
+        duplicate
+    }
+
+    /// Takes `removed` media off the source's resident of the block; `slot_gone` when the
+    /// engine block itself is no longer held.
+    fn drop_engine_media(&mut self, model: u32, std: u64, removed: MediaSet, slot_gone: bool) {
+        let Some(blocks) = self.out.index.blocks_of(model) else {
+            return;
+        };
+        let (pod, rank) = (self.state.pod, self.state.rank);
+        let Entry::Occupied(mut entry) = blocks.entry(std) else {
+            return;
+        };
+        let residents = entry.get_mut();
+        let before = residents.pod_value(pod);
+        let Some(resident) = residents.find_mut(pod, rank) else {
+            return;
+        };
+        let copies = resident.copies();
+        if copies > 1 {
+            let counts = self
+                .state
+                .dups
+                .entry((model, std))
+                .or_insert([0; MEDIA_SLOTS]);
+            for m in removed.iter() {
+                let c = &mut counts[m.slot() as usize];
+                *c = c.saturating_sub(1);
+            }
+            let mut media = MediaSet::EMPTY;
+            for (slot, c) in counts.iter().enumerate() {
+                if *c > 0 {
+                    media.insert(slot_medium(slot));
+                }
+            }
+            resident.set_media(media);
+        } else {
+            resident.set_media(resident.media().difference(removed));
+        }
+        let mut drop_resident = resident.media().is_empty();
+        if slot_gone {
+            let left = copies.saturating_sub(1);
+            resident.set_copies(left);
+            if left <= 1 {
+                self.state.dups.remove(&(model, std));
+            }
+            drop_resident |= left == 0;
+        }
+        let after = if drop_resident {
+            if residents.remove(pod, rank) {
+                entry.remove();
+                None
+            } else {
+                entry.get().pod_value(pod)
+            }
+        } else {
+            residents.pod_value(pod)
+        };
+        self.out.field(model, std, before, after);
+    }
+
+    fn removed(&mut self, removed: &BlockRemoved) {
+        if !self.state.is_main_group(removed.group_idx, None) {
+            self.stats.skipped_group_blocks += removed.block_hashes.len() as u64;
+            return;
+        }
+        let mask = if removed.medium.is_none() {
+            MediaSet::from_bits(ALL_MEDIA)
+        } else {
+            // A block stored without a medium may be on any tier: any remove takes it off.
+            let mut mask = removed.medium.same_tier_mask();
+            mask.insert(Medium::NONE);
+            mask
+        };
+        let base = self.state.base_model;
+        for hash in &removed.block_hashes {
+            let Some((model, slot)) = self.state.find_mut(hash, base) else {
+                self.stats.unknown_removes += 1;
+                continue;
+            };
+            let taken = MediaSet::from_bits(slot.media().bits() & mask.bits());
+            if taken.is_empty() {
+                self.stats.noop_removes += 1;
+                continue;
+            }
+            let left = slot.media().difference(taken);
+            slot.set_media(left);
+            let std = slot.std();
+            let gone = left.is_empty();
+            if gone {
+                self.state.remove(model, hash);
+                self.out.mapping(hash, None);
+            }
+            self.drop_engine_media(model, std, taken, gone);
+            self.stats.blocks_removed += 1;
+        }
+    }
+
+    /// Drops every block of the source: its residents, then its engine-hash maps.
+    fn clear(&mut self) {
+        let (pod, rank) = (self.state.pod, self.state.rank);
+        let wants_mappings = self.out.sink.wants_mappings();
+        for map in &self.state.maps {
+            let Some(blocks) = self.out.index.blocks_of(map.model) else {
+                continue;
+            };
+            for slot in map.slots() {
+                let std = slot.std();
+                let Entry::Occupied(mut entry) = blocks.entry(std) else {
+                    continue;
+                };
+                let before = entry.get().pod_value(pod);
+                if entry.get_mut().find_mut(pod, rank).is_none() {
+                    continue;
+                }
+                let after = if entry.get_mut().remove(pod, rank) {
+                    entry.remove();
+                    None
+                } else {
+                    entry.get().pod_value(pod)
+                };
+                self.out.field(map.model, std, before, after);
+            }
+            if wants_mappings {
+                for (engine_hash, _) in map.entries() {
+                    self.out.mapping_owned(engine_hash, None);
+                }
+            }
+        }
+        self.state.clear();
+    }
+}

@@ -1,0 +1,107 @@
+//! Resident (block, pod) entry counters, kept as fields change so that metrics and
+//! `GET /v1/pods` read them in O(1) instead of walking the index.
+//!
+//! Every pod-level field change passes through [`EntryCounter::record`] twice: once for the
+//! whole index and once for the pod it belongs to. A change is computed under the block's
+//! map lock, so the counters are exact whenever no apply is in flight.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::delta::FieldValue;
+use super::{Index, PodId};
+use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
+
+/// Entries in total and per medium slot.
+#[derive(Default)]
+pub(crate) struct EntryCounter {
+    total: AtomicI64,
+    by_slot: [AtomicI64; MEDIA_SLOTS],
+}
+
+impl EntryCounter {
+    /// Counts one pod-level field going from `before` to `after`.
+    pub(crate) fn record(&self, before: Option<FieldValue>, after: Option<FieldValue>) {
+        let media = |v: Option<FieldValue>| v.map_or(MediaSet::EMPTY, |v| v.media);
+        let (old, new) = (media(before), media(after));
+        for m in old.difference(new).iter() {
+            self.by_slot[m.slot() as usize].fetch_sub(1, Ordering::Relaxed);
+        }
+        for m in new.difference(old).iter() {
+            self.by_slot[m.slot() as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        let delta = i64::from(after.is_some()) - i64::from(before.is_some());
+        if delta != 0 {
+            self.total.fetch_add(delta, Ordering::Relaxed);
+        }
+    }
+
+    /// The total and the non-zero counts per medium spelling (`""` = no medium reported).
+    fn snapshot(&self) -> (u64, Vec<(&'static str, u64)>) {
+        let total = self.total.load(Ordering::Relaxed).max(0) as u64;
+        let per_medium = self
+            .by_slot
+            .iter()
+            .enumerate()
+            .map(|(slot, n)| {
+                (
+                    slot_medium(slot).spelling(),
+                    n.load(Ordering::Relaxed).max(0) as u64,
+                )
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        (total, per_medium)
+    }
+}
+
+/// One [`EntryCounter`] per pod id (ids are dense: the pod interner hands them out in order).
+#[derive(Default)]
+pub(crate) struct PodCounters {
+    by_pod: RwLock<Vec<Arc<EntryCounter>>>,
+}
+
+impl PodCounters {
+    /// The counter of `pod`, created on first use.
+    pub(crate) fn of(&self, pod: u32) -> Arc<EntryCounter> {
+        if let Some(counter) = self.get(pod) {
+            return counter;
+        }
+        let mut by_pod = self.by_pod.write();
+        while by_pod.len() <= pod as usize {
+            by_pod.push(Arc::default());
+        }
+        by_pod[pod as usize].clone()
+    }
+
+    fn get(&self, pod: u32) -> Option<Arc<EntryCounter>> {
+        self.by_pod.read().get(pod as usize).cloned()
+    }
+}
+
+/// The medium of a slot number.
+pub(crate) fn slot_medium(slot: usize) -> Medium {
+    MediaSet::from_bits(1 << slot)
+        .iter()
+        .next()
+        .unwrap_or(Medium::NONE)
+}
+
+impl Index {
+    /// Resident (block, pod) entries and their count per medium spelling, without walking the
+    /// index (kept up to date as fields change; for metrics).
+    pub fn entry_counts(&self) -> (u64, Vec<(&'static str, u64)>) {
+        self.inner.entries.snapshot()
+    }
+
+    /// The same figures for one pod (over all its DP ranks), in O(1): what `GET /v1/pods`
+    /// reports. A pod never registered has none.
+    pub fn pod_entry_counts(&self, pod: PodId) -> (u64, Vec<(&'static str, u64)>) {
+        self.inner
+            .pod_entries
+            .get(pod.0)
+            .map_or((0, Vec::new()), |counter| counter.snapshot())
+    }
+}

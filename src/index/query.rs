@@ -1,0 +1,184 @@
+//! The read side of the index: names of ids, owners of a block, walks, dump and size figures.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use super::counters::slot_medium;
+use super::delta::FieldValue;
+use super::residents::{self, Resident, Residents};
+use super::source::{table_bytes, SourceState};
+use super::{Index, ModelBlocks, ModelId, PodId};
+use crate::medium::{MediaSet, MEDIA_SLOTS};
+use crate::wire::{BlockHash, Engine};
+
+/// One resident (block, pod) in the canonical dump form.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
+pub struct DumpEntry {
+    /// Model name.
+    pub model: String,
+    /// Standardized hash, decimal.
+    pub std_hash: String,
+    /// Pod identifier.
+    pub pod: String,
+    /// Media spellings, sorted (empty when no medium was reported).
+    pub media: Vec<String>,
+    /// Unix second of the last store.
+    pub stored_at: u32,
+}
+
+/// Size figures of the index.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct IndexStats {
+    /// Distinct (model, std hash) blocks.
+    pub blocks: usize,
+    /// Resident (block, pod) entries.
+    pub entries: usize,
+    /// Engine hashes held over all sources.
+    pub engine_hashes: usize,
+    /// Registered sources.
+    pub sources: usize,
+    /// (block, pod) entries per medium spelling (`""` = no medium reported).
+    pub entries_by_medium: Vec<(String, usize)>,
+    /// Estimated heap bytes of the index tables.
+    pub heap_bytes: usize,
+}
+
+impl Index {
+    /// The id of a model name, if any block or source ever used it.
+    pub fn model_id(&self, name: &str) -> Option<ModelId> {
+        self.inner.models.get(name).map(ModelId)
+    }
+
+    /// The id of a pod identifier, if it was ever registered.
+    pub fn pod_id(&self, name: &str) -> Option<PodId> {
+        self.inner.pods.get(name).map(PodId)
+    }
+
+    /// The name of a model id.
+    pub fn model_name(&self, id: ModelId) -> Arc<str> {
+        self.inner.models.name(id.0)
+    }
+
+    /// The identifier of a pod id.
+    pub fn pod_name(&self, id: PodId) -> Arc<str> {
+        self.inner.pods.name(id.0)
+    }
+
+    /// Calls `visit(pod, media, stored_at)` for every resident of a block. A pod with several
+    /// DP ranks holding the block is visited once per rank; callers combine them.
+    pub fn for_each_resident(
+        &self,
+        model: ModelId,
+        std_hash: u64,
+        mut visit: impl FnMut(PodId, MediaSet, u32),
+    ) {
+        let Some(blocks) = self.blocks_of(model.0) else {
+            return;
+        };
+        if let Some(entry) = blocks.get(&std_hash) {
+            for r in entry.as_slice() {
+                visit(PodId(r.pod()), r.media(), r.stored_at);
+            }
+        };
+    }
+
+    /// Calls `visit` with the pod-level value of every resident (block, pod), in no order.
+    pub fn for_each_field(&self, mut visit: impl FnMut(ModelId, u64, PodId, FieldValue)) {
+        let models: Vec<Arc<ModelBlocks>> = self.inner.blocks.read().clone();
+        for (model, blocks) in models.iter().enumerate() {
+            for entry in blocks.iter() {
+                let residents = entry.value().as_slice();
+                for (i, r) in residents.iter().enumerate() {
+                    // Visit each pod once: at its first resident.
+                    if residents[..i].iter().any(|p| p.pod() == r.pod()) {
+                        continue;
+                    }
+                    if let Some(value) = residents::pod_value(residents, r.pod()) {
+                        visit(ModelId(model as u32), *entry.key(), PodId(r.pod()), value);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls `visit(pod, engine, engine_hash, std_hash)` for every engine hash held.
+    pub fn for_each_mapping(&self, mut visit: impl FnMut(PodId, Engine, BlockHash, u64)) {
+        for source in self.live_sources() {
+            let state = source.lock();
+            for map in &state.maps {
+                for (hash, slot) in map.entries() {
+                    visit(PodId(state.pod), state.engine, hash, slot.std());
+                }
+            }
+        }
+    }
+
+    /// The whole index in canonical sorted form.
+    pub fn dump(&self) -> Vec<DumpEntry> {
+        let mut out = Vec::new();
+        self.for_each_field(|model, std, pod, value| {
+            out.push(DumpEntry {
+                model: self.model_name(model).to_string(),
+                std_hash: std.to_string(),
+                pod: self.pod_name(pod).to_string(),
+                media: value
+                    .media
+                    .spellings()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect(),
+                stored_at: value.stored_at,
+            });
+        });
+        out.sort();
+        out
+    }
+
+    /// Size figures (walks the whole index: for summaries and periodic metrics).
+    pub fn stats(&self) -> IndexStats {
+        let mut stats = IndexStats::default();
+        let mut by_medium = [0usize; MEDIA_SLOTS];
+        self.for_each_field(|_, _, _, value| {
+            stats.entries += 1;
+            for m in value.media.iter() {
+                by_medium[m.slot() as usize] += 1;
+            }
+        });
+        let models: Vec<Arc<ModelBlocks>> = self.inner.blocks.read().clone();
+        for blocks in &models {
+            stats.blocks += blocks.len();
+            stats.heap_bytes += table_bytes::<u64, Residents>(blocks.capacity());
+            for entry in blocks.iter() {
+                if let Residents::Many(v) = entry.value() {
+                    stats.heap_bytes += 24 + v.capacity() * std::mem::size_of::<Resident>();
+                }
+            }
+        }
+        for source in self.live_sources() {
+            let state = source.lock();
+            stats.sources += 1;
+            stats.engine_hashes += state.len();
+            stats.heap_bytes += state.heap_bytes();
+        }
+        stats.entries_by_medium = by_medium
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(slot, n)| (slot_medium(slot).spelling().to_owned(), *n))
+            .collect();
+        stats
+    }
+
+    /// The registered sources, cloned out so no source lock is taken under the list's lock.
+    fn live_sources(&self) -> Vec<Arc<Mutex<SourceState>>> {
+        self.inner
+            .sources
+            .read()
+            .iter()
+            .flatten()
+            .cloned()
+            .collect()
+    }
+}
