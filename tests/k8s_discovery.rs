@@ -598,7 +598,13 @@ async fn a_bad_kubeconfig_fails_the_start_naming_the_file() {
     let Err(err) = Daemon::start(config, None, test_limits()).await else {
         panic!("started with a missing kubeconfig");
     };
-    let text = format!("{err:#}");
+    let mut text = err.to_string();
+    let mut cause = std::error::Error::source(&err);
+    while let Some(c) = cause {
+        text += &format!(": {c}");
+        cause = c.source();
+    }
+    assert!(text.contains("Kubernetes discovery"), "{text}");
     assert!(text.contains("missing-kubeconfig"), "{text}");
 }
 
