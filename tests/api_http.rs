@@ -463,13 +463,10 @@ async fn pods_reports_resident_counts_of_the_real_supervisor() {
         vec![json!({"GPU": 2}), json!({"CPU": 4}), json!({})]
     );
     let a = index.sources_of_pod("a.ns")[0];
-    let remove = Event::BlockRemoved(BlockRemoved {
-        block_hashes: vec![BlockHash::from_i64(2)],
-        medium: Medium::intern("GPU"),
-        group_idx: None,
-        locality: None,
-        ownership: None,
-    });
+    let remove = Event::BlockRemoved(BlockRemoved::new(
+        vec![BlockHash::from_i64(2)],
+        Medium::intern("GPU"),
+    ));
     index
         .apply(a, &EngineBatch::of(vec![remove]), 101, &mut Discard)
         .unwrap();

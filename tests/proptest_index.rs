@@ -111,13 +111,9 @@ fn to_event(op: &Op) -> Event {
                 ..BlockStored::new(hashes.clone(), tokens, BLOCK_SIZE as u32, medium(m))
             })
         }
-        Op::Remove { hashes, medium: m } => Event::BlockRemoved(BlockRemoved {
-            block_hashes: hashes.clone(),
-            medium: medium(m),
-            group_idx: None,
-            locality: None,
-            ownership: None,
-        }),
+        Op::Remove { hashes, medium: m } => {
+            Event::BlockRemoved(BlockRemoved::new(hashes.clone(), medium(m)))
+        }
         Op::Clear => Event::AllBlocksCleared,
     }
 }

@@ -194,13 +194,7 @@ fn stored(hash: u64, tokens: Vec<u32>, medium: Medium) -> Event {
 }
 
 fn removed(hash: u64, medium: Medium) -> Event {
-    Event::BlockRemoved(BlockRemoved {
-        block_hashes: vec![BlockHash::Int(hash)],
-        medium,
-        group_idx: None,
-        locality: None,
-        ownership: None,
-    })
+    Event::BlockRemoved(BlockRemoved::new(vec![BlockHash::Int(hash)], medium))
 }
 
 fn batch(events: Vec<Event>) -> EngineBatch {

@@ -7,12 +7,14 @@
 //! | `mod.rs` | [`Daemon`]: start in order, shut down in order, [`DaemonError`] |
 //! | `health.rs` | the `/metrics`, `/healthz`, `/readyz` router |
 //! | `gauges.rs` | the loop that refreshes gauges computed from state |
+//! | `reload.rs` | hot reload: config file changes (notify) and SIGHUP → the supervisor's new target set |
 //!
 //! Shutdown follows one order, bounded by one deadline: stop accepting (listeners, config
 //! reload, gauges) → stop subscribers → flush the mirror → exit.
 
 mod gauges;
 mod health;
+mod reload;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,8 +32,9 @@ use crate::config::{ApiConfig, Config};
 use crate::index::Index;
 use crate::ingest::discovery::{self, DiscoveryError, DiscoveryHealth};
 use crate::ingest::replay_client::ReplayLimits;
-use crate::ingest::supervisor::{reload_loop, Supervisor};
+use crate::ingest::supervisor::Supervisor;
 use crate::store::redis::{MirrorError, MirrorHandle, MirrorStop};
+use reload::reload_loop;
 
 /// Why a daemon could not start.
 #[derive(Debug, thiserror::Error)]

@@ -22,13 +22,10 @@ fn stored(hashes: &[i64], tokens: Vec<u32>, medium: &str) -> Event {
 }
 
 fn removed(hashes: &[i64], medium: &str) -> Event {
-    Event::BlockRemoved(BlockRemoved {
-        block_hashes: hashes.iter().map(|h| BlockHash::from_i64(*h)).collect(),
-        medium: Medium::intern(medium),
-        group_idx: None,
-        locality: None,
-        ownership: None,
-    })
+    Event::BlockRemoved(BlockRemoved::new(
+        hashes.iter().map(|h| BlockHash::from_i64(*h)).collect(),
+        Medium::intern(medium),
+    ))
 }
 
 fn batch(events: Vec<Event>) -> EngineBatch {
@@ -256,13 +253,10 @@ fn signed_and_unsigned_hashes_with_the_same_bits_stay_distinct() {
             &mut Discard,
         )
         .unwrap();
-    let unsigned = Event::BlockRemoved(BlockRemoved {
-        block_hashes: vec![BlockHash::Int(u64::MAX)],
-        medium: Medium::GPU,
-        group_idx: None,
-        locality: None,
-        ownership: None,
-    });
+    let unsigned = Event::BlockRemoved(BlockRemoved::new(
+        vec![BlockHash::Int(u64::MAX)],
+        Medium::GPU,
+    ));
     let stats = index
         .apply(src, &batch(vec![unsigned]), 2, &mut Discard)
         .unwrap();

@@ -1,4 +1,4 @@
-//! Getting engine messages into the index: recorded fixtures now, ZMQ subscribers (issue 4).
+//! Getting engine messages into the index: recorded fixtures and live ZMQ subscribers.
 //!
 //! | file | job |
 //! | --- | --- |
@@ -9,7 +9,8 @@
 //! | `offline.rs` | [`OfflineReplay`], [`replay_files`]: recorded streams through the same path |
 //! | `subscriber.rs` | one SUB socket + task per (target, DP rank): connect loop, recv, replay I/O |
 //! | `replay_client.rs` | the replay DEALER: request, both reply shapes, contiguity |
-//! | `supervisor/` | the target set, hot reload, `PodsView` |
+//! | `target.rs` | [`Target`], [`TcpEndpoint`]: one engine pod to subscribe to |
+//! | `supervisor/` | the target set: start, stop, restart and forget targets; `PodsView` |
 //! | `status.rs` | [`PodStatus`] and [`PodsView`]: what `GET /v1/pods` reads from ingest |
 //! | `discovery/` | targets from the Kubernetes API (pods → targets, restarts by identity) |
 
@@ -23,12 +24,14 @@ mod stats;
 mod status;
 pub mod subscriber;
 pub mod supervisor;
+mod target;
 
 pub use offline::{load_files, replay_files, LoadedFile, OfflineError, OfflineReplay};
 pub use pipeline::{Observer, Outcome, SourcePipeline};
 pub use seq::{SeqDecision, SeqTracker};
 pub use stats::IngestStats;
 pub use status::{PodStatus, PodsView};
+pub use target::{Target, TcpEndpoint, MAX_DP_RANKS};
 
 /// The current unix second, the store time recorded in the index.
 pub fn unix_now() -> u32 {

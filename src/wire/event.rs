@@ -212,6 +212,20 @@ pub struct BlockRemoved {
     pub ownership: Passthrough,
 }
 
+impl BlockRemoved {
+    /// A remove of `block_hashes` from `medium` ([`Medium::NONE`] = every medium), with the
+    /// optional fields (KV-cache group, locality, ownership) absent.
+    pub fn new(block_hashes: Vec<BlockHash>, medium: Medium) -> BlockRemoved {
+        BlockRemoved {
+            block_hashes,
+            medium,
+            group_idx: None,
+            locality: None,
+            ownership: None,
+        }
+    }
+}
+
 /// One normalized KV-cache event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {

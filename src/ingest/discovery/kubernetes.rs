@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::model::{observe, Roster, RosterUpdate};
-use crate::config::kubernetes::{ClusterAccess, KubernetesConfig};
+use super::settings::{ClusterAccess, KubernetesConfig};
 use crate::ingest::supervisor::{DiscoveredTarget, Supervisor};
 use crate::metrics::WatchErrorReason;
 

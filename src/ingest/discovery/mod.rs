@@ -2,6 +2,7 @@
 //!
 //! | file | job |
 //! | --- | --- |
+//! | `settings.rs` | [`KubernetesConfig`]: API access, namespaces, selector, per-pod defaults |
 //! | `model.rs` | pure: pod object → target (annotations over defaults), identity, [`Roster`] |
 //! | `kubernetes.rs` | kube-rs watcher + reflector per namespace → [`Roster`] → supervisor |
 //!
@@ -10,8 +11,10 @@
 
 pub mod kubernetes;
 pub mod model;
+pub mod settings;
 
 pub use kubernetes::{
     client_for, spawn, DiscoveryError, DiscoveryHealth, DiscoveryStatus, KubernetesDiscovery,
 };
 pub use model::{observe, AnnotationError, PodObservation, Roster, RosterUpdate};
+pub use settings::{ClusterAccess, KubernetesConfig, PodDefaults};

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::config::kubernetes::{check_port_ranges, port_number, PodDefaults};
-use crate::config::{Target, TcpEndpoint, MAX_DP_RANKS};
+use super::settings::{check_port_ranges, port_number, PodDefaults};
 use crate::ingest::supervisor::{DiscoveredTarget, EngineIdentity};
+use crate::ingest::{Target, TcpEndpoint, MAX_DP_RANKS};
 use crate::metrics::{IdentityChange, PodSkipReason};
 use crate::wire::Engine;
 

@@ -1,6 +1,6 @@
 //! Where a target came from, and what identifies the engine process behind it.
 
-use crate::config::Target;
+use crate::ingest::Target;
 
 /// Which part of the daemon asked for a target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]

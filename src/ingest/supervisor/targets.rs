@@ -10,11 +10,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::sourced::{DiscoveredTarget, EngineIdentity, TargetSource};
-use crate::config::Target;
 use crate::index::{Delta, DeltaMirror, Index};
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::status::{resident_blocks, PodStatus, PodsView};
 use crate::ingest::subscriber::{self, LinkState, RankStatus, SubscriberCtx, SubscriberSpec};
+use crate::ingest::Target;
 
 /// How long a stopping target's tasks may take before they are aborted.
 const STOP_DEADLINE: Duration = Duration::from_secs(2);

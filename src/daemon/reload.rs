@@ -9,8 +9,8 @@ use tokio::sync::mpsc::{Receiver, Sender};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::targets::Supervisor;
 use crate::config::{Config, ProcessEnv};
+use crate::ingest::supervisor::Supervisor;
 
 /// Quiet time after a change before the file is read (editors write in several steps).
 const DEBOUNCE: Duration = Duration::from_millis(200);
