@@ -223,3 +223,25 @@ proptest! {
         prop_assert!(memo.calls.get() <= decode_pass + groups_with_prefills.len());
     }
 }
+
+/// README: "ties by request order" — for decodes and for a group's best prefill. Names are
+/// given in reverse alphabetical order so that a name-order tie break would fail.
+#[test]
+fn ties_keep_request_order_for_decodes_and_prefills() {
+    let table: Vec<(String, f64)> = ["zd", "md", "ad", "zp", "ap"]
+        .iter()
+        .map(|n| ((*n).to_owned(), 3.0))
+        .collect();
+    let decodes: Vec<DecodeCandidate<'_>> = ["zd", "md", "ad"]
+        .iter()
+        .map(|pod| DecodeCandidate {
+            pod,
+            group: "g",
+            score: None,
+        })
+        .collect();
+    let groups: Vec<(&str, Vec<&str>)> = vec![("g", vec!["zp", "ap"])];
+    let pairs = schedule(&decodes, groups.as_slice(), 2, &mut Counting::new(&table)).unwrap();
+    let order: Vec<(&str, &str)> = pairs.iter().map(|p| (p.decode, p.prefill)).collect();
+    assert_eq!(order, [("zd", "zp"), ("md", "zp")]);
+}
