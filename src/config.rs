@@ -19,10 +19,11 @@ use crate::medium::{TierWeights, WeightError};
 use crate::store::redis::{RedisConfig, ValueFormat};
 use crate::wire::Engine;
 
-pub use crate::ingest::{Target, TcpEndpoint};
+pub use crate::ingest::{Target, TcpEndpoint, MAX_DP_RANKS};
 
-/// Highest DP rank count per target (ranks are `u8` in the index).
-pub const MAX_DP_RANKS: u32 = 256;
+pub mod kubernetes;
+
+use kubernetes::{validate_kubernetes, KubernetesConfig, RawDiscovery};
 
 /// The file as written: every section optional, unknown keys rejected.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -46,6 +47,9 @@ pub struct RawConfig {
     /// Engine pods to subscribe to.
     #[serde(default)]
     pub targets: Vec<Spanned<RawTarget>>,
+    /// Engine pods found at run time (`discovery.kubernetes`).
+    #[serde(default)]
+    pub discovery: Option<RawDiscovery>,
 }
 
 /// `redis:` as written.
@@ -119,6 +123,8 @@ pub struct Config {
     pub weights: TierWeights,
     /// Targets, in file order.
     pub targets: Vec<Target>,
+    /// Kubernetes discovery of more targets, when configured.
+    pub discovery: Option<KubernetesConfig>,
 }
 
 /// HTTP API settings.
@@ -302,6 +308,10 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
     let metrics_listen = validate_metrics(raw.metrics, env, &mut issues);
     let weights = validate_weights(raw.tier_weights, raw.unknown_medium_weight, &mut issues);
     let targets = validate_targets(raw.targets, &mut issues);
+    let discovery = raw
+        .discovery
+        .and_then(|d| d.kubernetes)
+        .and_then(|k| validate_kubernetes(k, env, &mut issues));
     if issues.0.is_empty() {
         Ok(Config {
             redis,
@@ -309,6 +319,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
             metrics_listen,
             weights,
             targets,
+            discovery,
         })
     } else {
         Err(ConfigError::Invalid(issues.0))
@@ -670,6 +681,7 @@ impl Config {
                 "topic": t.topic,
                 "dp_ranks": t.dp_ranks,
             })).collect::<Vec<_>>(),
+            "discovery": {"kubernetes": self.discovery.as_ref().map(KubernetesConfig::to_json)},
         })
     }
 }

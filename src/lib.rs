@@ -19,7 +19,7 @@
 //! | [`index`] | in-memory residency index, emits deltas |
 //! | [`redis_layout`] | kthena's Redis keys and values, written by `store`, read by `score`; URL redaction |
 //! | [`store`] | Redis mirror of the index (kthena layout) |
-//! | [`ingest`] | ZMQ subscribers, sequence tracking, replay, fixtures, targets |
+//! | [`ingest`] | ZMQ subscribers, sequence tracking, replay, fixtures, targets, Kubernetes discovery |
 //! | [`score`] | longest-prefix scoring, PD pairing |
 //! | [`api`] | HTTP query service |
 //! | [`config`] | the YAML config file |

@@ -87,7 +87,8 @@ fn describe() {
         "Subscriber connections established."
     );
     describe_gauge!("kvindex_targets_connected", "DP-rank sockets connected.");
-    describe_gauge!("kvindex_targets", "Configured targets.");
+    describe_gauge!("kvindex_targets", "Running targets, by source.");
+    describe_discovery();
     describe_counter!(
         "kvindex_reloads_refused_total",
         "Config reloads refused because the new file was invalid."
@@ -231,18 +232,18 @@ impl SourceMetrics {
     }
 }
 
-/// The number of configured targets.
-pub fn targets(n: usize) {
-    gauge!("kvindex_targets").set(n as f64);
+/// The number of running targets from `source` (`static`, `kubernetes`).
+pub fn targets(source: &'static str, n: usize) {
+    gauge!("kvindex_targets", "source" => source).set(n as f64);
 }
 
 /// Last-message ages per target, kept here rather than in the recorder: the recorder cannot
 /// delete one series, and a forgotten target must vanish, not read as "just heard from".
-static AGES: Mutex<BTreeMap<String, f64>> = Mutex::new(BTreeMap::new());
+static AGES: Mutex<BTreeMap<String, (&'static str, f64)>> = Mutex::new(BTreeMap::new());
 
 /// Seconds since the last message of target `pod` (label bounded by the target list).
-pub fn last_message_age(pod: &str, seconds: f64) {
-    AGES.lock().insert(pod.to_owned(), seconds);
+pub fn last_message_age(pod: &str, source: &'static str, seconds: f64) {
+    AGES.lock().insert(pod.to_owned(), (source, seconds));
 }
 
 /// Removes the per-target series of a removed target.
@@ -266,13 +267,13 @@ pub fn render(handle: &PrometheusHandle) -> String {
         "# HELP kvindex_last_message_age_seconds Seconds since the last message of a target.\n",
     );
     text.push_str("# TYPE kvindex_last_message_age_seconds gauge\n");
-    for (pod, age) in ages.iter() {
+    for (pod, (source, age)) in ages.iter() {
         let pod = pod
             .replace('\\', "\\\\")
             .replace('"', "\\\"")
             .replace('\n', "\\n");
         text.push_str(&format!(
-            "kvindex_last_message_age_seconds{{pod=\"{pod}\"}} {age}\n"
+            "kvindex_last_message_age_seconds{{pod=\"{pod}\",source=\"{source}\"}} {age}\n"
         ));
     }
     text
@@ -292,6 +293,142 @@ pub fn mirror(queue_depth: usize, dirty: bool, reconciling: bool, flush_p99_us: 
     gauge!("kvindex_mirror_flush_p99_seconds").set(flush_p99_us as f64 / 1e6);
 }
 
+/// Why a discovered pod was skipped: the annotation (or default) that is missing or invalid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodSkipReason {
+    /// `kvindex.io/engine`.
+    Engine,
+    /// `kvindex.io/model`.
+    Model,
+    /// `kvindex.io/port`.
+    Port,
+    /// `kvindex.io/replay-port`.
+    ReplayPort,
+    /// `kvindex.io/dp-ranks`.
+    DpRanks,
+    /// `kvindex.io/topic`.
+    Topic,
+    /// The pod's metadata lacks a name or namespace.
+    Metadata,
+}
+
+impl PodSkipReason {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodSkipReason::Engine => "engine",
+            PodSkipReason::Model => "model",
+            PodSkipReason::Port => "port",
+            PodSkipReason::ReplayPort => "replay_port",
+            PodSkipReason::DpRanks => "dp_ranks",
+            PodSkipReason::Topic => "topic",
+            PodSkipReason::Metadata => "metadata",
+        }
+    }
+}
+
+/// Why a Kubernetes list or watch failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchErrorReason {
+    /// The API server could not be reached (connection, TLS, timeout).
+    Unreachable,
+    /// 410 Gone: the resource version expired; the watcher lists again.
+    Gone,
+    /// 401/403: the service account lacks get/list/watch on pods.
+    Forbidden,
+    /// Anything else the API server answered.
+    Other,
+}
+
+impl WatchErrorReason {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchErrorReason::Unreachable => "unreachable",
+            WatchErrorReason::Gone => "gone",
+            WatchErrorReason::Forbidden => "forbidden",
+            WatchErrorReason::Other => "other",
+        }
+    }
+}
+
+/// Why a discovered target was restarted by identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityChange {
+    /// A new pod UID under the same name.
+    Uid,
+    /// A container restarted (restart count or start time changed).
+    Container,
+}
+
+impl IdentityChange {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdentityChange::Uid => "uid",
+            IdentityChange::Container => "container",
+        }
+    }
+}
+
+fn describe_discovery() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_counter!(
+        "kvindex_discovery_pods_skipped_total",
+        "Discovered pods skipped for an invalid or missing annotation, by annotation."
+    );
+    describe_gauge!(
+        "kvindex_discovery_pods_skipped",
+        "Discovered pods currently skipped."
+    );
+    describe_counter!(
+        "kvindex_discovery_watch_errors_total",
+        "Kubernetes list/watch errors, by reason (retried with backoff)."
+    );
+    describe_gauge!(
+        "kvindex_discovery_healthy",
+        "1 while the Kubernetes watch is synced and without error."
+    );
+    describe_counter!(
+        "kvindex_discovery_identity_restarts_total",
+        "Engine restarts detected from pod identity, by what changed."
+    );
+    describe_gauge!(
+        "kvindex_discovery_conflicts",
+        "Pods both in targets: and discovered (the static target wins)."
+    );
+}
+
+/// A discovered pod was skipped (counted once per pod and reason change).
+pub fn discovery_pod_skipped(reason: PodSkipReason) {
+    counter!("kvindex_discovery_pods_skipped_total", "reason" => reason.as_str()).increment(1);
+}
+
+/// Pods skipped right now.
+pub fn discovery_pods_skipped(n: usize) {
+    gauge!("kvindex_discovery_pods_skipped").set(n as f64);
+}
+
+/// A list or watch failed.
+pub fn discovery_watch_error(reason: WatchErrorReason) {
+    counter!("kvindex_discovery_watch_errors_total", "reason" => reason.as_str()).increment(1);
+}
+
+/// Whether the watch is synced and without error.
+pub fn discovery_healthy(healthy: bool) {
+    gauge!("kvindex_discovery_healthy").set(f64::from(u8::from(healthy)));
+}
+
+/// An engine restart was detected from pod identity.
+pub fn discovery_identity_restart(change: IdentityChange) {
+    counter!("kvindex_discovery_identity_restarts_total", "change" => change.as_str()).increment(1);
+}
+
+/// Pods both static and discovered.
+pub fn discovery_conflicts(n: usize) {
+    gauge!("kvindex_discovery_conflicts").set(n as f64);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,14 +437,16 @@ mod tests {
     fn a_forgotten_target_has_no_age_series() {
         // No recorder in unit tests: render from a handle of a recorder that is not global.
         let handle = PrometheusBuilder::new().build_recorder().handle();
-        last_message_age("gone.ns", 3.5);
-        last_message_age("kept.ns", 1.0);
+        last_message_age("gone.ns", "static", 3.5);
+        last_message_age("kept.ns", "kubernetes", 1.0);
         let text = render(&handle);
-        assert!(text.contains("kvindex_last_message_age_seconds{pod=\"gone.ns\"} 3.5"));
+        let gone = "kvindex_last_message_age_seconds{pod=\"gone.ns\",source=\"static\"} 3.5";
+        assert!(text.contains(gone), "{text}");
         forget_target("gone.ns");
         let text = render(&handle);
         assert!(!text.contains("gone.ns"), "{text}");
-        assert!(text.contains("kvindex_last_message_age_seconds{pod=\"kept.ns\"} 1"));
+        let kept = "kvindex_last_message_age_seconds{pod=\"kept.ns\",source=\"kubernetes\"} 1";
+        assert!(text.contains(kept), "{text}");
         forget_target("kept.ns");
     }
 }

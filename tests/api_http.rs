@@ -26,6 +26,7 @@ impl PodsView for Targets {
             engine: "vllm".into(),
             endpoint: "tcp://127.0.0.1:5557".into(),
             dp_ranks: 1,
+            source: "static".into(),
             state: "connected".into(),
             last_message_age_seconds: Some(0.5),
             resident_blocks: [("GPU".to_owned(), 3)].into_iter().collect(),

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 
 use crate::config::{ApiConfig, Config};
 use crate::index::Index;
+use crate::ingest::discovery::{self, DiscoveryError, DiscoveryHealth};
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::supervisor::Supervisor;
 use crate::store::redis::{MirrorError, MirrorHandle, MirrorStop};
@@ -52,6 +53,9 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    /// The Kubernetes client for `discovery.kubernetes` could not be built.
+    #[error("cannot start Kubernetes discovery")]
+    Discovery(#[source] DiscoveryError),
 }
 
 /// A running daemon.
@@ -64,6 +68,8 @@ pub struct Daemon {
     pub metrics_addr: SocketAddr,
     /// Where the API is served, when configured.
     pub api_addr: Option<SocketAddr>,
+    /// Kubernetes discovery's health, when discovery is configured.
+    pub discovery: Option<DiscoveryHealth>,
     cancel: CancellationToken,
     /// Child of `cancel` for what accepts work from outside (listeners, reload, gauges):
     /// cancelled first on shutdown.
@@ -100,6 +106,15 @@ impl Daemon {
         // Installed before the mirror starts, so its start-up counts are kept.
         let metrics = crate::metrics::install();
         let mirror = start_mirror(&config, &index).await?;
+        // Built before any port is bound: a bad kubeconfig fails the start.
+        let kube_client = match &config.discovery {
+            Some(k) => Some(
+                discovery::client_for(&k.access)
+                    .await
+                    .map_err(DaemonError::Discovery)?,
+            ),
+            None => None,
+        };
         let listeners = bind_listeners(&config).await?;
         let metrics_addr = listeners.metrics.addr;
         let api_addr = listeners.api.as_ref().map(|(bound, _)| bound.addr);
@@ -116,6 +131,7 @@ impl Daemon {
             supervisor,
             metrics_addr,
             api_addr,
+            discovery: kube_client.as_ref().map(|_| DiscoveryHealth::default()),
             cancel,
             accept,
             mirror,
@@ -123,6 +139,7 @@ impl Daemon {
         };
         daemon.serve(listeners, metrics, &config);
         daemon.start_targets(&config, config_path).await;
+        daemon.start_discovery(&config, kube_client);
         daemon.spawn_gauges();
         info!(
             targets = config.targets.len(),
@@ -135,7 +152,7 @@ impl Daemon {
 
     /// Serves the health router and, when configured, the API.
     fn serve(&mut self, listeners: Listeners, metrics: Option<PrometheusHandle>, config: &Config) {
-        let health = health::router(metrics, self.mirror.clone());
+        let health = health::router(metrics, self.mirror.clone(), self.discovery.clone());
         let metrics = spawn_server("metrics", listeners.metrics.listener, health, &self.accept);
         self.tasks.push(metrics);
         if let Some((bound, api)) = listeners.api {
@@ -158,6 +175,19 @@ impl Daemon {
             let reload = reload_loop(path, self.supervisor.clone(), self.accept.child_token());
             self.tasks.push(tokio::spawn(reload));
         }
+    }
+
+    /// Feeds the supervisor the pods that `discovery.kubernetes` finds, next to the static
+    /// targets; it stops with the listeners, before the subscribers.
+    fn start_discovery(&mut self, config: &Config, client: Option<kube::Client>) {
+        let (Some(k), Some(client), Some(health)) =
+            (config.discovery.clone(), client, self.discovery.clone())
+        else {
+            return;
+        };
+        let supervisor = self.supervisor.clone();
+        let running = discovery::spawn(k, client, supervisor, health, self.accept.child_token());
+        self.tasks.push(running.task);
     }
 
     fn spawn_gauges(&mut self) {

@@ -12,7 +12,9 @@
 //! | `target.rs` | [`Target`], [`TcpEndpoint`]: one engine pod to subscribe to |
 //! | `supervisor/` | the target set: start, stop, restart and forget targets; `PodsView` |
 //! | `status.rs` | [`PodStatus`] and [`PodsView`]: what `GET /v1/pods` reads from ingest |
+//! | `discovery/` | targets from the Kubernetes API (pods → targets, restarts by identity) |
 
+pub mod discovery;
 pub mod fixture;
 mod offline;
 mod pipeline;
@@ -29,7 +31,7 @@ pub use pipeline::{Observer, Outcome, SourcePipeline};
 pub use seq::{SeqDecision, SeqTracker};
 pub use stats::IngestStats;
 pub use status::{PodStatus, PodsView};
-pub use target::{Target, TcpEndpoint};
+pub use target::{Target, TcpEndpoint, MAX_DP_RANKS};
 
 /// The current unix second, the store time recorded in the index.
 pub fn unix_now() -> u32 {

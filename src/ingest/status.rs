@@ -19,6 +19,8 @@ pub struct PodStatus {
     pub endpoint: String,
     /// DP ranks subscribed.
     pub dp_ranks: u32,
+    /// Where the target came from: `static` (config file) or `kubernetes` (discovery).
+    pub source: String,
     /// `connected`, `connecting`, `disconnected` or `stopped`.
     pub state: String,
     /// Seconds since the last message from any rank (`None` before the first).

@@ -95,6 +95,8 @@ pub struct SubscriberSpec {
     pub topic: String,
     /// Replay timeouts.
     pub replay_limits: ReplayLimits,
+    /// Lowest store time written (kthena ignores fields at or before the container start).
+    pub min_store_time: u32,
 }
 
 /// Where a subscriber writes.
@@ -251,6 +253,11 @@ impl Worker {
         }
     }
 
+    /// The store time of what is applied now: never at or before the engine's start second.
+    fn store_time(&self) -> u32 {
+        unix_now().max(self.spec.min_store_time)
+    }
+
     /// One message through the pipeline, the replay it asks for, then status and mirror.
     async fn handle<F: AsRef<[u8]>>(&mut self, frames: &[F]) {
         let started = Instant::now();
@@ -261,9 +268,13 @@ impl Worker {
             Sink::Discard
         };
         let index = &self.ctx.index;
-        let offered = self
-            .pipeline
-            .offer(index, frames, unix_now(), &mut sink, &mut self.observer);
+        let offered = self.pipeline.offer(
+            index,
+            frames,
+            self.store_time(),
+            &mut sink,
+            &mut self.observer,
+        );
         if let Err(err) = offered {
             warn!(error = %err, "Index refused a batch.");
         }
@@ -280,9 +291,13 @@ impl Worker {
                 &self.ctx.cancel,
             )
             .await;
-            let filled =
-                self.pipeline
-                    .fill(index, replayed, unix_now(), &mut sink, &mut self.observer);
+            let filled = self.pipeline.fill(
+                index,
+                replayed,
+                self.store_time(),
+                &mut sink,
+                &mut self.observer,
+            );
             if let Err(err) = filled {
                 warn!(error = %err, "Index refused a replayed batch.");
             }

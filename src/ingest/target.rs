@@ -9,6 +9,9 @@ use serde::Serialize;
 
 use crate::wire::Engine;
 
+/// Highest DP rank count per target (ranks are `u8` in the index).
+pub const MAX_DP_RANKS: u32 = 256;
+
 /// One engine pod to subscribe to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Target {

@@ -349,3 +349,32 @@ pub fn write_fixture(dir: &Path, name: &str, msgs: &[RecordedMessage]) -> PathBu
 pub fn of_pod(dump: &[DumpEntry], pod_id: &str) -> Vec<DumpEntry> {
     dump.iter().filter(|e| e.pod == pod_id).cloned().collect()
 }
+
+/// One HTTP/1.1 GET on a fresh connection; returns the status and the whole reply.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path, "").await
+}
+
+/// One HTTP/1.1 request on a fresh connection; returns the status and the whole reply.
+pub async fn http_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, out)
+}

@@ -1,6 +1,6 @@
 //! [`Supervisor`]: the running targets and their subscriber tasks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::sourced::{DiscoveredTarget, EngineIdentity, TargetSource};
 use crate::index::{Delta, DeltaMirror, Index};
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::status::{resident_blocks, PodStatus, PodsView};
@@ -20,6 +21,8 @@ const STOP_DEADLINE: Duration = Duration::from_secs(2);
 
 struct Running {
     target: Target,
+    source: TargetSource,
+    identity: Option<EngineIdentity>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     ranks: Vec<Arc<Mutex<RankStatus>>>,
@@ -41,6 +44,8 @@ pub struct ReloadSummary {
 pub struct TargetStatus {
     /// The target.
     pub target: Target,
+    /// Where it came from.
+    pub source: TargetSource,
     /// Per DP rank.
     pub ranks: Vec<RankStatus>,
 }
@@ -52,6 +57,7 @@ pub struct Supervisor {
     cancel: CancellationToken,
     replay_limits: ReplayLimits,
     running: Mutex<BTreeMap<String, Running>>,
+    wanted: Mutex<WantedSets>,
     // Reloads are serialized so two cannot interleave their stop/start halves.
     reload_lock: tokio::sync::Mutex<()>,
 }
@@ -70,16 +76,34 @@ impl Supervisor {
             cancel,
             replay_limits,
             running: Mutex::new(BTreeMap::new()),
+            wanted: Mutex::new(WantedSets::default()),
             reload_lock: tokio::sync::Mutex::new(()),
         })
     }
 
-    /// Makes the running set equal `targets`: new ones start, removed ones stop and are
-    /// forgotten (index and mirror), changed ones restart from a clean state.
+    /// Makes the static targets equal `targets` (discovered ones are kept): new ones start,
+    /// removed ones stop and are forgotten (index and mirror), changed ones restart from a
+    /// clean state.
     pub async fn apply(&self, targets: Vec<Target>) -> ReloadSummary {
+        self.wanted.lock().statics = targets;
+        self.reconcile().await
+    }
+
+    /// Makes the discovered targets equal `targets` (static ones are kept). A changed
+    /// [`EngineIdentity`] is an engine restart: the old state is dropped (index and mirror)
+    /// before the new subscriber applies anything.
+    pub async fn apply_discovered(&self, targets: Vec<DiscoveredTarget>) -> ReloadSummary {
+        self.wanted.lock().discovered = targets;
+        self.reconcile().await
+    }
+
+    async fn reconcile(&self) -> ReloadSummary {
         let _guard = self.reload_lock.lock().await;
-        let wanted: BTreeMap<String, Target> =
-            targets.into_iter().map(|t| (t.pod_id(), t)).collect();
+        if self.wanted.lock().closed {
+            // Shutting down: a late reload or discovery event must not start subscribers.
+            return ReloadSummary::default();
+        }
+        let wanted = self.wanted.lock().merged();
         let mut summary = ReloadSummary::default();
         let mut to_stop = Vec::new();
         let mut to_start = Vec::new();
@@ -94,7 +118,7 @@ impl Supervisor {
                             to_stop.push((id, r));
                         }
                     }
-                    Some(t) if running.get(&id).is_some_and(|r| &r.target != t) => {
+                    Some(t) if running.get(&id).is_some_and(|r| !t.same_run(r)) => {
                         summary.restarted.push(id.clone());
                         if let Some(r) = running.remove(&id) {
                             to_stop.push((id.clone(), r));
@@ -115,11 +139,11 @@ impl Supervisor {
             self.stop(&id, r).await;
         }
         for t in to_start {
-            let id = t.pod_id();
+            let id = t.target.pod_id();
             let r = self.start(t);
             self.running.lock().insert(id, r);
         }
-        crate::metrics::targets(self.running.lock().len());
+        self.publish_counts();
         if summary != ReloadSummary::default() {
             info!(
                 added = ?summary.added,
@@ -131,7 +155,21 @@ impl Supervisor {
         summary
     }
 
-    fn start(&self, target: Target) -> Running {
+    fn publish_counts(&self) {
+        let running = self.running.lock();
+        for source in TargetSource::ALL {
+            let n = running.values().filter(|r| r.source == source).count();
+            crate::metrics::targets(source.as_str(), n);
+        }
+    }
+
+    fn start(&self, wanted: Wanted) -> Running {
+        let Wanted {
+            target,
+            source,
+            identity,
+        } = wanted;
+        let min_store_time = identity.as_ref().map_or(0, EngineIdentity::min_store_time);
         let cancel = self.cancel.child_token();
         let mut tasks = Vec::new();
         let mut ranks = Vec::new();
@@ -155,6 +193,7 @@ impl Supervisor {
                     .and_then(|e| e.for_rank(rank)),
                 topic: target.topic.clone(),
                 replay_limits: self.replay_limits,
+                min_store_time,
             };
             let ctx = SubscriberCtx {
                 index: self.index.clone(),
@@ -167,6 +206,8 @@ impl Supervisor {
         }
         Running {
             target,
+            source,
+            identity,
             cancel,
             tasks,
             ranks,
@@ -193,6 +234,10 @@ impl Supervisor {
 
     /// Stops every target (the index keeps their blocks: the process is exiting).
     pub async fn shutdown(&self, deadline: Duration) {
+        // Wait (boundedly) for a reconcile in flight, so none starts targets after this.
+        let guard = tokio::time::timeout(deadline / 2, self.reload_lock.lock()).await;
+        self.wanted.lock().closed = true;
+        drop(guard);
         let all: Vec<Running> = std::mem::take(&mut *self.running.lock())
             .into_values()
             .collect();
@@ -212,6 +257,7 @@ impl Supervisor {
             .values()
             .map(|r| TargetStatus {
                 target: r.target.clone(),
+                source: r.source,
                 ranks: r.ranks.iter().map(|s| s.lock().clone()).collect(),
             })
             .collect()
@@ -237,7 +283,7 @@ impl Supervisor {
                 .map(|i| i.elapsed().as_secs_f64())
                 .reduce(f64::min)
             {
-                crate::metrics::last_message_age(&t.target.pod_id(), age);
+                crate::metrics::last_message_age(&t.target.pod_id(), t.source.as_str(), age);
             }
         }
     }
@@ -271,11 +317,82 @@ impl PodsView for Supervisor {
                     engine: t.target.engine.as_str().to_owned(),
                     endpoint: t.target.endpoint.to_string(),
                     dp_ranks: t.target.dp_ranks,
+                    source: t.source.as_str().to_owned(),
                     state: state.as_str().to_owned(),
                     last_message_age_seconds: age,
                     resident_blocks: resident,
                 }
             })
             .collect()
+    }
+}
+
+/// A target the supervisor should run, with its origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Wanted {
+    target: Target,
+    source: TargetSource,
+    identity: Option<EngineIdentity>,
+}
+
+impl Wanted {
+    /// Whether `running` is this target's current run (same definition, same engine run).
+    fn same_run(&self, running: &Running) -> bool {
+        self.target == running.target
+            && self.source == running.source
+            && self.identity == running.identity
+    }
+}
+
+/// What each source asks for; merged into one set on every change.
+#[derive(Default)]
+struct WantedSets {
+    statics: Vec<Target>,
+    discovered: Vec<DiscoveredTarget>,
+    // Pods reported as both static and discovered, so each is logged once.
+    conflicts: BTreeSet<String>,
+    // Set by `shutdown`: no target starts after it.
+    closed: bool,
+}
+
+impl WantedSets {
+    /// Static targets, then discovered ones; a pod in both keeps its static definition and
+    /// is reported as an error naming both.
+    fn merged(&mut self) -> BTreeMap<String, Wanted> {
+        let mut wanted: BTreeMap<String, Wanted> = self
+            .statics
+            .iter()
+            .map(|t| {
+                let w = Wanted {
+                    target: t.clone(),
+                    source: TargetSource::Static,
+                    identity: None,
+                };
+                (t.pod_id(), w)
+            })
+            .collect();
+        let mut conflicts = BTreeSet::new();
+        for d in &self.discovered {
+            let id = d.target.pod_id();
+            if wanted.contains_key(&id) {
+                if !self.conflicts.contains(&id) {
+                    warn!(
+                        pod = %id,
+                        "Pod `{id}` is both a static target (targets:) and a pod discovered by discovery.kubernetes; the static target is used and the discovered one ignored."
+                    );
+                }
+                conflicts.insert(id);
+                continue;
+            }
+            let w = Wanted {
+                target: d.target.clone(),
+                source: TargetSource::Kubernetes,
+                identity: Some(d.identity.clone()),
+            };
+            wanted.insert(id, w);
+        }
+        crate::metrics::discovery_conflicts(conflicts.len());
+        self.conflicts = conflicts;
+        wanted
     }
 }
