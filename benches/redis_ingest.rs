@@ -5,13 +5,17 @@
 //! pipelines + Redis). Needs a Redis at 127.0.0.1:6379; it writes to db 15, a bench-only db
 //! that it empties after each case (millions of keys would otherwise slow every later SCAN).
 //!
+//! Each size runs twice: kthena's layout alone (`replay --redis`), and with the daemon's
+//! checkpoint (`kvindex:` watermark per message and engine-block state per block, as
+//! `serve` writes them), so the checkpoint's cost is the ratio of the two in one run.
+//!
 //! Run: `cargo bench --bench redis_ingest` and compare with
 //! `redis-benchmark -P 64 -q -t hset,set -n 1000000`.
 
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kvindex::index::{Delta, Index, SourceSpec};
+use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::store::redis::{MirrorHandle, RedisConfig};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
@@ -55,11 +59,12 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(8));
     group.throughput(Throughput::Elements(BLOCKS_PER_ITER));
-    for blocks_per_event in [1u64, 8] {
+    let cases = [(1u64, false), (1, true), (8, false), (8, true)];
+    for (blocks_per_event, checkpoint) in cases {
         let index = Index::new();
         let source = index
             .register_source(&SourceSpec {
-                pod: format!("bench-{blocks_per_event}.bench"),
+                pod: format!("bench-{blocks_per_event}-{checkpoint}.bench"),
                 model: "bench-model".to_owned(),
                 engine: Engine::Vllm,
                 dp_rank: 0,
@@ -69,6 +74,7 @@ fn bench(c: &mut Criterion) {
             .block_on(MirrorHandle::start(
                 RedisConfig {
                     url: BENCH_DB.to_owned(),
+                    checkpoint,
                     ..RedisConfig::default()
                 },
                 index.clone(),
@@ -77,7 +83,10 @@ fn bench(c: &mut Criterion) {
             .expect("Redis at 127.0.0.1:6379");
         let sender = mirror.sender();
         let mut next_hash = 0u64;
-        group.bench_function(format!("{blocks_per_event}-block events"), |b| {
+        let mut seq = 0u64;
+        let layout = if checkpoint { "+checkpoint" } else { "kthena" };
+        let name = format!("{blocks_per_event}-block events, {layout}");
+        group.bench_function(&name, |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
@@ -94,7 +103,9 @@ fn bench(c: &mut Criterion) {
                         for batch in &batches {
                             let mut deltas: Vec<Delta> = Vec::new();
                             let _ = index.apply(source, batch, 1_700_000_000, &mut deltas);
-                            sender.send(deltas).await;
+                            seq += 1;
+                            let mark = checkpoint.then_some(Checkpoint { source, seq });
+                            sender.send(deltas, mark).await;
                         }
                         mirror.flush().await.expect("flush");
                     });
@@ -105,7 +116,7 @@ fn bench(c: &mut Criterion) {
         });
         let stats = mirror.stats();
         println!(
-            "{blocks_per_event}-block events: {} commands in {} pipelines, flush p50 {} us p99 {} us",
+            "{name}: {} commands in {} pipelines, flush p50 {} us p99 {} us",
             stats.commands, stats.pipelines, stats.flush_p50_us, stats.flush_p99_us
         );
         rt.block_on(mirror.shutdown(Duration::from_secs(30)));

@@ -13,6 +13,31 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::wire::{Engine, EventKind};
 
+/// How a source restored from the checkpoint went on after a warm start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmStart {
+    /// The first message followed the watermark: nothing was missed.
+    Resumed,
+    /// Seqs published while kvindex was down were filled by the engine's replay.
+    Replayed,
+    /// The gap could not be filled: the inherited blocks were dropped.
+    Reset,
+    /// The engine restarted while kvindex was down: the inherited blocks were dropped.
+    Restarted,
+}
+
+impl WarmStart {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarmStart::Resumed => "resumed",
+            WarmStart::Replayed => "replayed",
+            WarmStart::Reset => "reset",
+            WarmStart::Restarted => "restarted",
+        }
+    }
+}
+
 /// Why a source was reset (its state became unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResetReason {
@@ -226,10 +251,23 @@ impl SourceMetrics {
             .increment(1);
     }
 
+    /// How a source restored from the checkpoint went on (`resumed`, `replayed`, `reset`,
+    /// `restarted`).
+    pub fn warm_start(&self, outcome: WarmStart) {
+        counter!("kvindex_warm_starts_total", "engine" => self.engine, "outcome" => outcome.as_str())
+            .increment(1);
+    }
+
     /// Time from receive to deltas queued.
     pub fn pipeline(&self, seconds: f64) {
         histogram!("kvindex_pipeline_seconds").record(seconds);
     }
+}
+
+/// What the warm start rebuilt from the checkpoint: engine blocks and how long it took.
+pub fn restored(engine_blocks: u64, took_ms: u64) {
+    gauge!("kvindex_warm_start_engine_blocks").set(engine_blocks as f64);
+    gauge!("kvindex_warm_start_seconds").set(took_ms as f64 / 1000.0);
 }
 
 /// The number of running targets from `source` (`static`, `kubernetes`).

@@ -3,8 +3,10 @@
 //! Tests share 127.0.0.1:6379 and isolate themselves by unique pod and model names; the
 //! outage and auth tests run their own `redis-server` on a free port.
 
+mod util;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use kvindex::index::{Delta, Index, SourceId, SourceSpec};
@@ -13,6 +15,8 @@ use kvindex::medium::{Medium, TierWeights};
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, MirrorError, MirrorHandle, RedisConfig, RedisDump};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
+
+use util::own_redis::OwnRedis;
 
 const REDIS: &str = "redis://127.0.0.1:6379/0";
 /// Upper bound for anything that waits on Redis in these tests.
@@ -240,7 +244,7 @@ impl Rig {
         self.index
             .apply(self.source, &batch(events), unix_now(), &mut deltas)
             .unwrap();
-        self.mirror.sender().send(deltas).await;
+        self.mirror.sender().send(deltas, None).await;
     }
 
     async fn flush(&self) {
@@ -351,53 +355,6 @@ async fn a_store_then_remove_inside_one_flush_leaves_nothing_and_stores_survive(
     rig.mirror.shutdown(WAIT).await;
 }
 
-/// A `redis-server` child on a free port, without persistence; killed on drop.
-struct OwnRedis {
-    child: Child,
-    port: u16,
-}
-
-impl OwnRedis {
-    fn start(port: Option<u16>, extra: &[&str]) -> OwnRedis {
-        let port = port.unwrap_or_else(|| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        });
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed");
-        let started = std::time::Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(started.elapsed() < WAIT, "redis-server did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        OwnRedis { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 #[tokio::test]
 async fn an_outage_loses_nothing_and_leaves_no_stale_field() {
     let mut server = OwnRedis::start(None, &[]);
@@ -449,7 +406,7 @@ async fn a_failed_outage_write_is_repaired_when_redis_kept_its_data() {
     }
     rig.flush().await;
     // Pause Redis (SIGSTOP) so writes time out, ingest removes, then resume it.
-    let pid = server.child.id().to_string();
+    let pid = server.pid().to_string();
     assert!(Command::new("kill")
         .args(["-STOP", &pid])
         .status()
@@ -706,4 +663,58 @@ async fn any_holder_of_a_shared_handle_stops_the_writer_in_order_once() {
         other_holder.flush().await,
         Err(MirrorError::Stopped { .. })
     ));
+}
+
+#[tokio::test]
+async fn mapping_keys_and_fields_stay_while_any_dp_rank_of_the_pod_holds_the_block() {
+    let rig = Rig::new(REDIS, ValueFormat::Tiered).await;
+    let rank1 = rig
+        .index
+        .register_source(&SourceSpec {
+            pod: rig.pod.clone(),
+            model: rig.model.clone(),
+            engine: Engine::Vllm,
+            dp_rank: 1,
+        })
+        .unwrap();
+    let tokens = |i: u32| vec![i, i + 1, i + 2, 9];
+    let stores: Vec<Event> = (0..40u32)
+        .map(|i| stored(u64::from(i), tokens(i), Medium::GPU))
+        .collect();
+    let removes: Vec<Event> = (0..40u64).map(|i| removed(i, Medium::NONE)).collect();
+    let on = |source: SourceId, events: Vec<Event>| {
+        let mut deltas: Vec<Delta> = Vec::new();
+        rig.index
+            .apply(source, &batch(events), unix_now(), &mut deltas)
+            .unwrap();
+        deltas
+    };
+    for source in [rig.source, rank1] {
+        let deltas = on(source, stores.clone());
+        rig.mirror.sender().send(deltas, None).await;
+    }
+    rig.flush().await;
+    let both = redis_state(REDIS, &rig.pod).await;
+    assert_eq!((both.blocks.len(), both.mappings.len()), (40, 40));
+
+    // Rank 0 evicts everything; rank 1 still holds every block under the same engine hashes.
+    let deltas = on(rig.source, removes.clone());
+    rig.mirror.sender().send(deltas, None).await;
+    rig.flush().await;
+    let after_rank0 = redis_state(REDIS, &rig.pod).await;
+    assert_eq!(
+        after_rank0.mappings, both.mappings,
+        "rank 1 still needs them"
+    );
+    assert_eq!(after_rank0.blocks.len(), 40);
+    assert_eq!(
+        after_rank0,
+        expected_of(&rig.index, &rig.pod, ValueFormat::Tiered)
+    );
+
+    let deltas = on(rank1, removes);
+    rig.mirror.sender().send(deltas, None).await;
+    rig.flush().await;
+    assert_eq!(redis_state(REDIS, &rig.pod).await, RedisDump::default());
+    rig.mirror.shutdown(WAIT).await;
 }

@@ -34,11 +34,14 @@ fn register(index: &Index, i: usize) -> SourceId {
 
 type Fields = BTreeMap<(u32, u64, u32), (u32, u32)>;
 type Mappings = BTreeMap<(u32, String), u64>;
+/// Checkpoint entries: (pod, rank, model, engine hash) → (std hash, media bits).
+type Engines = BTreeMap<(u32, u8, u32, String), (u64, u32)>;
 
 #[derive(Default)]
 struct Mirror {
     fields: Fields,
     mappings: Mappings,
+    engines: Engines,
 }
 
 impl Mirror {
@@ -77,6 +80,29 @@ impl Mirror {
                         }
                     }
                 }
+                Delta::Engine {
+                    pod,
+                    rank,
+                    model,
+                    engine_hash,
+                    state,
+                } => {
+                    let key = (pod.0, rank, model.0, engine_hash.to_string());
+                    match state {
+                        Some(s) => {
+                            self.engines.insert(key, (s.std_hash, s.media.bits()));
+                        }
+                        None => {
+                            self.engines.remove(&key);
+                        }
+                    }
+                }
+                Delta::SourceGone { pod, rank } => {
+                    assert!(
+                        !self.engines.keys().any(|k| k.0 == pod.0 && k.1 == rank),
+                        "a source went before its checkpoint entries"
+                    );
+                }
             }
         }
     }
@@ -88,6 +114,14 @@ impl Mirror {
             assert!(old.is_none(), "field visited twice");
         });
         assert_eq!(fields, self.fields, "delta mirror diverged from the index");
+        let mut engines = Engines::new();
+        index.for_each_engine_state(|pod, rank, model, hash, state| {
+            engines.insert(
+                (pod.0, rank, model.0, hash.to_string()),
+                (state.std_hash, state.media.bits()),
+            );
+        });
+        assert_eq!(engines, self.engines, "checkpoint entries diverged from the index");
         // Mapping keys are per pod, not per DP rank, so only single-rank pods are checked
         // exactly (two ranks may hold the same engine hash).
         let multi_rank = index.pod_id(SPECS[0].0).map(|p| p.0);

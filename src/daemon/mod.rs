@@ -138,6 +138,7 @@ impl Daemon {
             tasks: Vec::new(),
         };
         daemon.serve(listeners, metrics, &config);
+        daemon.claim_restored(&config);
         daemon.start_targets(&config, config_path).await;
         daemon.start_discovery(&config, kube_client);
         daemon.spawn_gauges();
@@ -166,6 +167,29 @@ impl Daemon {
             self.tasks
                 .push(spawn_server("API", bound.listener, router, &self.accept));
         }
+    }
+
+    /// Hands the sources the warm start rebuilt to the supervisor, which forgets those no
+    /// target claims once the target set is known.
+    fn claim_restored(&self, config: &Config) {
+        let Some(restored) = self.mirror.as_ref().and_then(|m| m.restored()) else {
+            return;
+        };
+        info!(
+            sources = restored.sources.len(),
+            engine_blocks = restored.engine_blocks,
+            bad_entries = restored.bad_entries,
+            took_ms = restored.took_ms,
+            "Warm start: rebuilt the index from the Redis checkpoint."
+        );
+        crate::metrics::restored(restored.engine_blocks, restored.took_ms);
+        let sources = restored
+            .sources
+            .iter()
+            .map(|(spec, _)| (spec.pod.clone(), spec.dp_rank))
+            .collect();
+        self.supervisor
+            .expect_restored(sources, config.discovery.is_some());
     }
 
     /// Subscribes to the configured targets and, with a config file, follows its changes.
@@ -241,7 +265,12 @@ async fn start_mirror(
     let Some(redis) = &config.redis else {
         return Ok(None);
     };
-    let mirror = MirrorHandle::start(redis.clone(), index.clone(), config.weights.clone())
+    // The daemon keeps a checkpoint next to kthena's keys, so a restart goes on where it was.
+    let redis = crate::store::redis::RedisConfig {
+        checkpoint: true,
+        ..redis.clone()
+    };
+    let mirror = MirrorHandle::start(redis, index.clone(), config.weights.clone())
         .await
         .map_err(DaemonError::Mirror)?;
     Ok(Some(Arc::new(mirror)))

@@ -10,7 +10,7 @@ use dashmap::mapref::entry::Entry;
 use serde::Serialize;
 
 use super::counters::{slot_medium, EntryCounter};
-use super::delta::{Delta, DeltaSink, FieldValue};
+use super::delta::{Delta, DeltaSink, EngineState, FieldValue};
 use super::residents::{Resident, Residents};
 use super::source::SourceState;
 use super::{Index, IndexError, ModelId, PodId, SourceId};
@@ -85,6 +85,31 @@ impl Index {
         Ok(mutation.stats)
     }
 
+    /// Rebuilds one engine block of `source` from a checkpoint (a warm start): the block of
+    /// `model` is held on `state.media` since `state.stored_at`. No delta is emitted, since
+    /// the mirror the checkpoint came from already holds it; counters are kept as usual.
+    ///
+    /// # Errors
+    /// [`IndexError::UnknownSource`] when `source` is not registered.
+    pub fn restore_block(
+        &self,
+        source: SourceId,
+        model: &str,
+        engine_hash: &BlockHash,
+        state: EngineState,
+    ) -> Result<(), IndexError> {
+        let model = self.intern_model(model).0;
+        let source = self.source(source)?;
+        let mut source = source.lock();
+        if state.media.is_empty() {
+            return Ok(());
+        }
+        let mut sink = super::Discard;
+        let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
+        mutation.store_block(model, engine_hash, Some(state.std_hash), state.media);
+        Ok(())
+    }
+
     /// Drops every block of `source` (engine restart, unfillable gap), keeping it registered.
     ///
     /// # Errors
@@ -110,9 +135,21 @@ impl Index {
         source: SourceId,
         sink: &mut impl DeltaSink,
     ) -> Result<(), IndexError> {
-        self.clear_source(source, sink)?;
+        let state = self.source(source)?;
+        let (pod, rank) = {
+            let mut state = state.lock();
+            Mutation::new(self, &mut state, sink, 0).clear();
+            (state.pod, state.rank)
+        };
         if let Some(slot) = self.inner.sources.write().get_mut(source.0 as usize) {
             *slot = None;
+        }
+        self.unlink_pod_source(pod, source);
+        if sink.wants_mappings() {
+            sink.push(Delta::SourceGone {
+                pod: PodId(pod),
+                rank,
+            });
         }
         Ok(())
     }
@@ -131,6 +168,7 @@ struct Out<'a, S: DeltaSink> {
     index: &'a Index,
     sink: &'a mut S,
     pod: u32,
+    rank: u8,
     engine: Engine,
     /// The pod's counter, looked up once per call rather than once per field.
     pod_entries: Arc<EntryCounter>,
@@ -166,6 +204,19 @@ impl<S: DeltaSink> Out<'_, S> {
         }
     }
 
+    /// Tells the sink the source's new state of one engine block (its checkpoint entry).
+    fn engine_state(&mut self, model: u32, engine_hash: &BlockHash, state: Option<EngineState>) {
+        if self.sink.wants_mappings() {
+            self.sink.push(Delta::Engine {
+                pod: PodId(self.pod),
+                rank: self.rank,
+                model: ModelId(model),
+                engine_hash: engine_hash.clone(),
+                state,
+            });
+        }
+    }
+
     fn mapping_owned(&mut self, engine_hash: BlockHash, std: Option<u64>) {
         self.sink.push(Delta::Mapping {
             pod: PodId(self.pod),
@@ -191,6 +242,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             index,
             sink,
             pod: state.pod,
+            rank: state.rank,
             engine: state.engine,
             pod_entries: index.inner.pod_entries.of(state.pod),
         };
@@ -233,6 +285,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             .state
             .find_mut(hash, model)
             .map(|(m, slot)| (m, slot.std(), slot.media()));
+        let before = existing.map_or(MediaSet::EMPTY, |(_, _, media)| media);
         let (model, std, added, new_copy) = match (existing, std) {
             (None, None) => {
                 self.stats.unresolved_stores += 1;
@@ -264,6 +317,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         if self.add_engine_media(model, std, added, new_copy) {
             self.stats.duplicate_engine_hashes += 1;
         }
+        let media = if new_copy { media } else { before.union(media) };
+        let state = EngineState {
+            std_hash: std,
+            media,
+            stored_at: self.now,
+        };
+        self.out.engine_state(model, hash, Some(state));
         self.out.mapping(hash, Some(std));
         self.stats.blocks_stored += 1;
     }
@@ -276,6 +336,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return;
         };
         self.drop_engine_media(model, old.std(), old.media(), true);
+        self.out.engine_state(model, &twin, None);
         self.out.mapping(&twin, None);
     }
 
@@ -335,20 +396,27 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// Takes `removed` media off the source's resident of the block; `slot_gone` when the
-    /// engine block itself is no longer held.
-    fn drop_engine_media(&mut self, model: u32, std: u64, removed: MediaSet, slot_gone: bool) {
+    /// engine block itself is no longer held. Returns the resident's last store time.
+    fn drop_engine_media(
+        &mut self,
+        model: u32,
+        std: u64,
+        removed: MediaSet,
+        slot_gone: bool,
+    ) -> u32 {
         let Some(blocks) = self.out.index.blocks_of(model) else {
-            return;
+            return 0;
         };
         let (pod, rank) = (self.state.pod, self.state.rank);
         let Entry::Occupied(mut entry) = blocks.entry(std) else {
-            return;
+            return 0;
         };
         let residents = entry.get_mut();
         let before = residents.pod_value(pod);
         let Some(resident) = residents.find_mut(pod, rank) else {
-            return;
+            return 0;
         };
+        let stored_at = resident.stored_at;
         let copies = resident.copies();
         if copies > 1 {
             let counts = self
@@ -390,6 +458,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             residents.pod_value(pod)
         };
         self.out.field(model, std, before, after);
+        stored_at
     }
 
     fn removed(&mut self, removed: &BlockRemoved) {
@@ -424,7 +493,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 self.state.remove(model, hash);
                 self.out.mapping(hash, None);
             }
-            self.drop_engine_media(model, std, taken, gone);
+            let stored_at = self.drop_engine_media(model, std, taken, gone);
+            let state = (!gone).then_some(EngineState {
+                std_hash: std,
+                media: left,
+                stored_at,
+            });
+            self.out.engine_state(model, hash, state);
             self.stats.blocks_removed += 1;
         }
     }
@@ -456,6 +531,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             }
             if wants_mappings {
                 for (engine_hash, _) in map.entries() {
+                    self.out.engine_state(map.model, &engine_hash, None);
                     self.out.mapping_owned(engine_hash, None);
                 }
             }

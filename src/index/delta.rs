@@ -1,6 +1,6 @@
 //! What the index tells its mirrors: one delta per changed Redis field or mapping key.
 
-use super::{ModelId, PodId};
+use super::{ModelId, PodId, SourceId};
 use crate::medium::MediaSet;
 use crate::wire::{BlockHash, Engine};
 
@@ -11,6 +11,28 @@ pub struct FieldValue {
     pub stored_at: u32,
     /// Every medium the pod holds the block on ([`crate::medium::Medium::NONE`] = unknown).
     pub media: MediaSet,
+}
+
+/// One source's state of one engine block: what a warm start rebuilds the index from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineState {
+    /// Standardized hash the engine block maps to.
+    pub std_hash: u64,
+    /// Media this engine block is resident on.
+    pub media: MediaSet,
+    /// Unix second of the source's last store of the block.
+    pub stored_at: u32,
+}
+
+/// How far a source's effects have been handed to a mirror: every delta of seqs up to `seq`
+/// was queued before (or with) this checkpoint, so a mirror that writes it after those
+/// deltas never records a watermark ahead of its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The source.
+    pub source: SourceId,
+    /// The last seq applied.
+    pub seq: u64,
 }
 
 /// One change to the mirrored state.
@@ -39,6 +61,27 @@ pub enum Delta {
         /// Standardized hash, `None` = delete the key.
         std_hash: Option<u64>,
     },
+    /// Source `(pod, rank)`'s state of one engine block (kvindex's own checkpoint, not
+    /// kthena's layout), or gone when `None`.
+    Engine {
+        /// Pod (interned).
+        pod: PodId,
+        /// DP rank.
+        rank: u8,
+        /// Model the block belongs to (base model or LoRA adapter).
+        model: ModelId,
+        /// Engine hash as sent.
+        engine_hash: BlockHash,
+        /// New state, `None` = the source no longer holds the engine block.
+        state: Option<EngineState>,
+    },
+    /// Source `(pod, rank)` was unregistered: its checkpoint goes.
+    SourceGone {
+        /// Pod (interned).
+        pod: PodId,
+        /// DP rank.
+        rank: u8,
+    },
 }
 
 /// Receives the deltas of one `apply` call, in order.
@@ -60,10 +103,12 @@ impl DeltaSink for Vec<Delta> {
 /// Where ingest hands the deltas of each message, asynchronously (the Redis mirror in the
 /// daemon): ingest holds this trait, not a concrete store, so it never depends on `store`.
 pub trait DeltaMirror: Send + Sync {
-    /// Queues one message's deltas; may wait while the mirror is behind (backpressure).
+    /// Queues one message's deltas and, when given, the source's checkpoint that covers
+    /// them; may wait while the mirror is behind (backpressure).
     fn queue(
         &self,
         deltas: Vec<Delta>,
+        checkpoint: Option<Checkpoint>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
 }
 

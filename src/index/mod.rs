@@ -29,7 +29,7 @@ use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
 
 pub use apply::ApplyStats;
-pub use delta::{Delta, DeltaMirror, DeltaSink, Discard, FieldValue};
+pub use delta::{Checkpoint, Delta, DeltaMirror, DeltaSink, Discard, EngineState, FieldValue};
 pub use query::{DumpEntry, IndexStats};
 
 use crate::wire::Engine;
@@ -91,6 +91,9 @@ struct Inner {
     pods: Interner,
     blocks: RwLock<Vec<Arc<ModelBlocks>>>,
     sources: RwLock<Vec<Option<Arc<Mutex<SourceState>>>>>,
+    /// Registered sources per pod id, so pod-level questions (does any DP rank of the pod
+    /// still hold an engine hash?) never walk every source.
+    pod_sources: RwLock<hashbrown::HashMap<u32, Vec<SourceId>>>,
     /// Resident (block, pod) entries, kept as fields change so metrics need no index walk.
     entries: EntryCounter,
     /// The same per pod, so `GET /v1/pods` needs no walk either.
@@ -125,7 +128,65 @@ impl Index {
         }
         let state = SourceState::new(pod, spec.dp_rank, spec.engine, model.0);
         sources.push(Some(Arc::new(Mutex::new(state))));
-        Ok(SourceId(sources.len() as u32 - 1))
+        let id = SourceId(sources.len() as u32 - 1);
+        drop(sources);
+        self.inner
+            .pod_sources
+            .write()
+            .entry(pod)
+            .or_default()
+            .push(id);
+        Ok(id)
+    }
+
+    /// What `source` was registered with, or `None` when it is not registered.
+    pub fn source_spec(&self, source: SourceId) -> Option<SourceSpec> {
+        let state = self.source(source).ok()?;
+        let state = state.lock();
+        Some(SourceSpec {
+            pod: self.inner.pods.name(state.pod).to_string(),
+            model: self.inner.models.name(state.base_model).to_string(),
+            engine: state.engine,
+            dp_rank: state.rank,
+        })
+    }
+
+    /// Records the seq a restored source resumes after (its checkpoint's watermark).
+    ///
+    /// # Errors
+    /// [`IndexError::UnknownSource`] when `source` is not registered.
+    pub fn set_resume_seq(&self, source: SourceId, seq: u64) -> Result<(), IndexError> {
+        self.source(source)?.lock().resume_seq = Some(seq);
+        Ok(())
+    }
+
+    /// Takes the seq a restored source resumes after, if it was restored and not yet taken.
+    pub fn take_resume_seq(&self, source: SourceId) -> Option<u64> {
+        self.source(source).ok()?.lock().resume_seq.take()
+    }
+
+    /// The std hash `engine_hash` maps to in any DP rank of `pod`, or `None` when no rank
+    /// of the pod holds it: a pod-level mapping key may only go when this is `None`.
+    pub fn pod_engine_std(&self, pod: PodId, engine_hash: &crate::wire::BlockHash) -> Option<u64> {
+        let ids = self.inner.pod_sources.read().get(&pod.0).cloned()?;
+        ids.into_iter().find_map(|id| {
+            let state = self.source(id).ok()?;
+            let mut state = state.lock();
+            let base = state.base_model;
+            state
+                .find_mut(engine_hash, base)
+                .map(|(_, slot)| slot.std())
+        })
+    }
+
+    fn unlink_pod_source(&self, pod: u32, source: SourceId) {
+        let mut pods = self.inner.pod_sources.write();
+        if let Some(ids) = pods.get_mut(&pod) {
+            ids.retain(|id| *id != source);
+            if ids.is_empty() {
+                pods.remove(&pod);
+            }
+        }
     }
 
     /// Sources registered for `pod` (identifier `{pod}.{namespace}`).
@@ -134,16 +195,11 @@ impl Index {
             return Vec::new();
         };
         self.inner
-            .sources
+            .pod_sources
             .read()
-            .iter()
-            .enumerate()
-            .filter_map(|(id, s)| {
-                s.as_ref()
-                    .filter(|s| s.lock().pod == pod)
-                    .map(|_| SourceId(id as u32))
-            })
-            .collect()
+            .get(&pod)
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn source(&self, id: SourceId) -> Result<Arc<Mutex<SourceState>>, IndexError> {

@@ -6,7 +6,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use super::counters::slot_medium;
-use super::delta::FieldValue;
+use super::delta::{EngineState, FieldValue};
 use super::residents::{self, Resident, Residents};
 use super::source::{table_bytes, SourceState};
 use super::{Index, ModelBlocks, ModelId, PodId};
@@ -82,6 +82,54 @@ impl Index {
                 visit(PodId(r.pod()), r.media(), r.stored_at);
             }
         };
+    }
+
+    /// The pod-level value of field `pod` of block `(model, std_hash)` now, or `None` when
+    /// the pod holds the block on no medium. A mirror reads this when it writes, so what it
+    /// writes is the index's latest state whatever order DP ranks' deltas arrived in.
+    pub fn field_value(&self, model: ModelId, std_hash: u64, pod: PodId) -> Option<FieldValue> {
+        let blocks = self.blocks_of(model.0)?;
+        let entry = blocks.get(&std_hash)?;
+        residents::pod_value(entry.as_slice(), pod.0)
+    }
+
+    /// Calls `visit(pod, rank, model, engine_hash, state)` for every engine block of every
+    /// source: the checkpoint a mirror writes for warm starts.
+    pub fn for_each_engine_state(
+        &self,
+        mut visit: impl FnMut(PodId, u8, ModelId, BlockHash, EngineState),
+    ) {
+        for source in self.live_sources() {
+            let state = source.lock();
+            for map in &state.maps {
+                let blocks = self.blocks_of(map.model);
+                for (hash, slot) in map.entries() {
+                    let stored_at = blocks
+                        .as_ref()
+                        .and_then(|b| {
+                            let entry = b.get(&slot.std())?;
+                            let r = entry
+                                .as_slice()
+                                .iter()
+                                .find(|r| r.pod() == state.pod && r.rank() == state.rank)?;
+                            Some(r.stored_at)
+                        })
+                        .unwrap_or(0);
+                    let engine = EngineState {
+                        std_hash: slot.std(),
+                        media: slot.media(),
+                        stored_at,
+                    };
+                    visit(
+                        PodId(state.pod),
+                        state.rank,
+                        ModelId(map.model),
+                        hash,
+                        engine,
+                    );
+                }
+            }
+        }
     }
 
     /// Calls `visit` with the pod-level value of every resident (block, pod), in no order.

@@ -176,6 +176,8 @@ pub(crate) struct SourceState {
     /// Per-medium counts of engine blocks, only for std blocks this source holds through
     /// more than one engine hash (the same tokens after different prefixes).
     pub(crate) dups: HashMap<(u32, u64), [u16; MEDIA_SLOTS]>,
+    /// The watermark a restored source resumes after, until its pipeline takes it.
+    pub(crate) resume_seq: Option<u64>,
 }
 
 impl SourceState {
@@ -188,6 +190,7 @@ impl SourceState {
             main_group: None,
             maps: Vec::new(),
             dups: HashMap::new(),
+            resume_seq: None,
         }
     }
 

@@ -135,7 +135,7 @@ impl OfflineReplay {
                 tick();
                 let mut deltas: Vec<Delta> = Vec::new();
                 self.offer_line(line, &mut deltas)?;
-                mirror.queue(deltas).await;
+                mirror.queue(deltas, None).await;
             }
             Ok(())
         }

@@ -14,7 +14,7 @@ use std::fmt::Display;
 use tracing::{debug, info, warn};
 
 use crate::index::{ApplyStats, DeltaSink, Index, IndexError, SourceId};
-use crate::metrics::{ResetReason, SourceMetrics};
+use crate::metrics::{ResetReason, SourceMetrics, WarmStart};
 use crate::wire::{decode_message, DecodeOptions, Engine, EngineBatch, MessageError, SkipReason};
 
 use super::replay_client::{ReplayError, Replayed};
@@ -98,6 +98,7 @@ enum Happening<'a> {
     },
     ReplayCancelled,
     Applied(&'a ApplyStats),
+    WarmStart(WarmStart),
 }
 
 /// Counters, metrics and logs of an ingest run (one live source, or one offline replay of
@@ -208,6 +209,14 @@ impl Observer {
             }
             Happening::ReplayCancelled => info!("Replay cancelled: the subscriber is stopping."),
             Happening::Applied(applied) => s.apply.add(applied),
+            Happening::WarmStart(outcome) => {
+                *s.warm_starts.entry(outcome.as_str()).or_default() += 1;
+                self.metrics.warm_start(outcome);
+                info!(
+                    outcome = outcome.as_str(),
+                    "Warm start: the source goes on from the checkpoint."
+                );
+            }
         }
     }
 
@@ -275,6 +284,8 @@ pub struct SourcePipeline {
     tracker: SeqTracker,
     replay: bool,
     pending: Option<Pending>,
+    /// Resumed from a checkpoint and no message decided how yet.
+    warm: bool,
 }
 
 impl SourcePipeline {
@@ -286,7 +297,16 @@ impl SourcePipeline {
             tracker: SeqTracker::new(),
             replay,
             pending: None,
+            warm: false,
         }
+    }
+
+    /// Goes on after `seq`, the watermark of the source's checkpoint: its state was rebuilt
+    /// from that checkpoint, so the next seq applies, a hole is a gap (replayed, or the
+    /// inherited blocks are dropped) and a seq that went back is an engine restart.
+    pub fn resume(&mut self, seq: u64) {
+        self.tracker = SeqTracker::resumed(seq);
+        self.warm = true;
     }
 
     /// The source in the index.
@@ -362,6 +382,9 @@ impl SourcePipeline {
                 }
                 let batches = needed.len();
                 obs.observe(Happening::ReplayFilled { from, to, batches });
+                if std::mem::take(&mut self.warm) {
+                    obs.observe(Happening::WarmStart(WarmStart::Replayed));
+                }
             }
             Err(ReplayError::Cancelled) => {
                 obs.observe(Happening::ReplayCancelled);
@@ -369,6 +392,9 @@ impl SourcePipeline {
             }
             Err(error) => {
                 obs.observe(Happening::ReplayFailed { from, to, error });
+                if std::mem::take(&mut self.warm) {
+                    obs.observe(Happening::WarmStart(WarmStart::Reset));
+                }
                 self.reset(index, ResetReason::ReplayFailed, sink, obs)?;
             }
         }
@@ -393,7 +419,9 @@ impl SourcePipeline {
         sink: &mut impl DeltaSink,
         obs: &mut Observer,
     ) -> Result<Outcome, IndexError> {
-        let (outcome, replay_from) = match self.tracker.observe(seq) {
+        let decision = self.tracker.observe(seq);
+        self.settle_warm_start(&decision, obs);
+        let (outcome, replay_from) = match decision {
             SeqDecision::Apply => (Outcome::Applied { seq }, None),
             SeqDecision::Duplicate => {
                 obs.observe(Happening::Duplicate(seq));
@@ -425,6 +453,23 @@ impl SourcePipeline {
             _ => self.apply(index, seq, &batch, now, sink, obs)?,
         }
         Ok(outcome)
+    }
+
+    /// Reports how a resumed source went on, at the first message that decides it (a gap
+    /// with replay decides at [`SourcePipeline::fill`]).
+    fn settle_warm_start(&mut self, decision: &SeqDecision, obs: &mut Observer) {
+        if !self.warm {
+            return;
+        }
+        let outcome = match decision {
+            SeqDecision::Apply => WarmStart::Resumed,
+            SeqDecision::Restart | SeqDecision::StartedMidStream { .. } => WarmStart::Restarted,
+            SeqDecision::Gap { .. } if self.replay => return,
+            SeqDecision::Gap { .. } => WarmStart::Reset,
+            SeqDecision::Duplicate => return,
+        };
+        self.warm = false;
+        obs.observe(Happening::WarmStart(outcome));
     }
 
     fn apply_replayed(

@@ -59,6 +59,16 @@ impl SeqTracker {
         }
     }
 
+    /// A tracker that goes on after `last`, inherited from a checkpoint: the next seq applies,
+    /// a hole is a gap from `last + 1`, and (as after any reconnect) a seq that does not
+    /// move forward is an engine restart.
+    pub fn resumed(last: u64) -> SeqTracker {
+        SeqTracker {
+            last: Some(last),
+            reconnected: true,
+        }
+    }
+
     /// Records that `seq` was applied (or deliberately passed over).
     pub fn applied(&mut self, seq: u64) {
         self.last = Some(seq);
@@ -120,6 +130,16 @@ mod tests {
         t.reconnected();
         assert_eq!(t.observe(2), SeqDecision::Restart);
         assert_eq!(t.observe(6), SeqDecision::Apply);
+    }
+
+    #[test]
+    fn a_resumed_tracker_goes_on_after_the_watermark() {
+        let t = SeqTracker::resumed(9);
+        assert_eq!(t.observe(10), SeqDecision::Apply);
+        assert_eq!(t.observe(12), SeqDecision::Gap { from: 10, to: 12 });
+        assert_eq!(t.observe(9), SeqDecision::Restart);
+        assert_eq!(t.observe(3), SeqDecision::Restart);
+        assert_eq!(t.observe(0), SeqDecision::Restart);
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub struct IngestStats {
     pub replays_failed: u64,
     /// What applying the events did to the index.
     pub apply: ApplyStats,
+    /// How sources restored from a checkpoint went on, by outcome (daemon warm starts).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub warm_starts: BTreeMap<&'static str, u64>,
 }
 
 impl IngestStats {

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket};
 
-use crate::index::{Delta, DeltaMirror, DeltaSink, Index, SourceSpec};
+use crate::index::{Checkpoint, Delta, DeltaMirror, DeltaSink, Index, SourceSpec};
 use crate::metrics::SourceMetrics;
 use crate::wire::Engine;
 
@@ -149,8 +149,14 @@ async fn run_inner(spec: SubscriberSpec, ctx: SubscriberCtx) {
             return;
         }
     };
+    let mut pipeline = SourcePipeline::new(source, spec.replay_endpoint.is_some());
+    if let Some(seq) = ctx.index.take_resume_seq(source) {
+        info!(seq, "Resuming from the checkpoint's watermark.");
+        pipeline.resume(seq);
+    }
     let mut worker = Worker {
-        pipeline: SourcePipeline::new(source, spec.replay_endpoint.is_some()),
+        pipeline,
+        checkpointed: None,
         observer: Observer::new(spec.engine),
         metrics: SourceMetrics::new(spec.engine),
         spec,
@@ -171,6 +177,8 @@ struct Worker {
     spec: SubscriberSpec,
     ctx: SubscriberCtx,
     pipeline: SourcePipeline,
+    /// The last seq handed to the mirror as a checkpoint.
+    checkpointed: Option<u64>,
     observer: Observer,
     metrics: SourceMetrics,
 }
@@ -308,8 +316,17 @@ impl Worker {
             st.stats.clone_from(self.observer.stats());
         }
         if let (Sink::Collect(deltas), Some(mirror)) = (sink, &self.ctx.mirror) {
-            if !deltas.is_empty() {
-                mirror.queue(deltas).await;
+            // The checkpoint rides with the deltas it covers, so the mirror writes it after them.
+            let seq = self.pipeline.last_seq();
+            let checkpoint = seq
+                .filter(|_| seq != self.checkpointed)
+                .map(|seq| Checkpoint {
+                    source: self.pipeline.source(),
+                    seq,
+                });
+            if !deltas.is_empty() || checkpoint.is_some() {
+                self.checkpointed = seq;
+                mirror.queue(deltas, checkpoint).await;
             }
         }
         self.metrics.pipeline(started.elapsed().as_secs_f64());

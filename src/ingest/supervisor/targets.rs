@@ -93,8 +93,46 @@ impl Supervisor {
     /// [`EngineIdentity`] is an engine restart: the old state is dropped (index and mirror)
     /// before the new subscriber applies anything.
     pub async fn apply_discovered(&self, targets: Vec<DiscoveredTarget>) -> ReloadSummary {
-        self.wanted.lock().discovered = targets;
+        {
+            let mut wanted = self.wanted.lock();
+            wanted.discovered = targets;
+            wanted.discovery_listed = true;
+        }
         self.reconcile().await
+    }
+
+    /// Sources a warm start rebuilt from the checkpoint: each is claimed by the target of its
+    /// pod, and those no target claims are forgotten (index and mirror) at the next change of
+    /// the target set — the first one when targets are static, the first discovery listing
+    /// when `after_discovery`. Call before the first [`Supervisor::apply`].
+    pub fn expect_restored(&self, sources: Vec<(String, u8)>, after_discovery: bool) {
+        self.wanted.lock().restored = Some(Restored {
+            sources,
+            after_discovery,
+        });
+    }
+
+    /// Forgets restored sources no target claimed: their blocks leave the index and Redis.
+    async fn forget_orphans(&self, orphans: Vec<(String, u8)>) {
+        let mut deltas: Vec<Delta> = Vec::new();
+        for (pod, rank) in &orphans {
+            for source in self.index.sources_of_pod(pod) {
+                let rank_matches = self
+                    .index
+                    .source_spec(source)
+                    .is_some_and(|s| s.dp_rank == *rank);
+                if rank_matches {
+                    // Gone already is as good as removed.
+                    let _ = self.index.remove_source(source, &mut deltas);
+                }
+            }
+            info!(pod = %pod, rank, "Forgot a source restored from the checkpoint that no target claims.");
+        }
+        if let Some(mirror) = &self.mirror {
+            if !deltas.is_empty() {
+                mirror.queue(deltas, None).await;
+            }
+        }
     }
 
     async fn reconcile(&self) -> ReloadSummary {
@@ -103,7 +141,15 @@ impl Supervisor {
             // Shutting down: a late reload or discovery event must not start subscribers.
             return ReloadSummary::default();
         }
-        let wanted = self.wanted.lock().merged();
+        let (wanted, orphans) = {
+            let mut sets = self.wanted.lock();
+            let wanted = sets.merged();
+            let orphans = sets.take_orphans(&wanted);
+            (wanted, orphans)
+        };
+        if !orphans.is_empty() {
+            self.forget_orphans(orphans).await;
+        }
         let mut summary = ReloadSummary::default();
         let mut to_stop = Vec::new();
         let mut to_start = Vec::new();
@@ -227,7 +273,7 @@ impl Supervisor {
         crate::metrics::forget_target(id);
         if let Some(mirror) = &self.mirror {
             if !deltas.is_empty() {
-                mirror.queue(deltas).await;
+                mirror.queue(deltas, None).await;
             }
         }
     }
@@ -353,6 +399,43 @@ struct WantedSets {
     conflicts: BTreeSet<String>,
     // Set by `shutdown`: no target starts after it.
     closed: bool,
+    // Sources rebuilt from a checkpoint, waiting for the target set to claim them.
+    restored: Option<Restored>,
+    // Set by the first discovery listing.
+    discovery_listed: bool,
+}
+
+/// Sources a warm start rebuilt, not yet matched against the target set.
+struct Restored {
+    sources: Vec<(String, u8)>,
+    after_discovery: bool,
+}
+
+impl WantedSets {
+    /// The restored sources no wanted target claims (its pod is not wanted, or the rank is
+    /// past its DP ranks), once the target set is known: at once for static targets, after
+    /// discovery's first listing when discovery runs.
+    fn take_orphans(&mut self, wanted: &BTreeMap<String, Wanted>) -> Vec<(String, u8)> {
+        let ready = self
+            .restored
+            .as_ref()
+            .is_some_and(|r| !r.after_discovery || self.discovery_listed);
+        if !ready {
+            return Vec::new();
+        }
+        let Some(restored) = self.restored.take() else {
+            return Vec::new();
+        };
+        restored
+            .sources
+            .into_iter()
+            .filter(|(pod, rank)| {
+                wanted
+                    .get(pod)
+                    .is_none_or(|w| u32::from(*rank) >= w.target.dp_ranks)
+            })
+            .collect()
+    }
 }
 
 impl WantedSets {

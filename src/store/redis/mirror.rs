@@ -1,7 +1,7 @@
 //! The writer task: coalesces deltas per flush, one pipeline per flush, and outage handling
 //! (dirty mode, capped backoff, reconcile on reconnect).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,8 +11,11 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::checkpoint::{
+    engine_field, engine_value, source_field, state_key, Watermark, WATERMARKS_KEY,
+};
 use super::{MirrorError, RedisConfig};
-use crate::index::{Delta, Index, ModelId, PodId};
+use crate::index::{Checkpoint, Delta, EngineState, Index, ModelId, PodId, SourceId};
 use crate::medium::TierWeights;
 use crate::redis_layout::{
     block_key, field_value, mapping_key, mapping_value, redact_url, scrub_secrets, MAPPING_TTL_SECS,
@@ -33,8 +36,8 @@ const LATENCY_SAMPLES: usize = 4096;
 /// What ingest and the handle send to the writer, in one ordered queue.
 #[derive(Debug)]
 pub(super) enum Msg {
-    /// Deltas of one applied message.
-    Deltas(Vec<Delta>),
+    /// Deltas of one applied message, and the checkpoint of its source that covers them.
+    Deltas(Vec<Delta>, Option<Checkpoint>),
     /// Answer once everything queued before is in Redis.
     Flush(oneshot::Sender<()>),
     /// Write what is queued, answer, and stop.
@@ -64,6 +67,24 @@ pub(super) enum Key {
         /// Engine hash.
         hash: BlockHash,
     },
+    /// Checkpoint entry of one engine block of source `(pod, rank)`.
+    Engine {
+        /// Pod.
+        pod: PodId,
+        /// DP rank.
+        rank: u8,
+        /// Model.
+        model: ModelId,
+        /// Engine hash.
+        hash: BlockHash,
+    },
+    /// The checkpoint of source `(pod, rank)` as a whole (written only to delete it).
+    Source {
+        /// Pod.
+        pod: PodId,
+        /// DP rank.
+        rank: u8,
+    },
 }
 
 impl Key {
@@ -90,6 +111,22 @@ impl Key {
                 engine: *engine,
                 hash: engine_hash.clone(),
             },
+            Delta::Engine {
+                pod,
+                rank,
+                model,
+                engine_hash,
+                ..
+            } => Key::Engine {
+                pod: *pod,
+                rank: *rank,
+                model: *model,
+                hash: engine_hash.clone(),
+            },
+            Delta::SourceGone { pod, rank } => Key::Source {
+                pod: *pod,
+                rank: *rank,
+            },
         }
     }
 
@@ -108,6 +145,19 @@ impl Key {
                 engine_hash: hash,
                 std_hash: None,
             },
+            Key::Engine {
+                pod,
+                rank,
+                model,
+                hash,
+            } => Delta::Engine {
+                pod,
+                rank,
+                model,
+                engine_hash: hash,
+                state: None,
+            },
+            Key::Source { pod, rank } => Delta::SourceGone { pod, rank },
         }
     }
 }
@@ -226,6 +276,21 @@ pub(super) struct Writer {
     flush_at: Instant,
     waiters: Vec<oneshot::Sender<()>>,
     names: Names,
+    /// The checkpoint's watermarks: every live source's latest, and which are not written yet.
+    marks: Marks,
+}
+
+/// Watermarks of the sources the mirror checkpoints.
+#[derive(Default)]
+pub(super) struct Marks {
+    /// Per source `(pod, rank)`: the latest watermark handed over.
+    pub(super) latest: HashMap<(PodId, u8), Watermark>,
+    /// Sources whose latest watermark is not in Redis yet.
+    pub(super) unwritten: HashSet<(PodId, u8)>,
+    /// Model ids per source, so a watermark lists every state key of its source.
+    models: HashMap<(PodId, u8), BTreeSet<ModelId>>,
+    /// Source ids resolved to `(pod, rank)` (ids are never reused).
+    sources: HashMap<SourceId, Option<(PodId, u8)>>,
 }
 
 /// Caches of interned names (they never change once interned).
@@ -278,7 +343,59 @@ impl Writer {
             flush_at: now,
             waiters: Vec::new(),
             names: Names::default(),
+            marks: Marks::default(),
         }
+    }
+
+    /// Seeds the watermarks a warm start restored, so later ones keep their model lists and a
+    /// reconcile writes them back.
+    pub(super) fn seed_marks(&mut self, restored: Vec<(SourceId, Watermark)>) {
+        for (source, mark) in restored {
+            let Some(key) = self.resolve_source(source) else {
+                continue;
+            };
+            let models = self.marks.models.entry(key).or_default();
+            for name in &mark.models {
+                if let Some(id) = self.index.model_id(name) {
+                    models.insert(id);
+                }
+            }
+            self.marks.latest.insert(key, mark);
+        }
+    }
+
+    fn resolve_source(&mut self, source: SourceId) -> Option<(PodId, u8)> {
+        let index = &self.index;
+        *self.marks.sources.entry(source).or_insert_with(|| {
+            let spec = index.source_spec(source)?;
+            Some((index.pod_id(&spec.pod)?, spec.dp_rank))
+        })
+    }
+
+    /// Records a source's checkpoint: its watermark is written after the data it covers.
+    fn absorb_checkpoint(&mut self, checkpoint: Checkpoint) {
+        let Some(key) = self.resolve_source(checkpoint.source) else {
+            return;
+        };
+        let Some(spec) = self.index.source_spec(checkpoint.source) else {
+            return;
+        };
+        let models = self.marks.models.entry(key).or_default();
+        if let Some(base) = self.index.model_id(&spec.model) {
+            models.insert(base);
+        }
+        let models: Vec<String> = models
+            .iter()
+            .map(|m| self.names.model(&self.index, *m).to_string())
+            .collect();
+        let mark = Watermark {
+            seq: checkpoint.seq,
+            engine: spec.engine,
+            model: spec.model,
+            models,
+        };
+        self.marks.latest.insert(key, mark);
+        self.marks.unwritten.insert(key);
     }
 
     pub(super) fn index(&self) -> &Index {
@@ -294,7 +411,7 @@ impl Writer {
         loop {
             let wake = if self.dirty {
                 Some(self.retry_at)
-            } else if self.pending.is_empty() {
+            } else if self.pending.is_empty() && self.marks.unwritten.is_empty() {
                 None
             } else {
                 Some(self.flush_at)
@@ -309,8 +426,8 @@ impl Writer {
                     }
                 }
                 msg = rx.recv() => match msg {
-                    Some(Msg::Deltas(deltas)) => {
-                        self.absorb(deltas);
+                    Some(Msg::Deltas(deltas, checkpoint)) => {
+                        self.absorb(deltas, checkpoint);
                         if !self.dirty && self.pending.len() >= self.config.flush_max_commands {
                             self.flush_now().await;
                         }
@@ -352,9 +469,35 @@ impl Writer {
         self.answer_waiters();
     }
 
-    fn absorb(&mut self, deltas: Vec<Delta>) {
+    fn absorb(&mut self, deltas: Vec<Delta>, checkpoint: Option<Checkpoint>) {
         for delta in deltas {
-            if !self.config.mapping_keys && matches!(delta, Delta::Mapping { .. }) {
+            let wanted = match &delta {
+                Delta::Mapping { .. } => self.config.mapping_keys,
+                Delta::Engine {
+                    pod,
+                    rank,
+                    model,
+                    state,
+                    ..
+                } => {
+                    if state.is_some() && self.config.checkpoint {
+                        self.marks
+                            .models
+                            .entry((*pod, *rank))
+                            .or_default()
+                            .insert(*model);
+                    }
+                    self.config.checkpoint
+                }
+                Delta::SourceGone { pod, rank } => {
+                    self.marks.unwritten.remove(&(*pod, *rank));
+                    self.marks.latest.remove(&(*pod, *rank));
+                    self.marks.models.remove(&(*pod, *rank));
+                    self.config.checkpoint
+                }
+                Delta::Field { .. } => true,
+            };
+            if !wanted {
                 continue;
             }
             let key = Key::of(&delta);
@@ -368,30 +511,39 @@ impl Writer {
                 self.pending.insert(key, delta);
             }
         }
+        if let (Some(checkpoint), true) = (checkpoint, self.config.checkpoint) {
+            self.absorb_checkpoint(checkpoint);
+            if !self.dirty && self.pending.is_empty() {
+                self.flush_at = Instant::now() + self.config.flush_interval;
+            }
+        }
     }
 
     fn answer_waiters(&mut self) {
-        if !self.dirty && self.pending.is_empty() {
+        if !self.dirty && self.pending.is_empty() && self.marks.unwritten.is_empty() {
             for done in self.waiters.drain(..) {
                 let _ = done.send(());
             }
         }
     }
 
-    /// Appends the command that brings Redis to `delta`'s state to `pipe`.
+    /// Appends the command that brings Redis to `delta`'s key's current state to `pipe`. The
+    /// value is read from the index now, not taken from the delta: DP ranks of one pod queue
+    /// their deltas independently, so only the index knows the pod's latest value, and a
+    /// mapping key is kept while any rank of the pod still holds its engine hash.
     pub(super) fn push_command(&mut self, pipe: &mut redis::Pipeline, delta: &Delta) {
         match delta {
             Delta::Field {
                 model,
                 std_hash,
                 pod,
-                value,
+                ..
             } => {
                 let bk = block_key(&self.names.model(&self.index, *model), *std_hash);
                 let field = self.names.pod(&self.index, *pod);
-                match value {
+                match self.index.field_value(*model, *std_hash, *pod) {
                     Some(v) => {
-                        let v = field_value(*v, self.config.value_format, &self.weights);
+                        let v = field_value(v, self.config.value_format, &self.weights);
                         pipe.hset(bk, &*field, v).ignore();
                     }
                     None => {
@@ -406,9 +558,10 @@ impl Writer {
                 std_hash,
             } => {
                 let mk = mapping_key(*engine, &self.names.pod(&self.index, *pod), engine_hash);
-                match std_hash {
+                let std = std_hash.or_else(|| self.index.pod_engine_std(*pod, engine_hash));
+                match std {
                     Some(std) => {
-                        pipe.set_ex(mk, mapping_value(*std), MAPPING_TTL_SECS)
+                        pipe.set_ex(mk, mapping_value(std), MAPPING_TTL_SECS)
                             .ignore();
                     }
                     None => {
@@ -416,7 +569,96 @@ impl Writer {
                     }
                 }
             }
+            Delta::Engine { .. } | Delta::SourceGone { .. } => {
+                self.push_commands(pipe, std::iter::once(delta));
+            }
         }
+    }
+
+    /// Appends the commands for `deltas` in the order that keeps the checkpoint behind the
+    /// data: kthena's fields and mapping keys first, then checkpoint entries grouped into one
+    /// `HSET`/`HDEL` per state key, then the watermarks of unregistered sources deleted.
+    /// Returns the number of commands.
+    pub(super) fn push_commands<'d>(
+        &mut self,
+        pipe: &mut redis::Pipeline,
+        deltas: impl IntoIterator<Item = &'d Delta>,
+    ) -> usize {
+        let mut commands = 0;
+        let mut states: BTreeMap<(PodId, u8, ModelId), StateOps> = BTreeMap::new();
+        let mut gone: Vec<String> = Vec::new();
+        for delta in deltas {
+            match delta {
+                Delta::Engine {
+                    pod,
+                    rank,
+                    model,
+                    engine_hash,
+                    state,
+                } => {
+                    let ops = states.entry((*pod, *rank, *model)).or_default();
+                    ops.push(engine_hash, state.as_ref());
+                }
+                Delta::SourceGone { pod, rank } => {
+                    gone.push(source_field(&self.names.pod(&self.index, *pod), *rank));
+                }
+                data => {
+                    self.push_command(pipe, data);
+                    commands += 1;
+                }
+            }
+        }
+        for ((pod, rank, model), ops) in states {
+            let key = state_key(
+                &self.names.pod(&self.index, pod),
+                rank,
+                &self.names.model(&self.index, model),
+            );
+            if !ops.del.is_empty() {
+                pipe.hdel(&key, ops.del).ignore();
+                commands += 1;
+            }
+            if !ops.set.is_empty() {
+                pipe.hset_multiple(&key, &ops.set).ignore();
+                commands += 1;
+            }
+        }
+        if !gone.is_empty() {
+            pipe.hdel(WATERMARKS_KEY, gone).ignore();
+            commands += 1;
+        }
+        commands
+    }
+
+    /// Appends one `HSET` of the watermarks of `sources` (after their data). Returns the
+    /// number of commands.
+    fn push_watermarks(&mut self, pipe: &mut redis::Pipeline, sources: &[(PodId, u8)]) -> usize {
+        let mut fields: Vec<(String, String)> = Vec::with_capacity(sources.len());
+        for key in sources {
+            let Some(mark) = self.marks.latest.get(key) else {
+                continue;
+            };
+            let Ok(json) = serde_json::to_string(mark) else {
+                continue;
+            };
+            fields.push((
+                source_field(&self.names.pod(&self.index, key.0), key.1),
+                json,
+            ));
+        }
+        if fields.is_empty() {
+            return 0;
+        }
+        pipe.hset_multiple(WATERMARKS_KEY, &fields).ignore();
+        1
+    }
+
+    /// Appends every live source's watermark: the end of a reconcile, which rewrote all the
+    /// data they cover.
+    pub(super) fn push_all_watermarks(&mut self, pipe: &mut redis::Pipeline) -> usize {
+        self.marks.unwritten.clear();
+        let all: Vec<(PodId, u8)> = self.marks.latest.keys().copied().collect();
+        self.push_watermarks(pipe, &all)
     }
 
     /// Sends one pipeline; records figures and health.
@@ -439,16 +681,17 @@ impl Writer {
     }
 
     async fn flush_now(&mut self) {
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && self.marks.unwritten.is_empty() {
             return;
         }
         let batch: Vec<(Key, Delta)> = self.pending.drain().collect();
         let mut pipe = redis::pipe();
-        for (_, delta) in &batch {
-            self.push_command(&mut pipe, delta);
-        }
-        if let Err(err) = self.send(&pipe, batch.len()).await {
+        let mut commands = self.push_commands(&mut pipe, batch.iter().map(|(_, d)| d));
+        let marks: Vec<(PodId, u8)> = self.marks.unwritten.drain().collect();
+        commands += self.push_watermarks(&mut pipe, &marks);
+        if let Err(err) = self.send(&pipe, commands).await {
             self.touched.extend(batch.into_iter().map(|(k, _)| k));
+            self.marks.unwritten.extend(marks);
             self.go_dirty(&err);
         }
     }
@@ -489,6 +732,22 @@ impl Writer {
         self.shared.healthy.store(true, Ordering::Relaxed);
         self.shared.reconciles.fetch_add(1, Ordering::Relaxed);
         self.answer_waiters();
+    }
+}
+
+/// The checkpoint entries of one state key written by one flush.
+#[derive(Default)]
+pub(super) struct StateOps {
+    set: Vec<(String, String)>,
+    del: Vec<String>,
+}
+
+impl StateOps {
+    fn push(&mut self, hash: &BlockHash, state: Option<&EngineState>) {
+        match state {
+            Some(state) => self.set.push((engine_field(hash), engine_value(state))),
+            None => self.del.push(engine_field(hash)),
+        }
     }
 }
 

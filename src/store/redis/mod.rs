@@ -5,6 +5,7 @@
 //! | `mod.rs` | the public surface: [`RedisConfig`], [`MirrorHandle`], [`MirrorSender`] |
 //! | `mirror.rs` | the writer task: coalescing, one pipeline per flush, outage handling |
 //! | `reconcile.rs` | bringing Redis back in line with the index after an outage |
+//! | `checkpoint.rs` | kvindex's own `kvindex:` keys: watermarks and engine-block state for warm starts |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
 //! | `tests.rs` | unit tests of coalescing |
 //!
@@ -21,6 +22,7 @@
 //! parse the value as an integer and keep an unparsable one fresh forever (never garbage
 //! collected), so operators of such routers must choose `timestamp` (bare `"{ts}"`).
 
+pub mod checkpoint;
 mod dump;
 mod mirror;
 mod reconcile;
@@ -35,7 +37,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::index::{Delta, Index};
+use crate::index::{Checkpoint, Delta, Index};
 use crate::medium::TierWeights;
 use crate::redis_layout::redact_url;
 
@@ -59,6 +61,11 @@ pub struct RedisConfig {
     pub flush_interval: Duration,
     /// Delta batches queued before ingest waits (backpressure).
     pub queue_capacity: usize,
+    /// Keep kvindex's checkpoint (`kvindex:` keys: per-source watermarks and engine-block
+    /// state) in the same pipelines, and rebuild the index from it at start: what lets a
+    /// restarted daemon go on where the previous one stopped. On for `serve`, off for
+    /// offline tools, whose writes are kthena's layout alone.
+    pub checkpoint: bool,
 }
 
 impl Default for RedisConfig {
@@ -70,6 +77,7 @@ impl Default for RedisConfig {
             flush_max_commands: 1000,
             flush_interval: Duration::from_millis(5),
             queue_capacity: 1024,
+            checkpoint: false,
         }
     }
 }
@@ -145,12 +153,13 @@ pub struct MirrorSender {
 }
 
 impl MirrorSender {
-    /// Queues one batch of deltas; waits when the queue is full (backpressure).
-    pub async fn send(&self, deltas: Vec<Delta>) {
-        if deltas.is_empty() {
+    /// Queues one batch of deltas and the checkpoint that covers them; waits when the queue
+    /// is full (backpressure).
+    pub async fn send(&self, deltas: Vec<Delta>, checkpoint: Option<Checkpoint>) {
+        if deltas.is_empty() && checkpoint.is_none() {
             return;
         }
-        if self.tx.send(Msg::Deltas(deltas)).await.is_err() {
+        if self.tx.send(Msg::Deltas(deltas, checkpoint)).await.is_err() {
             tracing::debug!("Dropped deltas: the Redis mirror has stopped.");
         }
     }
@@ -160,8 +169,9 @@ impl crate::index::DeltaMirror for MirrorSender {
     fn queue(
         &self,
         deltas: Vec<Delta>,
+        checkpoint: Option<Checkpoint>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
-        Box::pin(self.send(deltas))
+        Box::pin(self.send(deltas, checkpoint))
     }
 }
 
@@ -187,11 +197,13 @@ pub struct MirrorHandle {
     /// Taken by the first [`MirrorHandle::shutdown`]; a std lock, held only to take it.
     task: Mutex<Option<JoinHandle<()>>>,
     url: String,
+    restored: Option<checkpoint::RestoreSummary>,
 }
 
 impl MirrorHandle {
-    /// Connects (failing fast on a bad URL or failed auth) and starts the writer task.
-    /// The writer first reconciles Redis with whatever the index already holds.
+    /// Connects (failing fast on a bad URL or failed auth), rebuilds the index from the
+    /// checkpoint when `config.checkpoint` is on, and starts the writer task. The writer
+    /// first reconciles Redis with whatever the index then holds.
     ///
     /// # Errors
     /// [`MirrorError`] naming the URL without its password.
@@ -201,17 +213,30 @@ impl MirrorHandle {
         weights: TierWeights,
     ) -> Result<MirrorHandle, MirrorError> {
         let shared = Arc::new(Shared::default());
-        let conn = mirror::connect(&config.url).await?;
+        let mut conn = mirror::connect(&config.url).await?;
+        let (restored, marks) = if config.checkpoint {
+            let (summary, marks) = checkpoint::restore(&mut conn, &config.url, &index).await?;
+            (Some(summary), marks)
+        } else {
+            (None, Vec::new())
+        };
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let url = redact_url(&config.url);
-        let writer = mirror::Writer::new(config, index, weights, conn, Arc::clone(&shared));
+        let mut writer = mirror::Writer::new(config, index, weights, conn, Arc::clone(&shared));
+        writer.seed_marks(marks);
         let task = tokio::spawn(writer.run(rx));
         Ok(MirrorHandle {
             tx,
             shared,
             task: Mutex::new(Some(task)),
             url,
+            restored,
         })
+    }
+
+    /// What the warm start rebuilt from the checkpoint (`None` without `checkpoint`).
+    pub fn restored(&self) -> Option<&checkpoint::RestoreSummary> {
+        self.restored.as_ref()
     }
 
     /// A sender for ingest tasks.

@@ -28,7 +28,10 @@ impl Writer {
         self.shared.reconciling.store(true, Ordering::Relaxed);
         let mut stale = std::mem::take(&mut self.touched);
         let (fields, mappings) = self.snapshot(&mut stale);
-        let result = self.write_snapshot(&fields, &mappings, &stale).await;
+        let engines = self.engine_snapshot(&mut stale);
+        let result = self
+            .write_snapshot(&fields, &mappings, engines, &stale)
+            .await;
         self.shared.reconciling.store(false, Ordering::Relaxed);
         match result {
             Ok(()) => {
@@ -95,10 +98,36 @@ impl Writer {
         (fields, mappings)
     }
 
+    /// The checkpoint entries of every source (when the mirror keeps a checkpoint); removes
+    /// from `stale` every key the index holds.
+    fn engine_snapshot(&self, stale: &mut HashSet<Key>) -> Vec<Delta> {
+        let mut engines = Vec::new();
+        if !self.config().checkpoint {
+            return engines;
+        }
+        self.index()
+            .for_each_engine_state(|pod, rank, model, engine_hash, state| {
+                engines.push(Delta::Engine {
+                    pod,
+                    rank,
+                    model,
+                    engine_hash,
+                    state: Some(state),
+                });
+            });
+        if !stale.is_empty() {
+            for delta in &engines {
+                stale.remove(&Key::of(delta));
+            }
+        }
+        engines
+    }
+
     async fn write_snapshot(
         &mut self,
         fields: &[(ModelId, u64, PodId, FieldValue)],
         mappings: &[(PodId, Engine, BlockHash, u64)],
+        engines: Vec<Delta>,
         stale: &HashSet<Key>,
     ) -> Result<(), redis::RedisError> {
         let mut ops: Vec<Delta> = Vec::with_capacity(RECONCILE_CHUNK);
@@ -121,7 +150,9 @@ impl Writer {
                 std_hash: Some(*std),
             });
         // Deletes first: a key both stale and wanted cannot happen (stale excludes wanted).
-        for delta in stale_ops.chain(field_ops).chain(mapping_ops) {
+        // Checkpoint entries follow the data, and the watermarks come last of all.
+        let all = stale_ops.chain(field_ops).chain(mapping_ops).chain(engines);
+        for delta in all {
             ops.push(delta);
             if ops.len() == RECONCILE_CHUNK {
                 self.send_chunk(&mut pipe, &mut ops).await?;
@@ -129,6 +160,11 @@ impl Writer {
         }
         if !ops.is_empty() {
             self.send_chunk(&mut pipe, &mut ops).await?;
+        }
+        pipe.clear();
+        let n = self.push_all_watermarks(&mut pipe);
+        if n > 0 {
+            self.send(&pipe, n).await?;
         }
         Ok(())
     }
@@ -139,10 +175,7 @@ impl Writer {
         ops: &mut Vec<Delta>,
     ) -> Result<(), redis::RedisError> {
         pipe.clear();
-        for delta in ops.iter() {
-            self.push_command(pipe, delta);
-        }
-        let n = ops.len();
+        let n = self.push_commands(pipe, ops.iter());
         ops.clear();
         self.send(pipe, n).await
     }

@@ -1,0 +1,286 @@
+//! kvindex's own checkpoint in Redis (DESIGN.md §8): what a restarted kvindex needs to go on
+//! exactly where the previous one stopped. It lives under the `kvindex:` prefix, apart from
+//! kthena's keys, and is written by the mirror in the same pipeline as the data it covers.
+//!
+//! | key | type | content |
+//! | --- | --- | --- |
+//! | `kvindex:wm` | hash | field `{pod}#{rank}` → [`Watermark`] as JSON: the last seq whose effects are in Redis, the engine, the base model and the models the source holds blocks of |
+//! | `kvindex:src:{pod}#{rank}@{model}` | hash | field = engine hash (decimal, `-` for negative, `x{hex}` for byte strings) → `{std}\|{stored_at}\|{media,…}` |
+//!
+//! The kthena field holds only a pod's best medium and its mapping keys have no DP rank or
+//! model, so they cannot rebuild the index; this checkpoint can. Within one flush the data
+//! commands come first, the checkpoint entries next and the watermark last, so a watermark
+//! in Redis never runs ahead of the data it covers: a crash between them leaves an older
+//! watermark, and re-applying those seqs is harmless.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+
+use super::MirrorError;
+use crate::index::{EngineState, Index, SourceId, SourceSpec};
+use crate::medium::{MediaSet, Medium};
+use crate::redis_layout::{redact_url, scrub_secrets};
+use crate::wire::{BlockHash, Engine};
+
+/// The hash of every source's watermark.
+pub const WATERMARKS_KEY: &str = "kvindex:wm";
+/// Prefix of the per-source, per-model engine-block hashes.
+pub const STATE_PREFIX: &str = "kvindex:src:";
+/// Entries read per `HSCAN` round trip during a restore.
+const RESTORE_SCAN_COUNT: usize = 10_000;
+
+/// One source's watermark entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watermark {
+    /// The last seq whose effects are in Redis.
+    pub seq: u64,
+    /// Engine family of the source.
+    pub engine: Engine,
+    /// The source's base (served) model.
+    pub model: String,
+    /// Every model (base or LoRA adapter) the source has state keys for.
+    pub models: Vec<String>,
+}
+
+/// The `kvindex:wm` field of source `(pod, rank)`.
+pub fn source_field(pod: &str, rank: u8) -> String {
+    format!("{pod}#{rank}")
+}
+
+/// Splits a `kvindex:wm` field into pod and rank. Pod identifiers are DNS names joined by a
+/// dot, so they hold no `#`.
+pub fn parse_source_field(field: &str) -> Option<(&str, u8)> {
+    let (pod, rank) = field.rsplit_once('#')?;
+    Some((pod, rank.parse().ok()?))
+}
+
+/// `kvindex:src:{pod}#{rank}@{model}`.
+pub fn state_key(pod: &str, rank: u8, model: &str) -> String {
+    let mut key = String::with_capacity(STATE_PREFIX.len() + pod.len() + model.len() + 6);
+    key.push_str(STATE_PREFIX);
+    key.push_str(pod);
+    let _ = write!(key, "#{rank}@{model}");
+    key
+}
+
+/// An engine hash as a state field: unambiguous between ints and byte strings (the kthena
+/// text form is not: a hex digest may consist of digits only).
+pub fn engine_field(hash: &BlockHash) -> String {
+    match hash {
+        BlockHash::Int(v) => v.to_string(),
+        BlockHash::Neg(v) => v.to_string(),
+        BlockHash::Bytes(b) => {
+            let mut out = String::with_capacity(1 + b.len() * 2);
+            out.push('x');
+            for byte in b.iter() {
+                let _ = write!(out, "{byte:02x}");
+            }
+            out
+        }
+    }
+}
+
+/// The inverse of [`engine_field`].
+pub fn parse_engine_field(field: &str) -> Option<BlockHash> {
+    if let Some(hex) = field.strip_prefix('x') {
+        if hex.len() % 2 != 0 {
+            return None;
+        }
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        return Some(BlockHash::Bytes(bytes.into()));
+    }
+    if field.starts_with('-') {
+        return field.parse::<i64>().ok().map(BlockHash::from_i64);
+    }
+    field.parse::<u64>().ok().map(BlockHash::Int)
+}
+
+/// `{std}|{stored_at}|{media spellings joined by ','}` (the empty spelling = no medium).
+pub fn engine_value(state: &EngineState) -> String {
+    let mut out = String::with_capacity(40);
+    let _ = write!(out, "{}|{}|", state.std_hash, state.stored_at);
+    for (i, medium) in state.media.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(medium.spelling());
+    }
+    out
+}
+
+/// The inverse of [`engine_value`].
+pub fn parse_engine_value(value: &str) -> Option<EngineState> {
+    let mut parts = value.splitn(3, '|');
+    let std_hash = parts.next()?.parse().ok()?;
+    let stored_at = parts.next()?.parse().ok()?;
+    let mut media = MediaSet::EMPTY;
+    for spelling in parts.next()?.split(',') {
+        media.insert(Medium::intern(spelling));
+    }
+    Some(EngineState {
+        std_hash,
+        media,
+        stored_at,
+    })
+}
+
+/// What a warm start found and rebuilt.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RestoreSummary {
+    /// Sources rebuilt, with the watermark each resumes after.
+    pub sources: Vec<(SourceSpec, u64)>,
+    /// Engine blocks rebuilt over all sources.
+    pub engine_blocks: u64,
+    /// Checkpoint entries that did not parse (skipped, logged).
+    pub bad_entries: u64,
+    /// Wall time of the restore, milliseconds.
+    pub took_ms: u64,
+}
+
+impl RestoreSummary {
+    /// Distinct pod identifiers restored.
+    pub fn pods(&self) -> Vec<String> {
+        let mut pods: Vec<String> = self.sources.iter().map(|(s, _)| s.pod.clone()).collect();
+        pods.sort();
+        pods.dedup();
+        pods
+    }
+}
+
+/// Rebuilds `index` from the checkpoint in Redis: every source in `kvindex:wm` is registered,
+/// its engine blocks restored without deltas, and its watermark recorded as the seq its
+/// pipeline resumes after. Returns the watermarks so the mirror knows them too.
+///
+/// # Errors
+/// [`MirrorError::Command`] when Redis fails mid-way (the caller starts cold instead).
+pub async fn restore(
+    conn: &mut ConnectionManager,
+    url: &str,
+    index: &Index,
+) -> Result<(RestoreSummary, Vec<(SourceId, Watermark)>), MirrorError> {
+    let started = Instant::now();
+    let failed = |e: redis::RedisError| MirrorError::Command {
+        url: redact_url(url),
+        reason: scrub_secrets(url, &e.to_string()),
+    };
+    let entries: Vec<(String, String)> = conn.hgetall(WATERMARKS_KEY).await.map_err(failed)?;
+    let mut summary = RestoreSummary::default();
+    let mut marks = Vec::new();
+    for (field, value) in entries {
+        let parsed = parse_source_field(&field).zip(serde_json::from_str::<Watermark>(&value).ok());
+        let Some(((pod, rank), mark)) = parsed else {
+            summary.bad_entries += 1;
+            tracing::warn!(field = %field, "Skipped a checkpoint watermark that does not parse.");
+            continue;
+        };
+        let spec = SourceSpec {
+            pod: pod.to_owned(),
+            model: mark.model.clone(),
+            engine: mark.engine,
+            dp_rank: rank,
+        };
+        let Ok(source) = index.register_source(&spec) else {
+            summary.bad_entries += 1;
+            continue;
+        };
+        for model in &mark.models {
+            let key = state_key(pod, rank, model);
+            restore_state_key(conn, &key, index, source, model, &mut summary)
+                .await
+                .map_err(failed)?;
+        }
+        // Registered above, so this cannot fail.
+        let _ = index.set_resume_seq(source, mark.seq);
+        summary.sources.push((spec, mark.seq));
+        marks.push((source, mark));
+    }
+    summary.took_ms = started.elapsed().as_millis() as u64;
+    Ok((summary, marks))
+}
+
+async fn restore_state_key(
+    conn: &mut ConnectionManager,
+    key: &str,
+    index: &Index,
+    source: SourceId,
+    model: &str,
+    summary: &mut RestoreSummary,
+) -> Result<(), redis::RedisError> {
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, page): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+            .arg(key)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(RESTORE_SCAN_COUNT)
+            .query_async(conn)
+            .await?;
+        for (field, value) in page {
+            match parse_engine_field(&field).zip(parse_engine_value(&value)) {
+                Some((hash, state)) => {
+                    if index.restore_block(source, model, &hash, state).is_ok() {
+                        summary.engine_blocks += 1;
+                    }
+                }
+                None => summary.bad_entries += 1,
+            }
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_fields_round_trip_and_never_confuse_ints_and_digests() {
+        for hash in [
+            BlockHash::Int(u64::MAX),
+            BlockHash::Int(0),
+            BlockHash::from_i64(-42),
+            BlockHash::Bytes(vec![0x12, 0x34].into()),
+            BlockHash::Bytes(Vec::new().into()),
+        ] {
+            assert_eq!(parse_engine_field(&engine_field(&hash)), Some(hash));
+        }
+        assert_eq!(engine_field(&BlockHash::Bytes(vec![0x12].into())), "x12");
+        assert_eq!(parse_engine_field("x1"), None);
+        assert_eq!(parse_engine_field("abc"), None);
+    }
+
+    #[test]
+    fn engine_values_round_trip_with_several_media_and_none() {
+        let mut media = MediaSet::single(Medium::GPU);
+        media.insert(Medium::intern("CPU"));
+        media.insert(Medium::NONE);
+        let state = EngineState {
+            std_hash: 1 << 62,
+            media,
+            stored_at: 1_700_000_000,
+        };
+        assert_eq!(parse_engine_value(&engine_value(&state)), Some(state));
+        assert_eq!(parse_engine_value("1|2"), None);
+        assert_eq!(parse_engine_value("x|2|GPU"), None);
+    }
+
+    #[test]
+    fn keys_and_fields_name_pod_rank_and_model() {
+        assert_eq!(state_key("p.ns", 1, "m@x"), "kvindex:src:p.ns#1@m@x");
+        assert_eq!(
+            parse_source_field(&source_field("p.ns", 3)),
+            Some(("p.ns", 3))
+        );
+        assert_eq!(parse_source_field("p.ns#300"), None);
+    }
+}
