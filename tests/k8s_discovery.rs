@@ -1,7 +1,8 @@
 //! Kubernetes discovery end to end: the real kube-rs client (through a kubeconfig file)
 //! against a stand-in API server on 127.0.0.1 that speaks list/watch with pod objects, and
-//! fake engines on 127.0.0.1 publishing fixture frames. Redis cases use db 12 of the shared
-//! Redis on 127.0.0.1:6379 with models unique to the run.
+//! fake engines on 127.0.0.1 publishing fixture frames. Redis cases run a `redis-server` of
+//! their own: a daemon owns the checkpoint of its Redis db (it forgets restored sources no
+//! target claims), so two daemons must never share one.
 
 #[path = "util/kube_api.rs"]
 mod kube_api;
@@ -14,12 +15,12 @@ use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
 use kvindex::ingest::subscriber::LinkState;
 use kvindex::ingest::supervisor::TargetSource;
+use util::own_redis::OwnRedis;
 use util::*;
 
 const E01: &str = "vllm-e01-0.9.0.jsonl";
 const E03: &str = "vllm-e03-0.13.0-int.jsonl";
 const S02: &str = "sglang-s02-0.5.8.post1.jsonl";
-const REDIS_DB: &str = "redis://127.0.0.1:6379/12";
 const WAIT: Duration = Duration::from_secs(15);
 
 struct Rig {
@@ -27,6 +28,14 @@ struct Rig {
     daemon: Daemon,
     dir: tempfile::TempDir,
     model: String,
+    redis: Option<OwnRedis>,
+}
+
+impl Rig {
+    /// The rig's own Redis.
+    fn redis_url(&self) -> String {
+        self.redis.as_ref().expect("a rig with redis").url()
+    }
 }
 
 /// Options of one rig.
@@ -44,10 +53,15 @@ fn unique_model(tag: &str) -> String {
     format!("k8s-{tag}-{}", std::process::id())
 }
 
-fn config_text(s: &Setup, kubeconfig: &std::path::Path, model: &str) -> String {
+fn config_text(
+    s: &Setup,
+    kubeconfig: &std::path::Path,
+    model: &str,
+    redis: Option<&OwnRedis>,
+) -> String {
     let mut text = String::from("metrics:\n  listen: 127.0.0.1:0\n");
-    if s.redis {
-        text += &format!("redis:\n  url: {REDIS_DB}\n  flush_interval_ms: 2\n");
+    if let Some(redis) = redis {
+        text += &format!("redis:\n  url: {}\n  flush_interval_ms: 2\n", redis.url());
     }
     if s.api {
         text += "api:\n  listen: 127.0.0.1:0\n";
@@ -75,7 +89,8 @@ async fn rig(tag: &str, setup: Setup<'_>, pods: &[FakePod]) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.kubeconfig(dir.path());
     let model = unique_model(tag);
-    let text = config_text(&setup, &kubeconfig, &model);
+    let redis = setup.redis.then(|| OwnRedis::start(None, &[]));
+    let text = config_text(&setup, &kubeconfig, &model, redis.as_ref());
     let path = dir.path().join("kvindex.yaml");
     std::fs::write(&path, &text).unwrap();
     let config = Config::from_str(&text).unwrap();
@@ -86,6 +101,7 @@ async fn rig(tag: &str, setup: Setup<'_>, pods: &[FakePod]) -> Rig {
         daemon,
         dir,
         model,
+        redis,
     }
 }
 
@@ -123,8 +139,8 @@ fn offline_rank0(file: &str, pod: &str, model: &str) -> Vec<kvindex::index::Dump
     offline(&[path.to_str().unwrap()], pod, model)
 }
 
-async fn redis_conn() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(REDIS_DB)
+async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
         .await
@@ -132,8 +148,8 @@ async fn redis_conn() -> redis::aio::MultiplexedConnection {
 }
 
 /// Block keys of `model` in Redis and the fields of `pod` among them.
-async fn redis_fields(model: &str, pod: &str) -> usize {
-    let mut conn = redis_conn().await;
+async fn redis_fields(url: &str, model: &str, pod: &str) -> usize {
+    let mut conn = redis_conn(url).await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("matrix:kv:block:{model}@*"))
         .query_async(&mut conn)
@@ -152,26 +168,15 @@ async fn redis_fields(model: &str, pod: &str) -> usize {
     n
 }
 
-async fn redis_cleanup(model: &str) {
-    let mut conn = redis_conn().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("matrix:kv:block:{model}@*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    if !keys.is_empty() {
-        let _: () = redis::cmd("DEL")
-            .arg(&keys)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-    }
-}
-
-async fn wait_redis_fields(model: &str, pod: &str, want: impl Fn(usize) -> bool) -> usize {
+async fn wait_redis_fields(
+    url: &str,
+    model: &str,
+    pod: &str,
+    want: impl Fn(usize) -> bool,
+) -> usize {
     let end = std::time::Instant::now() + WAIT;
     loop {
-        let n = redis_fields(model, pod).await;
+        let n = redis_fields(url, model, pod).await;
         if want(n) || std::time::Instant::now() > end {
             return n;
         }
@@ -296,7 +301,7 @@ async fn a_readiness_flap_keeps_state_and_a_long_one_forgets_the_pod_in_redis() 
     let r = rig("flap", setup, std::slice::from_ref(&pod)).await;
     wait_connected(&r.daemon, "flap.llm", 0, 1, &mut publisher).await;
     publish(&r.daemon, &mut publisher, "flap.llm", E01, 0).await;
-    let fields = wait_redis_fields(&r.model, "flap.llm", |n| n > 0).await;
+    let fields = wait_redis_fields(&r.redis_url(), &r.model, "flap.llm", |n| n > 0).await;
     assert!(fields > 0);
 
     // A flap shorter than the grace: same subscription, same state.
@@ -311,7 +316,10 @@ async fn a_readiness_flap_keeps_state_and_a_long_one_forgets_the_pod_in_redis() 
     assert!(ready_again, "{:?}", health.status());
     let st = rank(&r.daemon, "flap.llm", 0).unwrap();
     assert_eq!((st.connects, st.state), (1, LinkState::Connected));
-    assert_eq!(redis_fields(&r.model, "flap.llm").await, fields);
+    assert_eq!(
+        redis_fields(&r.redis_url(), &r.model, "flap.llm").await,
+        fields
+    );
     assert!(!of_pod(&r.daemon.index.dump(), "flap.llm").is_empty());
 
     // Not Ready past the grace: forgotten in the index and in Redis.
@@ -331,9 +339,11 @@ async fn a_readiness_flap_keeps_state_and_a_long_one_forgets_the_pod_in_redis() 
     })
     .await;
     assert!(forgotten);
-    assert_eq!(wait_redis_fields(&r.model, "flap.llm", |n| n == 0).await, 0);
+    assert_eq!(
+        wait_redis_fields(&r.redis_url(), &r.model, "flap.llm", |n| n == 0).await,
+        0
+    );
     r.daemon.shutdown(Duration::from_secs(5)).await;
-    redis_cleanup(&r.model).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,16 +361,18 @@ async fn a_deleted_pod_is_forgotten_at_once() {
     wait_connected(&r.daemon, "b.llm", 0, 1, &mut pub_b).await;
     publish(&r.daemon, &mut pub_a, "a.llm", E01, 0).await;
     publish(&r.daemon, &mut pub_b, "b.llm", E03, 0).await;
-    assert!(wait_redis_fields(&r.model, "a.llm", |n| n > 0).await > 0);
+    assert!(wait_redis_fields(&r.redis_url(), &r.model, "a.llm", |n| n > 0).await > 0);
     r.api.delete(&a);
     wait_targets(&r.daemon, TargetSource::Kubernetes, &["b.llm"]).await;
     // The target leaves the running set first; its state goes once its task has stopped.
     let forgotten = wait_until(WAIT, || of_pod(&r.daemon.index.dump(), "a.llm").is_empty()).await;
     assert!(forgotten);
-    assert_eq!(wait_redis_fields(&r.model, "a.llm", |n| n == 0).await, 0);
+    assert_eq!(
+        wait_redis_fields(&r.redis_url(), &r.model, "a.llm", |n| n == 0).await,
+        0
+    );
     assert!(!of_pod(&r.daemon.index.dump(), "b.llm").is_empty());
     r.daemon.shutdown(Duration::from_secs(5)).await;
-    redis_cleanup(&r.model).await;
 }
 
 /// Waits until the pod's blocks are gone, then until its new subscriber is connected.

@@ -1,0 +1,154 @@
+//! Warm start at scale: how long a restarted daemon takes to rebuild its index from the
+//! Redis checkpoint (issue 9 goal: 1 M resident entries in < 5 s).
+//!
+//! It fills an index with `--entries` resident blocks over `--sources` sources through the
+//! real mirror with the checkpoint on (as `serve` writes it), then rebuilds a fresh index
+//! from Redis with the same function the daemon calls at start, and checks both hold the same.
+//! It writes to a bench-only db (default 14) that it empties before and after.
+//!
+//! Run: `cargo run --release --example warm_start -- --entries 1000000`
+
+use std::time::{Duration, Instant};
+
+use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
+use kvindex::medium::{Medium, TierWeights};
+use kvindex::store::redis::checkpoint;
+use kvindex::store::redis::{MirrorHandle, RedisConfig};
+use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
+
+const BLOCKS_PER_EVENT: u64 = 8;
+const BLOCK_SIZE: u32 = 16;
+
+struct Args {
+    entries: u64,
+    sources: u64,
+    redis: String,
+}
+
+fn args() -> Args {
+    let mut args = Args {
+        entries: 1_000_000,
+        sources: 8,
+        redis: "redis://127.0.0.1:6379/14".to_owned(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_default();
+        match flag.as_str() {
+            "--entries" => args.entries = value.parse().expect("--entries N"),
+            "--sources" => args.sources = value.parse().expect("--sources N"),
+            "--redis" => args.redis = value,
+            other => panic!("unknown flag {other} (--entries, --sources, --redis)"),
+        }
+    }
+    args
+}
+
+async fn flushdb(url: &str) {
+    let client = redis::Client::open(url).expect("Redis URL");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis");
+    let _: () = redis::cmd("FLUSHDB")
+        .query_async(&mut conn)
+        .await
+        .expect("FLUSHDB");
+}
+
+fn event(source: u64, first: u64) -> Event {
+    let hashes = (0..BLOCKS_PER_EVENT)
+        .map(|i| BlockHash::Int(source << 40 | (first + i)))
+        .collect();
+    let tokens = (0..BLOCKS_PER_EVENT * u64::from(BLOCK_SIZE))
+        .map(|t| ((source << 40 | first) * 131 + t) as u32)
+        .collect();
+    Event::BlockStored(BlockStored::new(hashes, tokens, BLOCK_SIZE, Medium::GPU))
+}
+
+/// Fills `index` through the mirror with the checkpoint on; returns the wall time.
+async fn fill(args: &Args, index: &Index) -> Duration {
+    let config = RedisConfig {
+        url: args.redis.clone(),
+        checkpoint: true,
+        ..RedisConfig::default()
+    };
+    let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default())
+        .await
+        .expect("Redis");
+    let sender = mirror.sender();
+    let started = Instant::now();
+    let per_source = args.entries / args.sources;
+    for s in 0..args.sources {
+        let spec = SourceSpec {
+            pod: format!("warm-{s}.bench"),
+            model: "warm-model".to_owned(),
+            engine: Engine::Vllm,
+            dp_rank: 0,
+        };
+        let source = index.register_source(&spec).expect("register");
+        for (seq, first) in (0..per_source)
+            .step_by(BLOCKS_PER_EVENT as usize)
+            .enumerate()
+        {
+            let batch = EngineBatch::of(vec![event(s, first)]);
+            let mut deltas: Vec<Delta> = Vec::new();
+            index
+                .apply(source, &batch, 1_700_000_000, &mut deltas)
+                .expect("apply");
+            let seq = seq as u64;
+            sender.send(deltas, Some(Checkpoint { source, seq })).await;
+        }
+    }
+    mirror.flush().await.expect("flush");
+    let took = started.elapsed();
+    mirror.shutdown(Duration::from_secs(60)).await;
+    took
+}
+
+#[tokio::main]
+async fn main() {
+    let args = args();
+    flushdb(&args.redis).await;
+    let original = Index::new();
+    let filled = fill(&args, &original).await;
+    let entries = original.stats().entries;
+    println!(
+        "filled {entries} entries over {} sources through the mirror in {:.2} s",
+        args.sources,
+        filled.as_secs_f64()
+    );
+
+    let restored = Index::new();
+    let client = redis::Client::open(args.redis.as_str()).expect("Redis URL");
+    let mut conn = client.get_connection_manager().await.expect("Redis");
+    let started = Instant::now();
+    let (summary, _) = checkpoint::restore(&mut conn, &args.redis, &restored)
+        .await
+        .expect("restore");
+    let took = started.elapsed();
+    let got = restored.stats();
+    println!(
+        "warm start: restored {} entries ({} engine blocks, {} sources) in {:.2} s = {:.0} entries/s; index heap {:.1} MB",
+        got.entries,
+        summary.engine_blocks,
+        summary.sources.len(),
+        took.as_secs_f64(),
+        got.entries as f64 / took.as_secs_f64(),
+        got.heap_bytes as f64 / 1e6
+    );
+    assert_eq!(
+        got.entries, entries,
+        "the restored index holds what was written"
+    );
+    let strip = |index: &Index| {
+        let mut d = index.dump();
+        d.iter_mut().for_each(|e| e.stored_at = 0);
+        d
+    };
+    assert!(
+        strip(&restored) == strip(&original),
+        "restored index differs"
+    );
+    flushdb(&args.redis).await;
+}
