@@ -662,3 +662,65 @@ async fn the_library_entry_point_takes_a_kube_config_of_its_own() {
         .unwrap();
     supervisor.shutdown(Duration::from_secs(2)).await;
 }
+
+/// Messages of `file` (rank 0) with their seq renumbered from `first`.
+fn renumbered(file: &str, first: u64) -> Vec<kvindex::ingest::fixture::RecordedMessage> {
+    let mut msgs = messages(file, Some(0));
+    for (i, m) in msgs.iter_mut().enumerate() {
+        m.frames[1] = (first + i as u64).to_be_bytes().to_vec();
+    }
+    msgs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_uid_while_kvindex_was_down_drops_the_checkpointed_state_even_past_the_watermark() {
+    let (mut publisher, port) = FakePub::bind_any().await;
+    let mut pod = FakePod::new("w", "llm", port);
+    let setup = Setup {
+        redis: true,
+        grace_s: 30,
+        ..Setup::default()
+    };
+    let Rig {
+        api,
+        daemon,
+        dir,
+        model,
+        redis,
+    } = rig("warm-uid", setup, std::slice::from_ref(&pod)).await;
+    wait_connected(&daemon, "w.llm", 0, 1, &mut publisher).await;
+    publish(&daemon, &mut publisher, "w.llm", E01, 0).await;
+    assert!(!daemon.index.dump().is_empty());
+    let old_last = messages(E01, Some(0)).len() as u64 - 1;
+    daemon.shutdown(Duration::from_secs(5)).await;
+
+    // While kvindex is down the pod is replaced (new UID) and its new engine has already
+    // published past the old watermark: seq alone would take it for the old stream going on.
+    pod.uid = "uid-w-2".into();
+    api.apply(&pod);
+    let text = std::fs::read_to_string(dir.path().join("kvindex.yaml")).unwrap();
+    let config = Config::from_str(&text).unwrap();
+    let daemon = Daemon::start(config, None, test_limits()).await.unwrap();
+    wait_connected(&daemon, "w.llm", 0, 1, &mut publisher).await;
+    let new_run = renumbered(E03, old_last + 1);
+    for m in &new_run {
+        publisher.send(&m.frames).await;
+    }
+    wait_messages(&daemon, "w.llm", 0, new_run.len() as u64).await;
+    assert_eq!(
+        strip(daemon.index.dump()),
+        offline_rank0(E03, "w.llm", &model)
+    );
+    let url = redis.as_ref().unwrap().url();
+    let fields = wait_redis_fields(&url, &model, "w.llm", |n| {
+        n == offline_rank0(E03, "w.llm", &model).len()
+    })
+    .await;
+    assert_eq!(fields, offline_rank0(E03, "w.llm", &model).len());
+    let metrics = metrics_text(&daemon).await;
+    assert!(
+        metrics.contains("kvindex_warm_starts_total{engine=\"vllm\",outcome=\"restarted\"} 1"),
+        "{metrics}"
+    );
+    daemon.shutdown(Duration::from_secs(5)).await;
+}

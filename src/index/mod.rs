@@ -165,6 +165,21 @@ impl Index {
         self.source(source).ok()?.lock().resume_seq.take()
     }
 
+    /// Records which engine run (e.g. a pod UID and its container restarts) the source's
+    /// blocks come from, so a warm start can tell a restarted engine by its identity.
+    ///
+    /// # Errors
+    /// [`IndexError::UnknownSource`] when `source` is not registered.
+    pub fn set_source_run(&self, source: SourceId, run: Option<String>) -> Result<(), IndexError> {
+        self.source(source)?.lock().run = run;
+        Ok(())
+    }
+
+    /// The engine run recorded for `source`, if any.
+    pub fn source_run(&self, source: SourceId) -> Option<String> {
+        self.source(source).ok()?.lock().run.clone()
+    }
+
     /// The std hash `engine_hash` maps to in any DP rank of `pod`, or `None` when no rank
     /// of the pod holds it: a pod-level mapping key may only go when this is `None`.
     pub fn pod_engine_std(&self, pod: PodId, engine_hash: &crate::wire::BlockHash) -> Option<u64> {

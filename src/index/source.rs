@@ -178,6 +178,8 @@ pub(crate) struct SourceState {
     pub(crate) dups: HashMap<(u32, u64), [u16; MEDIA_SLOTS]>,
     /// The watermark a restored source resumes after, until its pipeline takes it.
     pub(crate) resume_seq: Option<u64>,
+    /// The engine run (process identity) whose blocks the source holds, when known.
+    pub(crate) run: Option<String>,
 }
 
 impl SourceState {
@@ -191,6 +193,7 @@ impl SourceState {
             maps: Vec::new(),
             dups: HashMap::new(),
             resume_seq: None,
+            run: None,
         }
     }
 

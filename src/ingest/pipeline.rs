@@ -133,6 +133,18 @@ impl Observer {
         self.line = line;
     }
 
+    /// Counts (and logs) a source whose checkpoint came from another run of its engine.
+    pub fn engine_restarted_while_away(&mut self, old: &str, new: &str) {
+        self.stats.restarts += 1;
+        self.metrics.restart();
+        info!(
+            old_run = old,
+            new_run = new,
+            "The engine restarted while kvindex was down; dropping the blocks inherited from the checkpoint."
+        );
+        self.observe(Happening::WarmStart(WarmStart::Restarted));
+    }
+
     /// Counts (and logs) a recorded line that was not a fixture object.
     pub fn bad_line(&mut self, err: &dyn Display) {
         self.observe(Happening::BadLine(err));

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket};
 
-use crate::index::{Checkpoint, Delta, DeltaMirror, DeltaSink, Index, SourceSpec};
+use crate::index::{Checkpoint, Delta, DeltaMirror, DeltaSink, Index, SourceId, SourceSpec};
 use crate::metrics::SourceMetrics;
 use crate::wire::Engine;
 
@@ -97,6 +97,9 @@ pub struct SubscriberSpec {
     pub replay_limits: ReplayLimits,
     /// Lowest store time written (kthena ignores fields at or before the container start).
     pub min_store_time: u32,
+    /// The engine run behind the target (discovered pods), compared with the run a
+    /// checkpoint recorded: a different one is an engine restart while kvindex was down.
+    pub run: Option<String>,
 }
 
 /// Where a subscriber writes.
@@ -150,6 +153,10 @@ async fn run_inner(spec: SubscriberSpec, ctx: SubscriberCtx) {
         }
     };
     let mut pipeline = SourcePipeline::new(source, spec.replay_endpoint.is_some());
+    let mut observer = Observer::new(spec.engine);
+    if restarted_while_away(&spec, &ctx, source, &mut observer).await {
+        ctx.index.take_resume_seq(source);
+    }
     if let Some(seq) = ctx.index.take_resume_seq(source) {
         info!(seq, "Resuming from the checkpoint's watermark.");
         pipeline.resume(seq);
@@ -157,7 +164,7 @@ async fn run_inner(spec: SubscriberSpec, ctx: SubscriberCtx) {
     let mut worker = Worker {
         pipeline,
         checkpointed: None,
-        observer: Observer::new(spec.engine),
+        observer,
         metrics: SourceMetrics::new(spec.engine),
         spec,
         ctx,
@@ -171,6 +178,33 @@ async fn run_inner(spec: SubscriberSpec, ctx: SubscriberCtx) {
         batches = stats.batches,
         "Subscriber stopped."
     );
+}
+
+/// Whether the source's inherited blocks come from another run of the engine than the one
+/// the target now names (a new pod UID or container restart while kvindex was down): they
+/// are dropped (index and mirror) before anything new is applied. Records the current run.
+async fn restarted_while_away(
+    spec: &SubscriberSpec,
+    ctx: &SubscriberCtx,
+    source: SourceId,
+    observer: &mut Observer,
+) -> bool {
+    let Some(run) = &spec.run else {
+        return false;
+    };
+    let inherited = ctx.index.source_run(source);
+    // Registered by this task, so recording cannot fail.
+    let _ = ctx.index.set_source_run(source, Some(run.clone()));
+    if inherited.as_ref().is_none_or(|old| old == run) {
+        return false;
+    }
+    let mut deltas: Vec<Delta> = Vec::new();
+    let _ = ctx.index.clear_source(source, &mut deltas);
+    observer.engine_restarted_while_away(inherited.as_deref().unwrap_or(""), run);
+    if let Some(mirror) = &ctx.mirror {
+        mirror.queue(deltas, None).await;
+    }
+    true
 }
 
 struct Worker {

@@ -38,6 +38,11 @@ pub struct EngineIdentity {
 }
 
 impl EngineIdentity {
+    /// This run as one string (pod UID and container restarts), as a checkpoint records it.
+    pub fn run(&self) -> String {
+        format!("{}/{}", self.uid, self.restarts)
+    }
+
     /// The lowest store time that kthena's router will accept for this run: it ignores
     /// fields written at or before the pod's latest container start (whole seconds), so
     /// every write must carry at least that second + 1.

@@ -240,6 +240,7 @@ impl Supervisor {
                 topic: target.topic.clone(),
                 replay_limits: self.replay_limits,
                 min_store_time,
+                run: identity.as_ref().map(EngineIdentity::run),
             };
             let ctx = SubscriberCtx {
                 index: self.index.clone(),

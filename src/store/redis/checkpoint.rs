@@ -44,6 +44,10 @@ pub struct Watermark {
     pub model: String,
     /// Every model (base or LoRA adapter) the source has state keys for.
     pub models: Vec<String>,
+    /// The engine run the blocks come from (discovered pods: UID and container restarts), so
+    /// a restart while kvindex was down is caught even when the new seq ran past `seq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 /// The `kvindex:wm` field of source `(pod, rank)`.
@@ -196,8 +200,9 @@ pub async fn restore(
                 .await
                 .map_err(failed)?;
         }
-        // Registered above, so this cannot fail.
+        // Registered above, so neither can fail.
         let _ = index.set_resume_seq(source, mark.seq);
+        let _ = index.set_source_run(source, mark.run.clone());
         summary.sources.push((spec, mark.seq));
         marks.push((source, mark));
     }

@@ -393,6 +393,7 @@ impl Writer {
             engine: spec.engine,
             model: spec.model,
             models,
+            run: self.index.source_run(checkpoint.source),
         };
         self.marks.latest.insert(key, mark);
         self.marks.unwritten.insert(key);
