@@ -48,6 +48,7 @@ async fn empty_bench_db() {
         .await
         .expect("Redis at 127.0.0.1:6379");
     let _: () = redis::cmd("FLUSHDB")
+        .arg("ASYNC")
         .query_async(&mut conn)
         .await
         .expect("FLUSHDB on the bench db");

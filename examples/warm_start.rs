@@ -51,6 +51,7 @@ async fn flushdb(url: &str) {
         .await
         .expect("Redis");
     let _: () = redis::cmd("FLUSHDB")
+        .arg("ASYNC")
         .query_async(&mut conn)
         .await
         .expect("FLUSHDB");
