@@ -280,11 +280,13 @@ pub(super) struct Writer {
     marks: Marks,
 }
 
-/// Watermarks of the sources the mirror checkpoints.
+/// Watermarks of the sources the mirror checkpoints. Only the seq is recorded per message;
+/// the rest of a watermark entry (names, models, engine run) is read when it is written, once
+/// per flush, so a 1-block message costs one map update here.
 #[derive(Default)]
 pub(super) struct Marks {
-    /// Per source `(pod, rank)`: the latest watermark handed over.
-    pub(super) latest: HashMap<(PodId, u8), Watermark>,
+    /// Per source `(pod, rank)`: its id and the latest seq handed over.
+    pub(super) latest: HashMap<(PodId, u8), (SourceId, u64)>,
     /// Sources whose latest watermark is not in Redis yet.
     pub(super) unwritten: HashSet<(PodId, u8)>,
     /// Model ids per source, so a watermark lists every state key of its source.
@@ -360,7 +362,7 @@ impl Writer {
                     models.insert(id);
                 }
             }
-            self.marks.latest.insert(key, mark);
+            self.marks.latest.insert(key, (source, mark.seq));
         }
     }
 
@@ -377,26 +379,31 @@ impl Writer {
         let Some(key) = self.resolve_source(checkpoint.source) else {
             return;
         };
-        let Some(spec) = self.index.source_spec(checkpoint.source) else {
-            return;
-        };
+        self.marks
+            .latest
+            .insert(key, (checkpoint.source, checkpoint.seq));
+        self.marks.unwritten.insert(key);
+    }
+
+    /// The watermark entry of source `key` as it stands now, `None` once it is unregistered.
+    fn watermark(&mut self, key: (PodId, u8)) -> Option<Watermark> {
+        let (source, seq) = *self.marks.latest.get(&key)?;
+        let spec = self.index.source_spec(source)?;
         let models = self.marks.models.entry(key).or_default();
         if let Some(base) = self.index.model_id(&spec.model) {
             models.insert(base);
         }
-        let models: Vec<String> = models
+        let models = models
             .iter()
             .map(|m| self.names.model(&self.index, *m).to_string())
             .collect();
-        let mark = Watermark {
-            seq: checkpoint.seq,
+        Some(Watermark {
+            seq,
             engine: spec.engine,
             model: spec.model,
             models,
-            run: self.index.source_run(checkpoint.source),
-        };
-        self.marks.latest.insert(key, mark);
-        self.marks.unwritten.insert(key);
+            run: self.index.source_run(source),
+        })
     }
 
     pub(super) fn index(&self) -> &Index {
@@ -636,10 +643,10 @@ impl Writer {
     fn push_watermarks(&mut self, pipe: &mut redis::Pipeline, sources: &[(PodId, u8)]) -> usize {
         let mut fields: Vec<(String, String)> = Vec::with_capacity(sources.len());
         for key in sources {
-            let Some(mark) = self.marks.latest.get(key) else {
+            let Some(mark) = self.watermark(*key) else {
                 continue;
             };
-            let Ok(json) = serde_json::to_string(mark) else {
+            let Ok(json) = serde_json::to_string(&mark) else {
                 continue;
             };
             fields.push((
