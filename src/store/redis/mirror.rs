@@ -267,6 +267,9 @@ pub(super) struct Writer {
     pub(super) shared: Arc<Shared>,
     /// Wanted state per key since the last flush (coalescing: the last delta wins).
     pending: HashMap<Key, Delta>,
+    /// How many of `pending` are checkpoint entries: they become one command per state key,
+    /// so they do not count towards `flush_max_commands`.
+    pending_entries: usize,
     /// Keys whose last write may not have reached Redis (failed pipeline or dropped while
     /// dirty): the record the reconcile checks for fields that must be deleted.
     pub(super) touched: HashSet<Key>,
@@ -338,6 +341,7 @@ impl Writer {
             conn,
             shared,
             pending: HashMap::new(),
+            pending_entries: 0,
             touched: HashSet::new(),
             dirty: true,
             backoff: MIN_BACKOFF,
@@ -436,7 +440,8 @@ impl Writer {
                 msg = rx.recv() => match msg {
                     Some(Msg::Deltas(deltas, checkpoint)) => {
                         self.absorb(deltas, checkpoint);
-                        if !self.dirty && self.pending.len() >= self.config.flush_max_commands {
+                        let commands = self.pending.len() - self.pending_entries;
+                        if !self.dirty && commands >= self.config.flush_max_commands {
                             self.flush_now().await;
                         }
                     }
@@ -516,7 +521,10 @@ impl Writer {
                 if self.pending.is_empty() {
                     self.flush_at = Instant::now() + self.config.flush_interval;
                 }
-                self.pending.insert(key, delta);
+                let entry = matches!(key, Key::Engine { .. });
+                if self.pending.insert(key, delta).is_none() && entry {
+                    self.pending_entries += 1;
+                }
             }
         }
         if let (Some(checkpoint), true) = (checkpoint, self.config.checkpoint) {
@@ -693,6 +701,7 @@ impl Writer {
             return;
         }
         let batch: Vec<(Key, Delta)> = self.pending.drain().collect();
+        self.pending_entries = 0;
         let mut pipe = redis::pipe();
         let mut commands = self.push_commands(&mut pipe, batch.iter().map(|(_, d)| d));
         let marks: Vec<(PodId, u8)> = self.marks.unwritten.drain().collect();
@@ -728,6 +737,7 @@ impl Writer {
         self.shared.dirty.store(true, Ordering::Relaxed);
         self.shared.healthy.store(false, Ordering::Relaxed);
         let keys: Vec<Key> = self.pending.drain().map(|(k, _)| k).collect();
+        self.pending_entries = 0;
         self.touched.extend(keys);
         self.retry_at = Instant::now() + self.backoff;
     }
