@@ -76,8 +76,8 @@ pub struct RawRedis {
 pub struct RawApi {
     /// Listen address (default 127.0.0.1:8080).
     pub listen: Option<Spanned<String>>,
-    /// Bearer token required by the API (none = open).
-    pub token: Option<String>,
+    /// Bearer token required by the API (none = open; empty is refused).
+    pub token: Option<Spanned<String>>,
 }
 
 /// `metrics:` as written.
@@ -303,6 +303,10 @@ fn parse_addr(
 /// [`ConfigError::Invalid`] with all issues.
 pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
     let mut issues = Issues::default();
+    // Checked even without an `api:` section: an empty token signals a broken deployment.
+    if raw.api.is_none() && env.get(API_TOKEN_VAR).is_some_and(|t| t.trim().is_empty()) {
+        validate_token(None, env, &mut issues);
+    }
     let redis = validate_redis(raw.redis, env, &mut issues);
     let api = validate_api(raw.api, env, &mut issues);
     let metrics_listen = validate_metrics(raw.metrics, env, &mut issues);
@@ -412,9 +416,35 @@ fn validate_api(section: Option<RawApi>, env: &impl Env, issues: &mut Issues) ->
         "127.0.0.1:8080".to_owned(),
     );
     let listen = parse_addr("api.listen", line, &text, issues)?;
-    let token = env.get("KVINDEX_API_TOKEN").or(section.token);
+    let token = validate_token(section.token, env, issues);
     Some(ApiConfig { listen, token })
 }
+
+/// The API token (the environment's over the file's). An empty one is an error, never
+/// "auth off": `KVINDEX_API_TOKEN=` left in a manifest must not open the API.
+fn validate_token(
+    file: Option<Spanned<String>>,
+    env: &impl Env,
+    issues: &mut Issues,
+) -> Option<String> {
+    const EMPTY: &str = "is empty; remove it to serve the API without auth, or give a token";
+    if let Some(token) = env.get(API_TOKEN_VAR) {
+        if token.trim().is_empty() {
+            issues.add(API_TOKEN_VAR, None, EMPTY);
+            return None;
+        }
+        return Some(token);
+    }
+    let token = file?;
+    if token.value.trim().is_empty() {
+        issues.add("api.token", line_of(&token), EMPTY);
+        return None;
+    }
+    Some(token.value)
+}
+
+/// The variable that overrides `api.token`.
+const API_TOKEN_VAR: &str = "KVINDEX_API_TOKEN";
 
 /// `metrics.listen`, defaulting to 127.0.0.1:9090.
 fn validate_metrics(
@@ -646,7 +676,8 @@ fn check_ports(
 }
 
 impl Config {
-    /// The resolved config as JSON, for `check-config` (the API token is masked).
+    /// The resolved config as JSON, for `check-config` (the API token shows only as `set`
+    /// or `not set`, after the environment override).
     pub fn to_json(&self) -> serde_json::Value {
         let redis = self.redis.as_ref().map(|r| {
             serde_json::json!({
@@ -661,7 +692,7 @@ impl Config {
         let api = self.api.as_ref().map(|a| {
             serde_json::json!({
                 "listen": a.listen.to_string(),
-                "token": a.token.as_ref().map(|_| "***"),
+                "token": if a.token.is_some() { "set" } else { "not set" },
             })
         });
         let weights: BTreeMap<&str, f64> = self.weights.entries().collect();
@@ -774,6 +805,44 @@ targets:
         let c = Config::from_str_with_env(ISSUE_SHAPE, &env).unwrap();
         assert_eq!(c.redis.unwrap().url, "redis://127.0.0.1:6380/2");
         assert_eq!(c.metrics_listen.port(), 0);
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn an_empty_token_is_an_error_never_auth_off() {
+        let file = "api:\n  token: secret\n";
+        for empty in ["", "  "] {
+            let vars = env(&[("KVINDEX_API_TOKEN", empty)]);
+            let err = Config::from_str_with_env(file, &vars).unwrap_err();
+            assert!(err.to_string().contains("KVINDEX_API_TOKEN"), "{err}");
+            // Without an `api:` section too.
+            let err = Config::from_str_with_env("", &vars).unwrap_err();
+            assert!(err.to_string().contains("KVINDEX_API_TOKEN"), "{err}");
+        }
+        let err = Config::from_str("api:\n  token: ''\n").unwrap_err();
+        assert!(err.to_string().contains("api.token (line 2)"), "{err}");
+    }
+
+    #[test]
+    fn check_config_shows_whether_a_token_is_set_never_its_value() {
+        let shown = |text: &str, vars: &[(&str, &str)]| {
+            let c = Config::from_str_with_env(text, &env(vars)).unwrap();
+            let json = c.to_json();
+            assert!(!json.to_string().contains("secret"), "{json}");
+            json["api"]["token"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(shown("api: {}\n", &[]), "not set");
+        assert_eq!(shown("api:\n  token: secret\n", &[]), "set");
+        assert_eq!(
+            shown("api: {}\n", &[("KVINDEX_API_TOKEN", "secret2")]),
+            "set"
+        );
     }
 
     #[test]
