@@ -40,6 +40,8 @@ pub struct ApplyStats {
     pub skipped_group_blocks: u64,
     /// Stores whose std block this source already held through another engine hash.
     pub duplicate_engine_hashes: u64,
+    /// `BlockStored` events dropped: their LoRA would pass the source's cap on models.
+    pub too_many_models: u64,
 }
 
 impl ApplyStats {
@@ -53,6 +55,7 @@ impl ApplyStats {
         self.noop_removes += other.noop_removes;
         self.skipped_group_blocks += other.skipped_group_blocks;
         self.duplicate_engine_hashes += other.duplicate_engine_hashes;
+        self.too_many_models += other.too_many_models;
     }
 }
 
@@ -82,7 +85,9 @@ impl Index {
                 }
             }
         }
-        Ok(mutation.stats)
+        let stats = mutation.stats;
+        state.settle();
+        Ok(stats)
     }
 
     /// Drops every block of `source` (engine restart, unfillable gap), keeping it registered.
@@ -98,6 +103,7 @@ impl Index {
         let mut state = state.lock();
         // A clear stores nothing, so the store time is never read.
         Mutation::new(self, &mut state, sink, 0).clear();
+        state.settle();
         Ok(())
     }
 
@@ -212,7 +218,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return;
         }
         let model = match &stored.lora_name {
-            Some(name) => self.out.index.intern_model(name).0,
+            Some(name) => match self.state.lora_model(name) {
+                Some(model) => model,
+                None => {
+                    self.stats.too_many_models += 1;
+                    return;
+                }
+            },
             None => self.state.base_model,
         };
         let media = MediaSet::single(stored.medium);
@@ -275,7 +287,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let Some((twin, old)) = self.state.insert(model, hash, std, media) else {
             return;
         };
-        self.drop_engine_media(model, old.std(), old.media(), true);
+        self.drop_engine_media(old.model(), old.std(), old.media(), true);
         self.out.mapping(&twin, None);
     }
 
@@ -433,11 +445,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     fn clear(&mut self) {
         let (pod, rank) = (self.state.pod, self.state.rank);
         let wants_mappings = self.out.sink.wants_mappings();
-        for map in &self.state.maps {
-            let Some(blocks) = self.out.index.blocks_of(map.model) else {
+        for slot in self.state.slots() {
+            let model = slot.model();
+            let Some(blocks) = self.out.index.blocks_of(model) else {
                 continue;
             };
-            for slot in map.slots() {
+            {
                 let std = slot.std();
                 let Entry::Occupied(mut entry) = blocks.entry(std) else {
                     continue;
@@ -452,12 +465,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 } else {
                     entry.get().pod_value(pod)
                 };
-                self.out.field(map.model, std, before, after);
+                self.out.field(model, std, before, after);
             }
-            if wants_mappings {
-                for (engine_hash, _) in map.entries() {
-                    self.out.mapping_owned(engine_hash, None);
-                }
+        }
+        if wants_mappings {
+            for (engine_hash, _) in self.state.entries() {
+                self.out.mapping_owned(engine_hash, None);
             }
         }
         self.state.clear();

@@ -46,7 +46,7 @@ pub struct IndexStats {
 }
 
 impl Index {
-    /// The id of a model name, if any block or source ever used it.
+    /// The id of a model name, while any block or source uses it.
     pub fn model_id(&self, name: &str) -> Option<ModelId> {
         self.inner.models.get(name).map(ModelId)
     }
@@ -86,8 +86,8 @@ impl Index {
 
     /// Calls `visit` with the pod-level value of every resident (block, pod), in no order.
     pub fn for_each_field(&self, mut visit: impl FnMut(ModelId, u64, PodId, FieldValue)) {
-        let models: Vec<Arc<ModelBlocks>> = self.inner.blocks.read().clone();
-        for (model, blocks) in models.iter().enumerate() {
+        let models: Vec<(u32, Arc<ModelBlocks>)> = self.inner.models.all_blocks();
+        for (model, blocks) in &models {
             for entry in blocks.iter() {
                 let residents = entry.value().as_slice();
                 for (i, r) in residents.iter().enumerate() {
@@ -96,7 +96,7 @@ impl Index {
                         continue;
                     }
                     if let Some(value) = residents::pod_value(residents, r.pod()) {
-                        visit(ModelId(model as u32), *entry.key(), PodId(r.pod()), value);
+                        visit(ModelId(*model), *entry.key(), PodId(r.pod()), value);
                     }
                 }
             }
@@ -107,10 +107,8 @@ impl Index {
     pub fn for_each_mapping(&self, mut visit: impl FnMut(PodId, Engine, BlockHash, u64)) {
         for source in self.live_sources() {
             let state = source.lock();
-            for map in &state.maps {
-                for (hash, slot) in map.entries() {
-                    visit(PodId(state.pod), state.engine, hash, slot.std());
-                }
+            for (hash, slot) in state.entries() {
+                visit(PodId(state.pod), state.engine, hash, slot.std());
             }
         }
     }
@@ -146,8 +144,8 @@ impl Index {
                 by_medium[m.slot() as usize] += 1;
             }
         });
-        let models: Vec<Arc<ModelBlocks>> = self.inner.blocks.read().clone();
-        for blocks in &models {
+        let models = self.inner.models.all_blocks();
+        for (_, blocks) in &models {
             stats.blocks += blocks.len();
             stats.heap_bytes += table_bytes::<u64, Residents>(blocks.capacity());
             for entry in blocks.iter() {
