@@ -50,6 +50,19 @@ pub struct RawConfig {
     /// Engine pods found at run time (`discovery.kubernetes`).
     #[serde(default)]
     pub discovery: Option<RawDiscovery>,
+    /// Limits on what engines may send (every target).
+    #[serde(default)]
+    pub ingest: Option<RawIngest>,
+}
+
+/// `ingest:` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIngest {
+    /// Largest ZMQ frame accepted, bytes (default 64 MiB); larger ones are dropped, counted.
+    pub max_frame_bytes: Option<Spanned<usize>>,
+    /// Distinct models (base + LoRA adapters) one source may hold (default 1024).
+    pub max_models_per_source: Option<Spanned<usize>>,
 }
 
 /// `redis:` as written.
@@ -78,6 +91,11 @@ pub struct RawApi {
     pub listen: Option<Spanned<String>>,
     /// Bearer token required by the API (none = open; empty is refused).
     pub token: Option<Spanned<String>>,
+    /// Time to deliver a request head after accept or the previous response, ms
+    /// (default 30 000): also the keep-alive idle timeout.
+    pub header_read_timeout_ms: Option<Spanned<u64>>,
+    /// Open API connections at most (default 4096, less when the fd limit is low).
+    pub max_connections: Option<Spanned<usize>>,
 }
 
 /// `metrics:` as written.
@@ -125,6 +143,26 @@ pub struct Config {
     pub targets: Vec<Target>,
     /// Kubernetes discovery of more targets, when configured.
     pub discovery: Option<KubernetesConfig>,
+    /// Limits on what engines may send.
+    pub ingest: IngestLimits,
+}
+
+/// Limits on what engines may send, applied to every target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IngestLimits {
+    /// Largest ZMQ frame accepted, bytes.
+    pub max_frame_bytes: usize,
+    /// Distinct models one source (target DP rank) may hold at once.
+    pub max_models_per_source: usize,
+}
+
+impl Default for IngestLimits {
+    fn default() -> Self {
+        IngestLimits {
+            max_frame_bytes: crate::ingest::DEFAULT_MAX_FRAME_BYTES,
+            max_models_per_source: crate::index::DEFAULT_MAX_MODELS_PER_SOURCE,
+        }
+    }
 }
 
 /// HTTP API settings.
@@ -134,7 +172,17 @@ pub struct ApiConfig {
     pub listen: SocketAddr,
     /// Bearer token.
     pub token: Option<String>,
+    /// Time to deliver a request head after accept or the previous response (so also the
+    /// keep-alive idle timeout).
+    pub header_read_timeout: Duration,
+    /// Open connections at most (before the fd budget lowers it).
+    pub max_connections: usize,
 }
+
+/// Default of `api.header_read_timeout_ms` (hyper's own default).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of `api.max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
 /// One problem in a config file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -316,6 +364,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
         .discovery
         .and_then(|d| d.kubernetes)
         .and_then(|k| validate_kubernetes(k, env, &mut issues));
+    let ingest = validate_ingest(raw.ingest.unwrap_or_default(), &mut issues);
     if issues.0.is_empty() {
         Ok(Config {
             redis,
@@ -324,6 +373,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
             weights,
             targets,
             discovery,
+            ingest,
         })
     } else {
         Err(ConfigError::Invalid(issues.0))
@@ -417,7 +467,33 @@ fn validate_api(section: Option<RawApi>, env: &impl Env, issues: &mut Issues) ->
     );
     let listen = parse_addr("api.listen", line, &text, issues)?;
     let token = validate_token(section.token, env, issues);
-    Some(ApiConfig { listen, token })
+    let header_read_timeout = at_least_one(
+        "api.header_read_timeout_ms",
+        section.header_read_timeout_ms,
+        issues,
+    )
+    .map_or(DEFAULT_HEADER_READ_TIMEOUT, Duration::from_millis);
+    let max_connections = at_least_one("api.max_connections", section.max_connections, issues)
+        .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+    Some(ApiConfig {
+        listen,
+        token,
+        header_read_timeout,
+        max_connections,
+    })
+}
+
+/// `ingest:`: every limit at least 1.
+fn validate_ingest(section: RawIngest, issues: &mut Issues) -> IngestLimits {
+    let mut limits = IngestLimits::default();
+    if let Some(v) = at_least_one("ingest.max_frame_bytes", section.max_frame_bytes, issues) {
+        limits.max_frame_bytes = v;
+    }
+    let models = section.max_models_per_source;
+    if let Some(v) = at_least_one("ingest.max_models_per_source", models, issues) {
+        limits.max_models_per_source = v;
+    }
+    limits
 }
 
 /// The API token (the environment's over the file's). An empty one is an error, never
@@ -693,6 +769,8 @@ impl Config {
             serde_json::json!({
                 "listen": a.listen.to_string(),
                 "token": if a.token.is_some() { "set" } else { "not set" },
+                "header_read_timeout_ms": a.header_read_timeout.as_millis() as u64,
+                "max_connections": a.max_connections,
             })
         });
         let weights: BTreeMap<&str, f64> = self.weights.entries().collect();
@@ -713,6 +791,10 @@ impl Config {
                 "dp_ranks": t.dp_ranks,
             })).collect::<Vec<_>>(),
             "discovery": {"kubernetes": self.discovery.as_ref().map(KubernetesConfig::to_json)},
+            "ingest": {
+                "max_frame_bytes": self.ingest.max_frame_bytes,
+                "max_models_per_source": self.ingest.max_models_per_source,
+            },
         })
     }
 }

@@ -178,6 +178,12 @@ impl SourceMetrics {
             .increment(1);
     }
 
+    /// `n` events were dropped alone (`reason` is a fixed label, e.g. `too_many_models`).
+    pub fn invalid_events(&self, reason: &'static str, n: u64) {
+        counter!("kvindex_invalid_events_total", "engine" => self.engine, "reason" => reason)
+            .increment(n);
+    }
+
     /// A seq gap was seen.
     pub fn seq_gap(&self) {
         self.seq_gaps.increment(1);

@@ -97,6 +97,8 @@ pub struct SubscriberSpec {
     pub replay_limits: ReplayLimits,
     /// Lowest store time written (kthena ignores fields at or before the container start).
     pub min_store_time: u32,
+    /// Largest frame applied; larger messages are dropped and counted.
+    pub max_frame_bytes: usize,
 }
 
 /// Where a subscriber writes.
@@ -150,7 +152,8 @@ async fn run_inner(spec: SubscriberSpec, ctx: SubscriberCtx) {
         }
     };
     let mut worker = Worker {
-        pipeline: SourcePipeline::new(source, spec.replay_endpoint.is_some()),
+        pipeline: SourcePipeline::new(source, spec.replay_endpoint.is_some())
+            .with_max_frame_bytes(spec.max_frame_bytes),
         observer: Observer::new(spec.engine),
         metrics: SourceMetrics::new(spec.engine),
         spec,
