@@ -291,6 +291,12 @@ pub fn resident_blocks(medium: &str, n: usize) {
     gauge!("kvindex_resident_blocks", "medium" => medium.to_owned()).set(n as f64);
 }
 
+/// Ranks connected now (set from the target list; connects and disconnects move it between
+/// refreshes).
+pub fn targets_connected(n: usize) {
+    gauge!("kvindex_targets_connected").set(n as f64);
+}
+
 /// Mirror figures.
 pub fn mirror(queue_depth: usize, dirty: bool, reconciling: bool, flush_p99_us: u64) {
     gauge!("kvindex_mirror_queue_depth").set(queue_depth as f64);

@@ -174,12 +174,16 @@ impl Daemon {
         let metrics = spawn_server("metrics", listeners.metrics, health, limits, &self.accept);
         self.tasks.push(metrics);
         if let Some((bound, api)) = listeners.api {
+            let auth = api.token.is_some();
             let state = crate::api::ApiState::new(
                 self.index.clone(),
                 config.weights.clone(),
                 api.token,
                 self.supervisor.clone(),
             );
+            if !auth {
+                warn!("The API is served without auth: api.token is not set.");
+            }
             let router = crate::api::router(state);
             let limits = ConnLimits {
                 max_connections: api.max_connections.min(fds.api),

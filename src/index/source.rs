@@ -3,9 +3,10 @@
 //! The engine-hash map is also the set of blocks the source holds, so clearing a source or
 //! forgetting a pod walks exactly that source's entries, never the whole index.
 //!
-//! One map per source, keyed by engine hash alone (an engine hash names one block of one
-//! source whatever its model), with the model in the slot: a lookup is O(1) whatever the
-//! number of LoRA names. Per-model block counts say which models the source holds; the
+//! Keyed by engine hash alone (an engine hash names one block of one source whatever its
+//! model): one map for the base model's blocks and one for every LoRA adapter's, whose
+//! slots carry their model, so a lookup is at most two probes whatever the number of LoRA
+//! names, and a source without LoRA blocks pays nothing for them. Per-model block counts say which models the source holds; the
 //! source keeps one reference in the [`ModelTable`] per model it holds, so a model whose
 //! last block leaves every source is freed.
 
@@ -18,26 +19,25 @@ use super::intern::ModelTable;
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
 
-/// Where one engine block sits: its model, its std hash (63 bits, top bit = "sent as
-/// negative") and the media this engine block is resident on.
+/// Where one engine block sits: its std hash (63 bits, top bit = "sent as negative") and
+/// the media this engine block is resident on. 12 bytes: the model is implied by the map
+/// that holds it (the base model's, or the LoRA map's [`HeldSlot`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct EngineSlot {
     std_lo: u32,
     std_hi: u32,
     media: u32,
-    model: u32,
 }
 
 const NEG_FLAG: u64 = 1 << 63;
 
 impl EngineSlot {
-    fn new(model: u32, std: u64, negative: bool, media: MediaSet) -> EngineSlot {
+    fn new(std: u64, negative: bool, media: MediaSet) -> EngineSlot {
         let packed = (std & !NEG_FLAG) | if negative { NEG_FLAG } else { 0 };
         EngineSlot {
             std_lo: packed as u32,
             std_hi: (packed >> 32) as u32,
             media: media.bits(),
-            model,
         }
     }
 
@@ -48,11 +48,6 @@ impl EngineSlot {
     /// The standardized hash.
     pub(crate) fn std(&self) -> u64 {
         self.packed() & !NEG_FLAG
-    }
-
-    /// The model (base or LoRA adapter) the block was stored under.
-    pub(crate) fn model(&self) -> u32 {
-        self.model
     }
 
     fn negative(&self) -> bool {
@@ -66,6 +61,30 @@ impl EngineSlot {
 
     pub(crate) fn set_media(&mut self, media: MediaSet) {
         self.media = media.bits();
+    }
+}
+
+/// An engine slot with its model: how slots are stored in the LoRA maps and handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HeldSlot {
+    slot: EngineSlot,
+    model: u32,
+}
+
+impl HeldSlot {
+    /// The standardized hash.
+    pub(crate) fn std(&self) -> u64 {
+        self.slot.std()
+    }
+
+    /// Media of this engine block.
+    pub(crate) fn media(&self) -> MediaSet {
+        self.slot.media()
+    }
+
+    /// The model (base or LoRA adapter) the block was stored under.
+    pub(crate) fn model(&self) -> u32 {
+        self.model
     }
 }
 
@@ -97,8 +116,14 @@ pub(crate) struct SourceState {
     pub(crate) base_model: u32,
     /// The full-attention KV-cache group, learned from events that name their spec kind.
     main_group: Option<i64>,
+    /// Engine hash → slot of the base model's blocks (most sources hold nothing else, and
+    /// pay nothing for LoRA support).
     ints: HashMap<IntKey, EngineSlot>,
     bytes: HashMap<Box<[u8]>, EngineSlot>,
+    /// The same for LoRA adapters' blocks, each slot with its model. A key is in at most one
+    /// of the base and LoRA maps.
+    lora_ints: HashMap<IntKey, HeldSlot>,
+    lora_bytes: HashMap<Box<[u8]>, HeldSlot>,
     /// Engine blocks held per model; a model is here (and referenced) while it has any.
     models: HashMap<u32, u32>,
     /// References to drop once the current call has settled the block maps (dropping one
@@ -127,6 +152,8 @@ impl SourceState {
             main_group: None,
             ints: HashMap::new(),
             bytes: HashMap::new(),
+            lora_ints: HashMap::new(),
+            lora_bytes: HashMap::new(),
             models: HashMap::new(),
             deferred: Vec::new(),
             table,
@@ -172,22 +199,30 @@ impl SourceState {
         self.shrink();
     }
 
-    /// The slot of `hash`, whatever its model. (`_model` is kept for the call sites: an
-    /// engine hash names one block per source, so no preference is needed.)
+    /// The slot of `hash`, whatever its model, with that model. (`_model` is kept for the
+    /// call sites: an engine hash names one block per source, so no preference is needed.)
     pub(crate) fn find_mut(
         &mut self,
         hash: &BlockHash,
         _model: u32,
     ) -> Option<(u32, &mut EngineSlot)> {
-        let slot = match hash {
-            BlockHash::Int(v) => self.ints.get_mut(&int_key(*v)).filter(|s| !s.negative()),
-            BlockHash::Neg(v) => self
-                .ints
-                .get_mut(&int_key(*v as u64))
-                .filter(|s| s.negative()),
-            BlockHash::Bytes(b) => self.bytes.get_mut(&**b),
-        }?;
-        Some((slot.model, slot))
+        let base = self.base_model;
+        let (key, negative) = match hash {
+            BlockHash::Int(v) => (int_key(*v), false),
+            BlockHash::Neg(v) => (int_key(*v as u64), true),
+            BlockHash::Bytes(b) => {
+                if let Some(slot) = self.bytes.get_mut(&**b) {
+                    return Some((base, slot));
+                }
+                let held = self.lora_bytes.get_mut(&**b)?;
+                return Some((held.model, &mut held.slot));
+            }
+        };
+        if let Some(slot) = self.ints.get_mut(&key) {
+            return (slot.negative() == negative).then_some((base, slot));
+        }
+        let held = self.lora_ints.get_mut(&key)?;
+        (held.slot.negative() == negative).then_some((held.model, &mut held.slot))
     }
 
     /// Inserts `hash` under `model`; returns the slot it displaced (with its own model).
@@ -200,24 +235,35 @@ impl SourceState {
         hash: &BlockHash,
         std: u64,
         media: MediaSet,
-    ) -> Option<(BlockHash, EngineSlot)> {
+    ) -> Option<(BlockHash, HeldSlot)> {
         self.count_in(model);
         let (bits, negative) = match hash {
             BlockHash::Int(v) => (*v, false),
             BlockHash::Neg(v) => (*v as u64, true),
             BlockHash::Bytes(b) => {
-                let old = self
-                    .bytes
-                    .insert(b.clone(), EngineSlot::new(model, std, false, media))?;
+                let slot = EngineSlot::new(std, false, media);
+                let old = self.take_bytes(b);
+                if model == self.base_model {
+                    self.bytes.insert(b.clone(), slot);
+                } else {
+                    self.lora_bytes.insert(b.clone(), HeldSlot { slot, model });
+                }
+                let old = old?;
                 self.count_out(old.model);
                 return Some((hash.clone(), old));
             }
         };
-        let old = self
-            .ints
-            .insert(int_key(bits), EngineSlot::new(model, std, negative, media))?;
+        let key = int_key(bits);
+        let slot = EngineSlot::new(std, negative, media);
+        let old = self.take_int(key);
+        if model == self.base_model {
+            self.ints.insert(key, slot);
+        } else {
+            self.lora_ints.insert(key, HeldSlot { slot, model });
+        }
+        let old = old?;
         self.count_out(old.model);
-        let twin = if old.negative() {
+        let twin = if old.slot.negative() {
             BlockHash::Neg(bits as i64)
         } else {
             BlockHash::Int(bits)
@@ -225,12 +271,30 @@ impl SourceState {
         Some((twin, old))
     }
 
+    /// Takes an int key out of whichever map holds it.
+    fn take_int(&mut self, key: IntKey) -> Option<HeldSlot> {
+        let base = self.base_model;
+        match self.ints.remove(&key) {
+            Some(slot) => Some(HeldSlot { slot, model: base }),
+            None => self.lora_ints.remove(&key),
+        }
+    }
+
+    /// Takes a bytes key out of whichever map holds it.
+    fn take_bytes(&mut self, key: &[u8]) -> Option<HeldSlot> {
+        let base = self.base_model;
+        match self.bytes.remove(key) {
+            Some(slot) => Some(HeldSlot { slot, model: base }),
+            None => self.lora_bytes.remove(key),
+        }
+    }
+
     /// Removes `hash` (of any model).
     pub(crate) fn remove(&mut self, _model: u32, hash: &BlockHash) {
         let old = match hash {
-            BlockHash::Int(v) => self.ints.remove(&int_key(*v)),
-            BlockHash::Neg(v) => self.ints.remove(&int_key(*v as u64)),
-            BlockHash::Bytes(b) => self.bytes.remove(&**b),
+            BlockHash::Int(v) => self.take_int(int_key(*v)),
+            BlockHash::Neg(v) => self.take_int(int_key(*v as u64)),
+            BlockHash::Bytes(b) => self.take_bytes(b),
         };
         if let Some(old) = old {
             self.count_out(old.model);
@@ -260,30 +324,47 @@ impl SourceState {
 
     /// Number of engine blocks held.
     pub(crate) fn len(&self) -> usize {
-        self.ints.len() + self.bytes.len()
+        self.ints.len() + self.bytes.len() + self.lora_ints.len() + self.lora_bytes.len()
     }
 
     /// Every (engine hash, slot), rebuilding the hash exactly as it was sent.
-    pub(crate) fn entries(&self) -> impl Iterator<Item = (BlockHash, EngineSlot)> + '_ {
-        let ints = self.ints.iter().map(|(k, s)| {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (BlockHash, HeldSlot)> + '_ {
+        let base = self.base_model;
+        let held = move |slot: &EngineSlot| HeldSlot {
+            slot: *slot,
+            model: base,
+        };
+        let int_hash = |k: &IntKey, s: &HeldSlot| {
             let bits = int_bits(k);
-            let hash = if s.negative() {
+            if s.slot.negative() {
                 BlockHash::Neg(bits as i64)
             } else {
                 BlockHash::Int(bits)
-            };
-            (hash, *s)
-        });
-        let bytes = self
-            .bytes
-            .iter()
-            .map(|(k, s)| (BlockHash::Bytes(k.clone()), *s));
+            }
+        };
+        let ints = self.ints.iter().map(move |(k, s)| (k, held(s)));
+        let ints = ints.chain(self.lora_ints.iter().map(|(k, s)| (k, *s)));
+        let ints = ints.map(move |(k, s)| (int_hash(k, &s), s));
+        let bytes = self.bytes.iter().map(move |(k, s)| (k, held(s)));
+        let bytes = bytes.chain(self.lora_bytes.iter().map(|(k, s)| (k, *s)));
+        let bytes = bytes.map(|(k, s)| (BlockHash::Bytes(k.clone()), s));
         ints.chain(bytes)
     }
 
     /// Every slot without rebuilding hashes.
-    pub(crate) fn slots(&self) -> impl Iterator<Item = EngineSlot> + '_ {
-        self.ints.values().chain(self.bytes.values()).copied()
+    pub(crate) fn slots(&self) -> impl Iterator<Item = HeldSlot> + '_ {
+        let base = self.base_model;
+        let held = move |slot: &EngineSlot| HeldSlot {
+            slot: *slot,
+            model: base,
+        };
+        let base_slots = self.ints.values().chain(self.bytes.values()).map(held);
+        base_slots.chain(
+            self.lora_ints
+                .values()
+                .chain(self.lora_bytes.values())
+                .copied(),
+        )
     }
 
     /// Drops every engine block (after their residents were removed); the maps give their
@@ -291,6 +372,8 @@ impl SourceState {
     pub(crate) fn clear(&mut self) {
         self.ints = HashMap::new();
         self.bytes = HashMap::new();
+        self.lora_ints = HashMap::new();
+        self.lora_bytes = HashMap::new();
         self.dups = HashMap::new();
         let models: Vec<u32> = self.models.drain().map(|(m, _)| m).collect();
         self.deferred.extend(models);
@@ -306,6 +389,13 @@ impl SourceState {
         if self.bytes.capacity() > 64 && self.bytes.len() * 4 < self.bytes.capacity() {
             self.bytes.shrink_to(self.bytes.len() * 2);
         }
+        if self.lora_ints.capacity() > 64 && self.lora_ints.len() * 4 < self.lora_ints.capacity() {
+            self.lora_ints.shrink_to(self.lora_ints.len() * 2);
+        }
+        if self.lora_bytes.capacity() > 64 && self.lora_bytes.len() * 4 < self.lora_bytes.capacity()
+        {
+            self.lora_bytes.shrink_to(self.lora_bytes.len() * 2);
+        }
         if self.models.capacity() > 16 && self.models.len() * 4 < self.models.capacity() {
             self.models.shrink_to(self.models.len() * 2);
         }
@@ -315,6 +405,9 @@ impl SourceState {
         table_bytes::<IntKey, EngineSlot>(self.ints.capacity())
             + table_bytes::<Box<[u8]>, EngineSlot>(self.bytes.capacity())
             + self.bytes.keys().map(|k| k.len()).sum::<usize>()
+            + table_bytes::<IntKey, HeldSlot>(self.lora_ints.capacity())
+            + table_bytes::<Box<[u8]>, HeldSlot>(self.lora_bytes.capacity())
+            + self.lora_bytes.keys().map(|k| k.len()).sum::<usize>()
             + table_bytes::<u32, u32>(self.models.capacity())
             + table_bytes::<(u32, u64), [u16; MEDIA_SLOTS]>(self.dups.capacity())
     }
