@@ -60,6 +60,11 @@ impl Interner {
 /// model a little after its last block left still writes the right key.
 const FREED_NAMES_KEPT: usize = 16_384;
 
+/// Shards of a LoRA adapter's block map. DashMap's default is 4 × the cores (each shard a
+/// cache-padded lock, 128 bytes): fine for a few base models, but 32 KB per adapter on a
+/// 64-core host. Adapters' maps take few enough writers that 4 shards do.
+const LORA_SHARDS: usize = 4;
+
 /// Default cap on distinct models (base model and LoRA adapters) one source may hold.
 pub const DEFAULT_MAX_MODELS_PER_SOURCE: usize = 1024;
 
@@ -109,9 +114,20 @@ impl ModelTable {
         }
     }
 
-    /// The id of `name` with one more reference, allocated on first sight; `None` once ids
-    /// are exhausted.
+    /// The id of base model `name` with one more reference, allocated on first sight;
+    /// `None` once ids are exhausted.
     pub(crate) fn acquire(&self, name: &str) -> Option<u32> {
+        self.acquire_with(name, ModelBlocks::default)
+    }
+
+    /// The same for a LoRA adapter (a smaller block map, see [`LORA_SHARDS`]).
+    pub(crate) fn acquire_lora(&self, name: &str) -> Option<u32> {
+        self.acquire_with(name, || {
+            ModelBlocks::with_hasher_and_shard_amount(Default::default(), LORA_SHARDS)
+        })
+    }
+
+    fn acquire_with(&self, name: &str, blocks: impl FnOnce() -> ModelBlocks) -> Option<u32> {
         {
             let inner = self.inner.read();
             if let Some(id) = inner.by_name.get(name) {
@@ -135,7 +151,7 @@ impl ModelTable {
         let live = LiveModel {
             name,
             refs: AtomicU32::new(1),
-            blocks: Arc::default(),
+            blocks: Arc::new(blocks()),
         };
         inner.live.insert(id, live);
         Some(id)
@@ -177,6 +193,9 @@ impl ModelTable {
                 inner.freed.remove(&old);
             }
         }
+        // Tables never shrink by themselves: give back a burst of adapters' slots.
+        shrink_sparse(&mut inner.by_name);
+        shrink_sparse(&mut inner.live);
     }
 
     /// The id of a live `name`.
@@ -213,5 +232,12 @@ impl ModelTable {
     /// Live models (for tests and figures).
     pub(crate) fn live(&self) -> usize {
         self.inner.read().live.len()
+    }
+}
+
+/// Halves a table's spare room once it is at most a quarter full (amortized O(1)).
+fn shrink_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
+        map.shrink_to(map.len() * 2);
     }
 }

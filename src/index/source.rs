@@ -182,12 +182,17 @@ impl SourceState {
     /// The id of LoRA `name`, referenced until this call settles ([`Self::settle`]);
     /// `None` when the source already holds its cap of distinct models (or ids ran out).
     pub(crate) fn lora_model(&mut self, name: &str) -> Option<u32> {
-        let id = self.table.acquire(name)?;
+        if self.models.len() >= self.table.max_per_source {
+            // At the cap only a model this source holds is admitted, and a refused name
+            // allocates nothing. Such a model cannot be freed meanwhile: this source holds it.
+            let id = self.table.get(name)?;
+            if !(self.models.contains_key(&id) || id == self.base_model) {
+                return None;
+            }
+        }
+        let id = self.table.acquire_lora(name)?;
         self.deferred.push(id);
-        let admitted = self.models.contains_key(&id)
-            || id == self.base_model
-            || self.models.len() < self.table.max_per_source;
-        admitted.then_some(id)
+        Some(id)
     }
 
     /// Drops the references deferred during this call; call once the call's block-map edits
