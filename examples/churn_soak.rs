@@ -99,7 +99,7 @@ fn remove(block: u64) -> V {
 }
 
 fn message(seq: u64, rng: &mut Rng) -> Vec<Bytes> {
-    let events: Vec<V> = if seq > 0 && seq % CLEAR_EVERY == 0 {
+    let events: Vec<V> = if seq > 0 && seq.is_multiple_of(CLEAR_EVERY) {
         vec![V::Array(vec![V::from("AllBlocksCleared")])]
     } else {
         (0..PER_MESSAGE)
