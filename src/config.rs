@@ -50,6 +50,19 @@ pub struct RawConfig {
     /// Engine pods found at run time (`discovery.kubernetes`).
     #[serde(default)]
     pub discovery: Option<RawDiscovery>,
+    /// Limits on what engines may send (every target).
+    #[serde(default)]
+    pub ingest: Option<RawIngest>,
+}
+
+/// `ingest:` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIngest {
+    /// Largest ZMQ frame accepted, bytes (default 64 MiB); larger ones are dropped, counted.
+    pub max_frame_bytes: Option<Spanned<usize>>,
+    /// Distinct models (base + LoRA adapters) one source may hold (default 1024).
+    pub max_models_per_source: Option<Spanned<usize>>,
 }
 
 /// `redis:` as written.
@@ -76,8 +89,13 @@ pub struct RawRedis {
 pub struct RawApi {
     /// Listen address (default 127.0.0.1:8080).
     pub listen: Option<Spanned<String>>,
-    /// Bearer token required by the API (none = open).
-    pub token: Option<String>,
+    /// Bearer token required by the API (none = open; empty is refused).
+    pub token: Option<Spanned<String>>,
+    /// Time to deliver a request head after accept or the previous response, ms
+    /// (default 30 000): also the keep-alive idle timeout.
+    pub header_read_timeout_ms: Option<Spanned<u64>>,
+    /// Open API connections at most (default 4096, less when the fd limit is low).
+    pub max_connections: Option<Spanned<usize>>,
 }
 
 /// `metrics:` as written.
@@ -125,6 +143,26 @@ pub struct Config {
     pub targets: Vec<Target>,
     /// Kubernetes discovery of more targets, when configured.
     pub discovery: Option<KubernetesConfig>,
+    /// Limits on what engines may send.
+    pub ingest: IngestLimits,
+}
+
+/// Limits on what engines may send, applied to every target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IngestLimits {
+    /// Largest ZMQ frame accepted, bytes.
+    pub max_frame_bytes: usize,
+    /// Distinct models one source (target DP rank) may hold at once.
+    pub max_models_per_source: usize,
+}
+
+impl Default for IngestLimits {
+    fn default() -> Self {
+        IngestLimits {
+            max_frame_bytes: crate::ingest::DEFAULT_MAX_FRAME_BYTES,
+            max_models_per_source: crate::index::DEFAULT_MAX_MODELS_PER_SOURCE,
+        }
+    }
 }
 
 /// HTTP API settings.
@@ -134,7 +172,17 @@ pub struct ApiConfig {
     pub listen: SocketAddr,
     /// Bearer token.
     pub token: Option<String>,
+    /// Time to deliver a request head after accept or the previous response (so also the
+    /// keep-alive idle timeout).
+    pub header_read_timeout: Duration,
+    /// Open connections at most (before the fd budget lowers it).
+    pub max_connections: usize,
 }
+
+/// Default of `api.header_read_timeout_ms` (hyper's own default).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of `api.max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
 /// One problem in a config file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,6 +351,10 @@ fn parse_addr(
 /// [`ConfigError::Invalid`] with all issues.
 pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
     let mut issues = Issues::default();
+    // Checked even without an `api:` section: an empty token signals a broken deployment.
+    if raw.api.is_none() && env.get(API_TOKEN_VAR).is_some_and(|t| t.trim().is_empty()) {
+        validate_token(None, env, &mut issues);
+    }
     let redis = validate_redis(raw.redis, env, &mut issues);
     let api = validate_api(raw.api, env, &mut issues);
     let metrics_listen = validate_metrics(raw.metrics, env, &mut issues);
@@ -312,6 +364,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
         .discovery
         .and_then(|d| d.kubernetes)
         .and_then(|k| validate_kubernetes(k, env, &mut issues));
+    let ingest = validate_ingest(raw.ingest.unwrap_or_default(), &mut issues);
     if issues.0.is_empty() {
         Ok(Config {
             redis,
@@ -320,6 +373,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
             weights,
             targets,
             discovery,
+            ingest,
         })
     } else {
         Err(ConfigError::Invalid(issues.0))
@@ -412,9 +466,61 @@ fn validate_api(section: Option<RawApi>, env: &impl Env, issues: &mut Issues) ->
         "127.0.0.1:8080".to_owned(),
     );
     let listen = parse_addr("api.listen", line, &text, issues)?;
-    let token = env.get("KVINDEX_API_TOKEN").or(section.token);
-    Some(ApiConfig { listen, token })
+    let token = validate_token(section.token, env, issues);
+    let header_read_timeout = at_least_one(
+        "api.header_read_timeout_ms",
+        section.header_read_timeout_ms,
+        issues,
+    )
+    .map_or(DEFAULT_HEADER_READ_TIMEOUT, Duration::from_millis);
+    let max_connections = at_least_one("api.max_connections", section.max_connections, issues)
+        .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+    Some(ApiConfig {
+        listen,
+        token,
+        header_read_timeout,
+        max_connections,
+    })
 }
+
+/// `ingest:`: every limit at least 1.
+fn validate_ingest(section: RawIngest, issues: &mut Issues) -> IngestLimits {
+    let mut limits = IngestLimits::default();
+    if let Some(v) = at_least_one("ingest.max_frame_bytes", section.max_frame_bytes, issues) {
+        limits.max_frame_bytes = v;
+    }
+    let models = section.max_models_per_source;
+    if let Some(v) = at_least_one("ingest.max_models_per_source", models, issues) {
+        limits.max_models_per_source = v;
+    }
+    limits
+}
+
+/// The API token (the environment's over the file's). An empty one is an error, never
+/// "auth off": `KVINDEX_API_TOKEN=` left in a manifest must not open the API.
+fn validate_token(
+    file: Option<Spanned<String>>,
+    env: &impl Env,
+    issues: &mut Issues,
+) -> Option<String> {
+    const EMPTY: &str = "is empty; remove it to serve the API without auth, or give a token";
+    if let Some(token) = env.get(API_TOKEN_VAR) {
+        if token.trim().is_empty() {
+            issues.add(API_TOKEN_VAR, None, EMPTY);
+            return None;
+        }
+        return Some(token);
+    }
+    let token = file?;
+    if token.value.trim().is_empty() {
+        issues.add("api.token", line_of(&token), EMPTY);
+        return None;
+    }
+    Some(token.value)
+}
+
+/// The variable that overrides `api.token`.
+const API_TOKEN_VAR: &str = "KVINDEX_API_TOKEN";
 
 /// `metrics.listen`, defaulting to 127.0.0.1:9090.
 fn validate_metrics(
@@ -646,7 +752,8 @@ fn check_ports(
 }
 
 impl Config {
-    /// The resolved config as JSON, for `check-config` (the API token is masked).
+    /// The resolved config as JSON, for `check-config` (the API token shows only as `set`
+    /// or `not set`, after the environment override).
     pub fn to_json(&self) -> serde_json::Value {
         let redis = self.redis.as_ref().map(|r| {
             serde_json::json!({
@@ -661,7 +768,9 @@ impl Config {
         let api = self.api.as_ref().map(|a| {
             serde_json::json!({
                 "listen": a.listen.to_string(),
-                "token": a.token.as_ref().map(|_| "***"),
+                "token": if a.token.is_some() { "set" } else { "not set" },
+                "header_read_timeout_ms": a.header_read_timeout.as_millis() as u64,
+                "max_connections": a.max_connections,
             })
         });
         let weights: BTreeMap<&str, f64> = self.weights.entries().collect();
@@ -682,6 +791,10 @@ impl Config {
                 "dp_ranks": t.dp_ranks,
             })).collect::<Vec<_>>(),
             "discovery": {"kubernetes": self.discovery.as_ref().map(KubernetesConfig::to_json)},
+            "ingest": {
+                "max_frame_bytes": self.ingest.max_frame_bytes,
+                "max_models_per_source": self.ingest.max_models_per_source,
+            },
         })
     }
 }
@@ -774,6 +887,44 @@ targets:
         let c = Config::from_str_with_env(ISSUE_SHAPE, &env).unwrap();
         assert_eq!(c.redis.unwrap().url, "redis://127.0.0.1:6380/2");
         assert_eq!(c.metrics_listen.port(), 0);
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn an_empty_token_is_an_error_never_auth_off() {
+        let file = "api:\n  token: secret\n";
+        for empty in ["", "  "] {
+            let vars = env(&[("KVINDEX_API_TOKEN", empty)]);
+            let err = Config::from_str_with_env(file, &vars).unwrap_err();
+            assert!(err.to_string().contains("KVINDEX_API_TOKEN"), "{err}");
+            // Without an `api:` section too.
+            let err = Config::from_str_with_env("", &vars).unwrap_err();
+            assert!(err.to_string().contains("KVINDEX_API_TOKEN"), "{err}");
+        }
+        let err = Config::from_str("api:\n  token: ''\n").unwrap_err();
+        assert!(err.to_string().contains("api.token (line 2)"), "{err}");
+    }
+
+    #[test]
+    fn check_config_shows_whether_a_token_is_set_never_its_value() {
+        let shown = |text: &str, vars: &[(&str, &str)]| {
+            let c = Config::from_str_with_env(text, &env(vars)).unwrap();
+            let json = c.to_json();
+            assert!(!json.to_string().contains("secret"), "{json}");
+            json["api"]["token"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(shown("api: {}\n", &[]), "not set");
+        assert_eq!(shown("api:\n  token: secret\n", &[]), "set");
+        assert_eq!(
+            shown("api: {}\n", &[("KVINDEX_API_TOKEN", "secret2")]),
+            "set"
+        );
     }
 
     #[test]

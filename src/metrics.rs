@@ -203,6 +203,12 @@ impl SourceMetrics {
             .increment(1);
     }
 
+    /// `n` events were dropped alone (`reason` is a fixed label, e.g. `too_many_models`).
+    pub fn invalid_events(&self, reason: &'static str, n: u64) {
+        counter!("kvindex_invalid_events_total", "engine" => self.engine, "reason" => reason)
+            .increment(n);
+    }
+
     /// A seq gap was seen.
     pub fn seq_gap(&self) {
         self.seq_gaps.increment(1);
@@ -321,6 +327,12 @@ pub fn render(handle: &PrometheusHandle) -> String {
 pub fn resident_blocks(medium: &str, n: usize) {
     let medium = if medium.is_empty() { "none" } else { medium };
     gauge!("kvindex_resident_blocks", "medium" => medium.to_owned()).set(n as f64);
+}
+
+/// Ranks connected now (set from the target list; connects and disconnects move it between
+/// refreshes).
+pub fn targets_connected(n: usize) {
+    gauge!("kvindex_targets_connected").set(n as f64);
 }
 
 /// Mirror figures.

@@ -4,6 +4,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
 use super::state::ApiState;
@@ -29,12 +30,10 @@ pub(super) async fn require_token(
     next.run(request).await
 }
 
-/// Compares without an early exit, so response times do not leak the token's prefix.
+/// Compares through `subtle`, without an early exit, so response times do not leak the
+/// token's prefix (only its length, which a token's strength must not rest on).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.ct_eq(b).into()
 }
 
 #[cfg(test)]

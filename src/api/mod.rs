@@ -10,6 +10,7 @@
 //! | `pd.rs` | `POST /v1/pd/schedule`: request, validation, pairing |
 //! | `pods.rs` | `GET /v1/pods`: the targets, from [`crate::ingest::PodsView`] |
 //! | `auth.rs` | the bearer-token middleware |
+//! | `conn.rs` | [`serve_limited`]: bounded connections, header-read and idle timeout |
 //!
 //! Request bodies are parsed by hand from bytes (not axum's `Json` extractor) so that every
 //! refusal is a JSON body naming the bad field, including size-limit refusals. Each request
@@ -17,6 +18,7 @@
 
 mod auth;
 mod body;
+mod conn;
 mod error;
 mod pd;
 mod pods;
@@ -24,6 +26,7 @@ mod router;
 mod score;
 mod state;
 
+pub use conn::{serve_limited, ConnLimits};
 pub use error::ApiError;
 pub use router::{router, serve};
 pub use score::ScoreBody;

@@ -52,6 +52,7 @@ pub fn router(state: ApiState) -> axum::Router {
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then drains open requests.
+/// Connections are not bounded here; the daemon serves through [`super::serve_limited`].
 ///
 /// # Errors
 /// When accepting connections fails.

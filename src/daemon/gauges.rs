@@ -1,17 +1,24 @@
-//! Gauges computed from state (ages, residency, mirror), refreshed on a timer rather than
-//! on every event, so the hot path never touches them.
+//! Gauges computed from state (ages, residency, connections, mirror), refreshed on a timer
+//! rather than on every event, so the hot path never touches them.
+//!
+//! Every figure comes from a counter kept in O(1) (the index's entry counters, the mirror's
+//! queue length) or from the target list, so a short interval costs nothing: a gauge is
+//! true within [`GAUGE_INTERVAL`]. A medium whose count drops to zero is set to zero, not
+//! left at its last value.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::index::Index;
+use crate::ingest::subscriber::LinkState;
 use crate::ingest::supervisor::Supervisor;
 use crate::store::redis::MirrorHandle;
 
-/// How often the gauges are refreshed.
-const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the gauges are refreshed (the promise: true within this).
+const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Refreshes the gauges every [`GAUGE_INTERVAL`] until cancelled.
 pub(super) async fn refresh_loop(
@@ -21,19 +28,44 @@ pub(super) async fn refresh_loop(
     cancel: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(GAUGE_INTERVAL);
+    let mut media_seen: BTreeSet<&'static str> = BTreeSet::new();
     loop {
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        supervisor.publish_ages();
-        for (medium, n) in index.stats().entries_by_medium {
-            crate::metrics::resident_blocks(&medium, n);
+        refresh(&supervisor, &index, mirror.as_deref(), &mut media_seen);
+    }
+}
+
+/// One refresh; `media_seen` remembers every medium reported, so one that empties reads 0.
+fn refresh(
+    supervisor: &Supervisor,
+    index: &Index,
+    mirror: Option<&MirrorHandle>,
+    media_seen: &mut BTreeSet<&'static str>,
+) {
+    supervisor.publish_ages();
+    let (_, by_medium) = index.entry_counts();
+    for medium in media_seen.iter() {
+        if !by_medium.iter().any(|(m, _)| m == medium) {
+            crate::metrics::resident_blocks(medium, 0);
         }
-        if let Some(m) = &mirror {
-            let st = m.stats();
-            crate::metrics::mirror(st.queue_depth, st.dirty, st.reconciling, st.flush_p99_us);
-        }
+    }
+    for (medium, n) in by_medium {
+        media_seen.insert(medium);
+        crate::metrics::resident_blocks(medium, n as usize);
+    }
+    let connected = supervisor
+        .status()
+        .iter()
+        .flat_map(|t| &t.ranks)
+        .filter(|r| r.state == LinkState::Connected)
+        .count();
+    crate::metrics::targets_connected(connected);
+    if let Some(m) = mirror {
+        let st = m.stats();
+        crate::metrics::mirror(st.queue_depth, st.dirty, st.reconciling, st.flush_p99_us);
     }
 }

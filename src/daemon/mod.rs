@@ -7,11 +7,13 @@
 //! | `mod.rs` | [`Daemon`]: start in order, shut down in order, [`DaemonError`] |
 //! | `health.rs` | the `/metrics`, `/healthz`, `/readyz` router |
 //! | `gauges.rs` | the loop that refreshes gauges computed from state |
+//! | `fds.rs` | the descriptor budget: raise `RLIMIT_NOFILE`, keep a reserve, share the rest |
 //! | `reload.rs` | hot reload: config file changes (notify) and SIGHUP → the supervisor's new target set |
 //!
 //! Shutdown follows one order, bounded by one deadline: stop accepting (listeners, config
 //! reload, gauges) → stop subscribers → flush the mirror → exit.
 
+mod fds;
 mod gauges;
 mod health;
 mod reload;
@@ -28,6 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::api::ConnLimits;
 use crate::config::{ApiConfig, Config};
 use crate::index::Index;
 use crate::ingest::discovery::{self, DiscoveryError, DiscoveryHealth};
@@ -35,6 +38,9 @@ use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::supervisor::Supervisor;
 use crate::store::redis::{MirrorError, MirrorHandle, MirrorStop};
 use reload::reload_loop;
+
+/// Header-read (and idle) timeout of the metrics listener: scrapers and probes send at once.
+const METRICS_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +108,8 @@ impl Daemon {
     ) -> Result<Daemon, DaemonError> {
         let cancel = CancellationToken::new();
         let accept = cancel.child_token();
-        let index = Index::new();
+        let index = Index::with_max_models_per_source(config.ingest.max_models_per_source);
+        let fds = fds::raise_and_split();
         // Installed before the mirror starts, so its start-up counts are kept.
         let metrics = crate::metrics::install();
         let mirror = start_mirror(&config, &index).await?;
@@ -126,6 +133,7 @@ impl Daemon {
             cancel.child_token(),
             replay_limits,
         );
+        supervisor.set_max_frame_bytes(config.ingest.max_frame_bytes);
         let mut daemon = Daemon {
             index,
             supervisor,
@@ -137,7 +145,7 @@ impl Daemon {
             mirror,
             tasks: Vec::new(),
         };
-        daemon.serve(listeners, metrics, &config);
+        daemon.serve(listeners, metrics, &config, fds);
         daemon.claim_restored(&config);
         daemon.start_targets(&config, config_path).await;
         daemon.start_discovery(&config, kube_client);
@@ -152,20 +160,45 @@ impl Daemon {
     }
 
     /// Serves the health router and, when configured, the API.
-    fn serve(&mut self, listeners: Listeners, metrics: Option<PrometheusHandle>, config: &Config) {
+    fn serve(
+        &mut self,
+        listeners: Listeners,
+        metrics: Option<PrometheusHandle>,
+        config: &Config,
+        fds: fds::FdBudget,
+    ) {
         let health = health::router(metrics, self.mirror.clone(), self.discovery.clone());
-        let metrics = spawn_server("metrics", listeners.metrics.listener, health, &self.accept);
+        let limits = ConnLimits {
+            max_connections: fds.metrics,
+            header_read_timeout: METRICS_HEADER_READ_TIMEOUT,
+        };
+        let metrics = spawn_server("metrics", listeners.metrics, health, limits, &self.accept);
         self.tasks.push(metrics);
         if let Some((bound, api)) = listeners.api {
+            let auth = api.token.is_some();
             let state = crate::api::ApiState::new(
                 self.index.clone(),
                 config.weights.clone(),
                 api.token,
                 self.supervisor.clone(),
             );
+            if !auth {
+                warn!("The API is served without auth: api.token is not set.");
+            }
             let router = crate::api::router(state);
+            let limits = ConnLimits {
+                max_connections: api.max_connections.min(fds.api),
+                header_read_timeout: api.header_read_timeout,
+            };
+            if limits.max_connections < api.max_connections {
+                warn!(
+                    configured = api.max_connections,
+                    allowed = limits.max_connections,
+                    "The open-file limit leaves fewer API connections than api.max_connections."
+                );
+            }
             self.tasks
-                .push(spawn_server("API", bound.listener, router, &self.accept));
+                .push(spawn_server("API", bound, router, limits, &self.accept));
         }
     }
 
@@ -299,17 +332,20 @@ async fn bind(listener: &'static str, addr: SocketAddr) -> Result<Bound, DaemonE
     })
 }
 
-/// Serves `router` until `accept` is cancelled, then drains open requests.
+/// Serves `router` within `limits` until `accept` is cancelled, then drains open requests.
 fn spawn_server(
     name: &'static str,
-    listener: TcpListener,
+    bound: Bound,
     router: axum::Router,
+    limits: ConnLimits,
     accept: &CancellationToken,
 ) -> JoinHandle<()> {
     let stop = accept.child_token();
+    info!(listener = name, addr = %bound.addr, max_connections = limits.max_connections,
+        header_read_timeout_ms = limits.header_read_timeout.as_millis() as u64, "Listening.");
     tokio::spawn(async move {
-        let served =
-            crate::api::serve(listener, router, async move { stop.cancelled().await }).await;
+        let shutdown = async move { stop.cancelled().await };
+        let served = crate::api::serve_limited(bound.listener, router, shutdown, limits).await;
         if let Err(err) = served {
             warn!(error = %err, listener = name, "A listener failed.");
         }

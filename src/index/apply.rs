@@ -40,6 +40,8 @@ pub struct ApplyStats {
     pub skipped_group_blocks: u64,
     /// Stores whose std block this source already held through another engine hash.
     pub duplicate_engine_hashes: u64,
+    /// `BlockStored` events dropped: their LoRA would pass the source's cap on models.
+    pub too_many_models: u64,
 }
 
 impl ApplyStats {
@@ -53,6 +55,7 @@ impl ApplyStats {
         self.noop_removes += other.noop_removes;
         self.skipped_group_blocks += other.skipped_group_blocks;
         self.duplicate_engine_hashes += other.duplicate_engine_hashes;
+        self.too_many_models += other.too_many_models;
     }
 }
 
@@ -82,7 +85,9 @@ impl Index {
                 }
             }
         }
-        Ok(mutation.stats)
+        let stats = mutation.stats;
+        state.settle();
+        Ok(stats)
     }
 
     /// Rebuilds one engine block of `source` from a checkpoint (a warm start): the block of
@@ -98,15 +103,24 @@ impl Index {
         engine_hash: &BlockHash,
         state: EngineState,
     ) -> Result<(), IndexError> {
-        let model = self.intern_model(model).0;
         let source = self.source(source)?;
         let mut source = source.lock();
         if state.media.is_empty() {
             return Ok(());
         }
-        let mut sink = super::Discard;
-        let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
-        mutation.store_block(model, engine_hash, Some(state.std_hash), state.media);
+        let model = if *self.inner.models.name(source.base_model) == *model {
+            Some(source.base_model)
+        } else {
+            // Past the source's cap of distinct models the block is not restored (counted by
+            // the caller as not rebuilt); the engine stores it again if it still holds it.
+            source.lora_model(model)
+        };
+        if let Some(model) = model {
+            let mut sink = super::Discard;
+            let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
+            mutation.store_block(model, engine_hash, Some(state.std_hash), state.media);
+        }
+        source.settle();
         Ok(())
     }
 
@@ -123,6 +137,7 @@ impl Index {
         let mut state = state.lock();
         // A clear stores nothing, so the store time is never read.
         Mutation::new(self, &mut state, sink, 0).clear();
+        state.settle();
         Ok(())
     }
 
@@ -264,7 +279,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return;
         }
         let model = match &stored.lora_name {
-            Some(name) => self.out.index.intern_model(name).0,
+            Some(name) => match self.state.lora_model(name) {
+                Some(model) => model,
+                None => {
+                    self.stats.too_many_models += 1;
+                    return;
+                }
+            },
             None => self.state.base_model,
         };
         let media = MediaSet::single(stored.medium);
@@ -335,8 +356,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let Some((twin, old)) = self.state.insert(model, hash, std, media) else {
             return;
         };
-        self.drop_engine_media(model, old.std(), old.media(), true);
-        self.out.engine_state(model, &twin, None);
+        self.drop_engine_media(old.model(), old.std(), old.media(), true);
+        self.out.engine_state(old.model(), &twin, None);
         self.out.mapping(&twin, None);
     }
 
@@ -508,11 +529,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     fn clear(&mut self) {
         let (pod, rank) = (self.state.pod, self.state.rank);
         let wants_mappings = self.out.sink.wants_mappings();
-        for map in &self.state.maps {
-            let Some(blocks) = self.out.index.blocks_of(map.model) else {
+        for slot in self.state.slots() {
+            let model = slot.model();
+            let Some(blocks) = self.out.index.blocks_of(model) else {
                 continue;
             };
-            for slot in map.slots() {
+            {
                 let std = slot.std();
                 let Entry::Occupied(mut entry) = blocks.entry(std) else {
                     continue;
@@ -527,13 +549,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 } else {
                     entry.get().pod_value(pod)
                 };
-                self.out.field(map.model, std, before, after);
+                self.out.field(model, std, before, after);
             }
-            if wants_mappings {
-                for (engine_hash, _) in map.entries() {
-                    self.out.engine_state(map.model, &engine_hash, None);
-                    self.out.mapping_owned(engine_hash, None);
-                }
+        }
+        if wants_mappings {
+            for (engine_hash, held) in self.state.entries() {
+                self.out.engine_state(held.model(), &engine_hash, None);
+                self.out.mapping_owned(engine_hash, None);
             }
         }
         self.state.clear();

@@ -1,11 +1,17 @@
 //! String interning for pods and models: the index stores 4-byte ids, not names.
+//!
+//! Pods: append-only (bounded by `MAX_POD_ID`, and a pod's counters live as long as it).
+//! Models: reference counted and freed ([`ModelTable`]), since LoRA names are engine input.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use hashbrown::HashMap;
 use parking_lot::RwLock;
 
-/// A thread-safe, append-only interner.
+use super::ModelBlocks;
+
+/// A thread-safe, append-only interner (pods).
 #[derive(Default)]
 pub(crate) struct Interner {
     inner: RwLock<InternerInner>,
@@ -47,5 +53,191 @@ impl Interner {
             .get(id as usize)
             .cloned()
             .unwrap_or_else(|| Arc::from(""))
+    }
+}
+
+/// How many freed model names stay resolvable by id, so a mirror that resolves a delta's
+/// model a little after its last block left still writes the right key.
+const FREED_NAMES_KEPT: usize = 16_384;
+
+/// Shards of a LoRA adapter's block map. DashMap's default is 4 × the cores (each shard a
+/// cache-padded lock, 128 bytes): fine for a few base models, but 32 KB per adapter on a
+/// 64-core host. Adapters' maps take few enough writers that 4 shards do.
+const LORA_SHARDS: usize = 4;
+
+/// Default cap on distinct models (base model and LoRA adapters) one source may hold.
+pub const DEFAULT_MAX_MODELS_PER_SOURCE: usize = 1024;
+
+/// Model names and their block maps, reference counted so that a model no source holds is
+/// freed (its name and its block map), whatever number of LoRA names an engine sends.
+///
+/// Why reclaim rather than cap the interner: adapters come and go over a daemon's life, so
+/// an append-only table either grows without bound or, capped, refuses new adapters forever.
+/// Ids are never reused (a `u32` counter; past `u32::MAX` new names are refused): readers and
+/// the mirror may hold an id briefly after its model is freed, and a reused id would point
+/// them at another model's blocks. A freed id resolves to nothing (and its name stays
+/// resolvable for the last [`FREED_NAMES_KEPT`] frees).
+pub(crate) struct ModelTable {
+    inner: RwLock<ModelsInner>,
+    /// Distinct models one source may hold at once.
+    pub(crate) max_per_source: usize,
+}
+
+#[derive(Default)]
+struct ModelsInner {
+    by_name: HashMap<Arc<str>, u32>,
+    live: HashMap<u32, LiveModel>,
+    next: u32,
+    freed: HashMap<u32, Arc<str>>,
+    freed_order: std::collections::VecDeque<u32>,
+}
+
+struct LiveModel {
+    name: Arc<str>,
+    /// Sources holding the model (base model or blocks) and events being applied with it.
+    refs: AtomicU32,
+    blocks: Arc<ModelBlocks>,
+}
+
+impl Default for ModelTable {
+    fn default() -> Self {
+        ModelTable::new(DEFAULT_MAX_MODELS_PER_SOURCE)
+    }
+}
+
+impl ModelTable {
+    /// An empty table whose sources may hold `max_per_source` models each.
+    pub(crate) fn new(max_per_source: usize) -> ModelTable {
+        ModelTable {
+            inner: RwLock::default(),
+            max_per_source: max_per_source.max(1),
+        }
+    }
+
+    /// The id of base model `name` with one more reference, allocated on first sight;
+    /// `None` once ids are exhausted.
+    pub(crate) fn acquire(&self, name: &str) -> Option<u32> {
+        self.acquire_with(name, ModelBlocks::default)
+    }
+
+    /// The same for a LoRA adapter (a smaller block map, see [`LORA_SHARDS`]).
+    pub(crate) fn acquire_lora(&self, name: &str) -> Option<u32> {
+        self.acquire_with(name, || {
+            ModelBlocks::with_hasher_and_shard_amount(Default::default(), LORA_SHARDS)
+        })
+    }
+
+    fn acquire_with(&self, name: &str, blocks: impl FnOnce() -> ModelBlocks) -> Option<u32> {
+        {
+            let inner = self.inner.read();
+            if let Some(id) = inner.by_name.get(name) {
+                if let Some(live) = inner.live.get(id) {
+                    live.refs.fetch_add(1, Ordering::AcqRel);
+                    return Some(*id);
+                }
+            }
+        }
+        let mut inner = self.inner.write();
+        if let Some(&id) = inner.by_name.get(name) {
+            if let Some(live) = inner.live.get(&id) {
+                live.refs.fetch_add(1, Ordering::AcqRel);
+                return Some(id);
+            }
+        }
+        let id = inner.next;
+        inner.next = id.checked_add(1)?;
+        let name: Arc<str> = Arc::from(name);
+        inner.by_name.insert(name.clone(), id);
+        let live = LiveModel {
+            name,
+            refs: AtomicU32::new(1),
+            blocks: Arc::new(blocks()),
+        };
+        inner.live.insert(id, live);
+        Some(id)
+    }
+
+    /// One more reference to a live `id` (the caller already holds one).
+    pub(crate) fn retain(&self, id: u32) {
+        if let Some(live) = self.inner.read().live.get(&id) {
+            live.refs.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Drops one reference; the last one frees the model's name and block map.
+    pub(crate) fn release(&self, id: u32) {
+        let last = match self.inner.read().live.get(&id) {
+            Some(live) => live.refs.fetch_sub(1, Ordering::AcqRel) == 1,
+            None => false,
+        };
+        if !last {
+            return;
+        }
+        let mut inner = self.inner.write();
+        // Someone may have acquired it again between the two locks.
+        if inner
+            .live
+            .get(&id)
+            .is_none_or(|l| l.refs.load(Ordering::Acquire) != 0)
+        {
+            return;
+        }
+        let Some(live) = inner.live.remove(&id) else {
+            return;
+        };
+        inner.by_name.remove(&live.name);
+        inner.freed.insert(id, live.name);
+        inner.freed_order.push_back(id);
+        while inner.freed_order.len() > FREED_NAMES_KEPT {
+            if let Some(old) = inner.freed_order.pop_front() {
+                inner.freed.remove(&old);
+            }
+        }
+        // Tables never shrink by themselves: give back a burst of adapters' slots.
+        shrink_sparse(&mut inner.by_name);
+        shrink_sparse(&mut inner.live);
+    }
+
+    /// The id of a live `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<u32> {
+        self.inner.read().by_name.get(name).copied()
+    }
+
+    /// The name behind `id` (a recently freed one too; empty for an unknown id).
+    pub(crate) fn name(&self, id: u32) -> Arc<str> {
+        let inner = self.inner.read();
+        inner
+            .live
+            .get(&id)
+            .map(|l| l.name.clone())
+            .or_else(|| inner.freed.get(&id).cloned())
+            .unwrap_or_else(|| Arc::from(""))
+    }
+
+    /// The block map of a live model.
+    pub(crate) fn blocks(&self, id: u32) -> Option<Arc<ModelBlocks>> {
+        self.inner.read().live.get(&id).map(|l| l.blocks.clone())
+    }
+
+    /// Every live model's block map.
+    pub(crate) fn all_blocks(&self) -> Vec<(u32, Arc<ModelBlocks>)> {
+        let inner = self.inner.read();
+        inner
+            .live
+            .iter()
+            .map(|(id, l)| (*id, l.blocks.clone()))
+            .collect()
+    }
+
+    /// Live models (for tests and figures).
+    pub(crate) fn live(&self) -> usize {
+        self.inner.read().live.len()
+    }
+}
+
+/// Halves a table's spare room once it is at most a quarter full (amortized O(1)).
+fn shrink_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
+        map.shrink_to(map.len() * 2);
     }
 }

@@ -9,7 +9,7 @@
 //! | `source.rs` | per (pod, DP rank) engine-hash map, the set of blocks a source holds |
 //! | `residents.rs` | compact per-block list of resident sources |
 //! | `delta.rs` | [`Delta`]s for mirrors, [`DeltaSink`] |
-//! | `intern.rs` | pod and model name interning |
+//! | `intern.rs` | pod name interning; model names and block maps, freed when unreferenced |
 //!
 //! Concurrency: blocks live in one concurrent map per model (sharded locks, readers never
 //! wait for a whole-index lock); each source's state sits behind its own mutex, which only
@@ -34,7 +34,9 @@ pub use query::{DumpEntry, IndexStats};
 
 use crate::wire::Engine;
 use counters::{EntryCounter, PodCounters};
-use intern::Interner;
+use intern::{Interner, ModelTable};
+
+pub use intern::DEFAULT_MAX_MODELS_PER_SOURCE;
 use residents::{Residents, MAX_POD_ID};
 use source::SourceState;
 
@@ -75,6 +77,9 @@ pub enum IndexError {
     /// The source id is not registered.
     #[error("source {0} is not registered")]
     UnknownSource(u32),
+    /// Every model id was handed out (ids are never reused).
+    #[error("model ids are exhausted")]
+    TooManyModels,
 }
 
 type ModelBlocks = DashMap<u64, Residents, hashbrown::DefaultHashBuilder>;
@@ -87,9 +92,9 @@ pub struct Index {
 
 #[derive(Default)]
 struct Inner {
-    models: Interner,
+    /// Model names and their block maps (one concurrent map per live model).
+    models: Arc<ModelTable>,
     pods: Interner,
-    blocks: RwLock<Vec<Arc<ModelBlocks>>>,
     sources: RwLock<Vec<Option<Arc<Mutex<SourceState>>>>>,
     /// Registered sources per pod id, so pod-level questions (does any DP rank of the pod
     /// still hold an engine hash?) never walk every source.
@@ -106,6 +111,19 @@ impl Index {
         Index::default()
     }
 
+    /// An empty index whose sources may each hold at most `max` distinct models (base model
+    /// and LoRA adapters); stores of one more are dropped and counted
+    /// ([`ApplyStats::too_many_models`]). Default [`DEFAULT_MAX_MODELS_PER_SOURCE`].
+    pub fn with_max_models_per_source(max: usize) -> Index {
+        let inner = Inner {
+            models: Arc::new(ModelTable::new(max)),
+            ..Inner::default()
+        };
+        Index {
+            inner: Arc::new(inner),
+        }
+    }
+
     /// Registers a source, or returns the id it already has.
     ///
     /// # Errors
@@ -115,18 +133,22 @@ impl Index {
         if pod > MAX_POD_ID {
             return Err(IndexError::TooManyPods { max: MAX_POD_ID });
         }
-        let model = self.intern_model(&spec.model);
+        let model = (self.inner.models)
+            .acquire(&spec.model)
+            .ok_or(IndexError::TooManyModels)?;
         self.inner.pod_entries.of(pod);
         let mut sources = self.inner.sources.write();
         for (id, slot) in sources.iter().enumerate() {
             if let Some(state) = slot {
                 let s = state.lock();
                 if s.pod == pod && s.rank == spec.dp_rank {
+                    self.inner.models.release(model);
                     return Ok(SourceId(id as u32));
                 }
             }
         }
-        let state = SourceState::new(pod, spec.dp_rank, spec.engine, model.0);
+        let models = self.inner.models.clone();
+        let state = SourceState::new(pod, spec.dp_rank, spec.engine, model, models);
         sources.push(Some(Arc::new(Mutex::new(state))));
         let id = SourceId(sources.len() as u32 - 1);
         drop(sources);
@@ -226,20 +248,13 @@ impl Index {
             .ok_or(IndexError::UnknownSource(id.0))
     }
 
-    fn intern_model(&self, name: &str) -> ModelId {
-        let id = self.inner.models.intern(name);
-        let missing = self.inner.blocks.read().len() <= id as usize;
-        if missing {
-            let mut blocks = self.inner.blocks.write();
-            while blocks.len() <= id as usize {
-                blocks.push(Arc::new(ModelBlocks::default()));
-            }
-        }
-        ModelId(id)
+    fn blocks_of(&self, model: u32) -> Option<Arc<ModelBlocks>> {
+        self.inner.models.blocks(model)
     }
 
-    fn blocks_of(&self, model: u32) -> Option<Arc<ModelBlocks>> {
-        self.inner.blocks.read().get(model as usize).cloned()
+    /// Models with a block map now (a model no source holds is freed).
+    pub fn live_models(&self) -> usize {
+        self.inner.models.live()
     }
 }
 

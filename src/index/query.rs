@@ -46,7 +46,7 @@ pub struct IndexStats {
 }
 
 impl Index {
-    /// The id of a model name, if any block or source ever used it.
+    /// The id of a model name, while any block or source uses it.
     pub fn model_id(&self, name: &str) -> Option<ModelId> {
         self.inner.models.get(name).map(ModelId)
     }
@@ -101,41 +101,33 @@ impl Index {
     ) {
         for source in self.live_sources() {
             let state = source.lock();
-            for map in &state.maps {
-                let blocks = self.blocks_of(map.model);
-                for (hash, slot) in map.entries() {
-                    let stored_at = blocks
-                        .as_ref()
-                        .and_then(|b| {
-                            let entry = b.get(&slot.std())?;
-                            let r = entry
-                                .as_slice()
-                                .iter()
-                                .find(|r| r.pod() == state.pod && r.rank() == state.rank)?;
-                            Some(r.stored_at)
-                        })
-                        .unwrap_or(0);
-                    let engine = EngineState {
-                        std_hash: slot.std(),
-                        media: slot.media(),
-                        stored_at,
-                    };
-                    visit(
-                        PodId(state.pod),
-                        state.rank,
-                        ModelId(map.model),
-                        hash,
-                        engine,
-                    );
-                }
+            for (hash, held) in state.entries() {
+                let model = held.model();
+                let stored_at = self
+                    .blocks_of(model)
+                    .and_then(|b| {
+                        let entry = b.get(&held.std())?;
+                        let r = entry
+                            .as_slice()
+                            .iter()
+                            .find(|r| r.pod() == state.pod && r.rank() == state.rank)?;
+                        Some(r.stored_at)
+                    })
+                    .unwrap_or(0);
+                let engine = EngineState {
+                    std_hash: held.std(),
+                    media: held.media(),
+                    stored_at,
+                };
+                visit(PodId(state.pod), state.rank, ModelId(model), hash, engine);
             }
         }
     }
 
     /// Calls `visit` with the pod-level value of every resident (block, pod), in no order.
     pub fn for_each_field(&self, mut visit: impl FnMut(ModelId, u64, PodId, FieldValue)) {
-        let models: Vec<Arc<ModelBlocks>> = self.inner.blocks.read().clone();
-        for (model, blocks) in models.iter().enumerate() {
+        let models: Vec<(u32, Arc<ModelBlocks>)> = self.inner.models.all_blocks();
+        for (model, blocks) in &models {
             for entry in blocks.iter() {
                 let residents = entry.value().as_slice();
                 for (i, r) in residents.iter().enumerate() {
@@ -144,7 +136,7 @@ impl Index {
                         continue;
                     }
                     if let Some(value) = residents::pod_value(residents, r.pod()) {
-                        visit(ModelId(model as u32), *entry.key(), PodId(r.pod()), value);
+                        visit(ModelId(*model), *entry.key(), PodId(r.pod()), value);
                     }
                 }
             }
@@ -155,10 +147,8 @@ impl Index {
     pub fn for_each_mapping(&self, mut visit: impl FnMut(PodId, Engine, BlockHash, u64)) {
         for source in self.live_sources() {
             let state = source.lock();
-            for map in &state.maps {
-                for (hash, slot) in map.entries() {
-                    visit(PodId(state.pod), state.engine, hash, slot.std());
-                }
+            for (hash, slot) in state.entries() {
+                visit(PodId(state.pod), state.engine, hash, slot.std());
             }
         }
     }
@@ -194,8 +184,8 @@ impl Index {
                 by_medium[m.slot() as usize] += 1;
             }
         });
-        let models: Vec<Arc<ModelBlocks>> = self.inner.blocks.read().clone();
-        for blocks in &models {
+        let models = self.inner.models.all_blocks();
+        for (_, blocks) in &models {
             stats.blocks += blocks.len();
             stats.heap_bytes += table_bytes::<u64, Residents>(blocks.capacity());
             for entry in blocks.iter() {

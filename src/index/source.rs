@@ -2,14 +2,26 @@
 //!
 //! The engine-hash map is also the set of blocks the source holds, so clearing a source or
 //! forgetting a pod walks exactly that source's entries, never the whole index.
+//!
+//! Keyed by engine hash alone (an engine hash names one block of one source whatever its
+//! model): one map for the base model's blocks and one for every LoRA adapter's, whose
+//! slots carry their model, so a lookup is at most two probes whatever the number of LoRA
+//! names, and a source without LoRA blocks pays nothing for them. Per-model block counts say which models the source holds; the
+//! source keeps one reference in the [`ModelTable`] per model it holds, so a model whose
+//! last block leaves every source is freed.
+
+use std::sync::Arc;
 
 use hashbrown::HashMap;
+
+use super::intern::ModelTable;
 
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
 
-/// Where one engine block sits: its std hash (63 bits, top bit = "sent as negative") and the
-/// media this engine block is resident on.
+/// Where one engine block sits: its std hash (63 bits, top bit = "sent as negative") and
+/// the media this engine block is resident on. 12 bytes: the model is implied by the map
+/// that holds it (the base model's, or the LoRA map's [`HeldSlot`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct EngineSlot {
     std_lo: u32,
@@ -52,6 +64,30 @@ impl EngineSlot {
     }
 }
 
+/// An engine slot with its model: how slots are stored in the LoRA maps and handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HeldSlot {
+    slot: EngineSlot,
+    model: u32,
+}
+
+impl HeldSlot {
+    /// The standardized hash.
+    pub(crate) fn std(&self) -> u64 {
+        self.slot.std()
+    }
+
+    /// Media of this engine block.
+    pub(crate) fn media(&self) -> MediaSet {
+        self.slot.media()
+    }
+
+    /// The model (base or LoRA adapter) the block was stored under.
+    pub(crate) fn model(&self) -> u32 {
+        self.model
+    }
+}
+
 /// An integer engine hash's 64 bits, split so map buckets pack to 4-byte alignment.
 type IntKey = [u32; 2];
 
@@ -61,98 +97,6 @@ fn int_key(bits: u64) -> IntKey {
 
 fn int_bits(key: &IntKey) -> u64 {
     (u64::from(key[1]) << 32) | u64::from(key[0])
-}
-
-/// Engine hash → slot, for one model (the base model or a LoRA adapter).
-#[derive(Default)]
-pub(crate) struct ModelMap {
-    pub(crate) model: u32,
-    ints: HashMap<IntKey, EngineSlot>,
-    bytes: HashMap<Box<[u8]>, EngineSlot>,
-}
-
-impl ModelMap {
-    fn get_mut(&mut self, hash: &BlockHash) -> Option<&mut EngineSlot> {
-        match hash {
-            BlockHash::Int(v) => self.ints.get_mut(&int_key(*v)).filter(|s| !s.negative()),
-            BlockHash::Neg(v) => self
-                .ints
-                .get_mut(&int_key(*v as u64))
-                .filter(|s| s.negative()),
-            BlockHash::Bytes(b) => self.bytes.get_mut(&**b),
-        }
-    }
-
-    fn remove(&mut self, hash: &BlockHash) -> Option<EngineSlot> {
-        match hash {
-            BlockHash::Int(v) => self.ints.remove(&int_key(*v)),
-            BlockHash::Neg(v) => self.ints.remove(&int_key(*v as u64)),
-            BlockHash::Bytes(b) => self.bytes.remove(&**b),
-        }
-    }
-
-    /// Inserts `hash`; returns the slot it displaced. Int keys hold only the 64 bits, so an
-    /// unsigned hash and a negative one with the same bits share a key: the caller must
-    /// drop the displaced block (returned with its hash as it was sent).
-    fn insert(
-        &mut self,
-        hash: &BlockHash,
-        std: u64,
-        media: MediaSet,
-    ) -> Option<(BlockHash, EngineSlot)> {
-        let (bits, negative) = match hash {
-            BlockHash::Int(v) => (*v, false),
-            BlockHash::Neg(v) => (*v as u64, true),
-            BlockHash::Bytes(b) => {
-                let old = self
-                    .bytes
-                    .insert(b.clone(), EngineSlot::new(std, false, media));
-                return old.map(|slot| (hash.clone(), slot));
-            }
-        };
-        let old = self
-            .ints
-            .insert(int_key(bits), EngineSlot::new(std, negative, media))?;
-        let twin = if old.negative() {
-            BlockHash::Neg(bits as i64)
-        } else {
-            BlockHash::Int(bits)
-        };
-        Some((twin, old))
-    }
-
-    fn len(&self) -> usize {
-        self.ints.len() + self.bytes.len()
-    }
-
-    /// Every (engine hash, slot), rebuilding the hash exactly as it was sent.
-    pub(crate) fn entries(&self) -> impl Iterator<Item = (BlockHash, EngineSlot)> + '_ {
-        let ints = self.ints.iter().map(|(k, s)| {
-            let bits = int_bits(k);
-            let hash = if s.negative() {
-                BlockHash::Neg(bits as i64)
-            } else {
-                BlockHash::Int(bits)
-            };
-            (hash, *s)
-        });
-        let bytes = self
-            .bytes
-            .iter()
-            .map(|(k, s)| (BlockHash::Bytes(k.clone()), *s));
-        ints.chain(bytes)
-    }
-
-    /// Every slot without rebuilding hashes.
-    pub(crate) fn slots(&self) -> impl Iterator<Item = EngineSlot> + '_ {
-        self.ints.values().chain(self.bytes.values()).copied()
-    }
-
-    fn heap_bytes(&self) -> usize {
-        table_bytes::<IntKey, EngineSlot>(self.ints.capacity())
-            + table_bytes::<Box<[u8]>, EngineSlot>(self.bytes.capacity())
-            + self.bytes.keys().map(|k| k.len()).sum::<usize>()
-    }
 }
 
 /// Approximate heap bytes of a hashbrown table with `capacity` usable slots.
@@ -172,7 +116,20 @@ pub(crate) struct SourceState {
     pub(crate) base_model: u32,
     /// The full-attention KV-cache group, learned from events that name their spec kind.
     main_group: Option<i64>,
-    pub(crate) maps: Vec<ModelMap>,
+    /// Engine hash → slot of the base model's blocks (most sources hold nothing else, and
+    /// pay nothing for LoRA support).
+    ints: HashMap<IntKey, EngineSlot>,
+    bytes: HashMap<Box<[u8]>, EngineSlot>,
+    /// The same for LoRA adapters' blocks, each slot with its model. A key is in at most one
+    /// of the base and LoRA maps.
+    lora_ints: HashMap<IntKey, HeldSlot>,
+    lora_bytes: HashMap<Box<[u8]>, HeldSlot>,
+    /// Engine blocks held per model; a model is here (and referenced) while it has any.
+    models: HashMap<u32, u32>,
+    /// References to drop once the current call has settled the block maps (dropping one
+    /// may free a model's block map, which must not happen while its blocks are edited).
+    deferred: Vec<u32>,
+    table: Arc<ModelTable>,
     /// Per-medium counts of engine blocks, only for std blocks this source holds through
     /// more than one engine hash (the same tokens after different prefixes).
     pub(crate) dups: HashMap<(u32, u64), [u16; MEDIA_SLOTS]>,
@@ -183,14 +140,27 @@ pub(crate) struct SourceState {
 }
 
 impl SourceState {
-    pub(crate) fn new(pod: u32, rank: u8, engine: Engine, base_model: u32) -> SourceState {
+    /// A source holding nothing; `base_model` must already be referenced for it.
+    pub(crate) fn new(
+        pod: u32,
+        rank: u8,
+        engine: Engine,
+        base_model: u32,
+        table: Arc<ModelTable>,
+    ) -> SourceState {
         SourceState {
             pod,
             rank,
             engine,
             base_model,
             main_group: None,
-            maps: Vec::new(),
+            ints: HashMap::new(),
+            bytes: HashMap::new(),
+            lora_ints: HashMap::new(),
+            lora_bytes: HashMap::new(),
+            models: HashMap::new(),
+            deferred: Vec::new(),
+            table,
             dups: HashMap::new(),
             resume_seq: None,
             run: None,
@@ -215,69 +185,250 @@ impl SourceState {
         }
     }
 
-    /// The model map of `model`, created on first use.
-    fn map_mut(&mut self, model: u32) -> &mut ModelMap {
-        let pos = match self.maps.iter().position(|m| m.model == model) {
-            Some(pos) => pos,
-            None => {
-                self.maps.push(ModelMap {
-                    model,
-                    ..ModelMap::default()
-                });
-                self.maps.len() - 1
+    /// The id of LoRA `name`, referenced until this call settles ([`Self::settle`]);
+    /// `None` when the source already holds its cap of distinct models (or ids ran out).
+    pub(crate) fn lora_model(&mut self, name: &str) -> Option<u32> {
+        if self.models.len() >= self.table.max_per_source {
+            // At the cap only a model this source holds is admitted, and a refused name
+            // allocates nothing. Such a model cannot be freed meanwhile: this source holds it.
+            let id = self.table.get(name)?;
+            if !(self.models.contains_key(&id) || id == self.base_model) {
+                return None;
             }
-        };
-        &mut self.maps[pos]
+        }
+        let id = self.table.acquire_lora(name)?;
+        self.deferred.push(id);
+        Some(id)
     }
 
-    /// The slot of `hash` in any model map, preferring `model`'s.
+    /// Drops the references deferred during this call; call once the call's block-map edits
+    /// are done.
+    pub(crate) fn settle(&mut self) {
+        for id in self.deferred.drain(..) {
+            self.table.release(id);
+        }
+        self.shrink();
+    }
+
+    /// The slot of `hash`, whatever its model, with that model. (`_model` is kept for the
+    /// call sites: an engine hash names one block per source, so no preference is needed.)
     pub(crate) fn find_mut(
         &mut self,
         hash: &BlockHash,
-        model: u32,
+        _model: u32,
     ) -> Option<(u32, &mut EngineSlot)> {
-        let order = self.maps.iter().position(|m| m.model == model);
-        let idx = order
-            .into_iter()
-            .chain(0..self.maps.len())
-            .find(|&i| self.maps[i].get_mut(hash).is_some())?;
-        let map = &mut self.maps[idx];
-        let model = map.model;
-        map.get_mut(hash).map(|slot| (model, slot))
+        let base = self.base_model;
+        let (key, negative) = match hash {
+            BlockHash::Int(v) => (int_key(*v), false),
+            BlockHash::Neg(v) => (int_key(*v as u64), true),
+            BlockHash::Bytes(b) => {
+                if let Some(slot) = self.bytes.get_mut(&**b) {
+                    return Some((base, slot));
+                }
+                let held = self.lora_bytes.get_mut(&**b)?;
+                return Some((held.model, &mut held.slot));
+            }
+        };
+        if let Some(slot) = self.ints.get_mut(&key) {
+            return (slot.negative() == negative).then_some((base, slot));
+        }
+        let held = self.lora_ints.get_mut(&key)?;
+        (held.slot.negative() == negative).then_some((held.model, &mut held.slot))
     }
 
-    /// Inserts `hash` into `model`'s map; returns the slot it displaced (see
-    /// [`ModelMap::insert`]).
+    /// Inserts `hash` under `model`; returns the slot it displaced (with its own model).
+    /// Int keys hold only the 64 bits, so an unsigned hash and a negative one with the same
+    /// bits share a key: the caller must drop the displaced block (returned with its hash as
+    /// it was sent).
     pub(crate) fn insert(
         &mut self,
         model: u32,
         hash: &BlockHash,
         std: u64,
         media: MediaSet,
-    ) -> Option<(BlockHash, EngineSlot)> {
-        self.map_mut(model).insert(hash, std, media)
+    ) -> Option<(BlockHash, HeldSlot)> {
+        self.count_in(model);
+        let (bits, negative) = match hash {
+            BlockHash::Int(v) => (*v, false),
+            BlockHash::Neg(v) => (*v as u64, true),
+            BlockHash::Bytes(b) => {
+                let slot = EngineSlot::new(std, false, media);
+                let old = self.take_bytes(b);
+                if model == self.base_model {
+                    self.bytes.insert(b.clone(), slot);
+                } else {
+                    self.lora_bytes.insert(b.clone(), HeldSlot { slot, model });
+                }
+                let old = old?;
+                self.count_out(old.model);
+                return Some((hash.clone(), old));
+            }
+        };
+        let key = int_key(bits);
+        let slot = EngineSlot::new(std, negative, media);
+        let old = self.take_int(key);
+        if model == self.base_model {
+            self.ints.insert(key, slot);
+        } else {
+            self.lora_ints.insert(key, HeldSlot { slot, model });
+        }
+        let old = old?;
+        self.count_out(old.model);
+        let twin = if old.slot.negative() {
+            BlockHash::Neg(bits as i64)
+        } else {
+            BlockHash::Int(bits)
+        };
+        Some((twin, old))
     }
 
-    pub(crate) fn remove(&mut self, model: u32, hash: &BlockHash) {
-        if let Some(map) = self.maps.iter_mut().find(|m| m.model == model) {
-            map.remove(hash);
+    /// Takes an int key out of whichever map holds it.
+    fn take_int(&mut self, key: IntKey) -> Option<HeldSlot> {
+        let base = self.base_model;
+        match self.ints.remove(&key) {
+            Some(slot) => Some(HeldSlot { slot, model: base }),
+            None => self.lora_ints.remove(&key),
+        }
+    }
+
+    /// Takes a bytes key out of whichever map holds it.
+    fn take_bytes(&mut self, key: &[u8]) -> Option<HeldSlot> {
+        let base = self.base_model;
+        match self.bytes.remove(key) {
+            Some(slot) => Some(HeldSlot { slot, model: base }),
+            None => self.lora_bytes.remove(key),
+        }
+    }
+
+    /// Removes `hash` (of any model).
+    pub(crate) fn remove(&mut self, _model: u32, hash: &BlockHash) {
+        let old = match hash {
+            BlockHash::Int(v) => self.take_int(int_key(*v)),
+            BlockHash::Neg(v) => self.take_int(int_key(*v as u64)),
+            BlockHash::Bytes(b) => self.take_bytes(b),
+        };
+        if let Some(old) = old {
+            self.count_out(old.model);
+        }
+    }
+
+    /// One more block of `model`: its first takes a reference.
+    fn count_in(&mut self, model: u32) {
+        let n = self.models.entry(model).or_insert(0);
+        if *n == 0 {
+            self.table.retain(model);
+        }
+        *n += 1;
+    }
+
+    /// One block of `model` fewer: its last defers dropping the reference.
+    fn count_out(&mut self, model: u32) {
+        let Some(n) = self.models.get_mut(&model) else {
+            return;
+        };
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.models.remove(&model);
+            self.deferred.push(model);
         }
     }
 
     /// Number of engine blocks held.
     pub(crate) fn len(&self) -> usize {
-        self.maps.iter().map(ModelMap::len).sum()
+        self.ints.len() + self.bytes.len() + self.lora_ints.len() + self.lora_bytes.len()
     }
 
-    /// Drops every engine block (after their residents were removed).
+    /// Every (engine hash, slot), rebuilding the hash exactly as it was sent.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (BlockHash, HeldSlot)> + '_ {
+        let base = self.base_model;
+        let held = move |slot: &EngineSlot| HeldSlot {
+            slot: *slot,
+            model: base,
+        };
+        let int_hash = |k: &IntKey, s: &HeldSlot| {
+            let bits = int_bits(k);
+            if s.slot.negative() {
+                BlockHash::Neg(bits as i64)
+            } else {
+                BlockHash::Int(bits)
+            }
+        };
+        let ints = self.ints.iter().map(move |(k, s)| (k, held(s)));
+        let ints = ints.chain(self.lora_ints.iter().map(|(k, s)| (k, *s)));
+        let ints = ints.map(move |(k, s)| (int_hash(k, &s), s));
+        let bytes = self.bytes.iter().map(move |(k, s)| (k, held(s)));
+        let bytes = bytes.chain(self.lora_bytes.iter().map(|(k, s)| (k, *s)));
+        let bytes = bytes.map(|(k, s)| (BlockHash::Bytes(k.clone()), s));
+        ints.chain(bytes)
+    }
+
+    /// Every slot without rebuilding hashes.
+    pub(crate) fn slots(&self) -> impl Iterator<Item = HeldSlot> + '_ {
+        let base = self.base_model;
+        let held = move |slot: &EngineSlot| HeldSlot {
+            slot: *slot,
+            model: base,
+        };
+        let base_slots = self.ints.values().chain(self.bytes.values()).map(held);
+        base_slots.chain(
+            self.lora_ints
+                .values()
+                .chain(self.lora_bytes.values())
+                .copied(),
+        )
+    }
+
+    /// Drops every engine block (after their residents were removed); the maps give their
+    /// memory back, so a source that held a burst does not keep its peak.
     pub(crate) fn clear(&mut self) {
-        self.maps.clear();
-        self.dups.clear();
+        self.ints = HashMap::new();
+        self.bytes = HashMap::new();
+        self.lora_ints = HashMap::new();
+        self.lora_bytes = HashMap::new();
+        self.dups = HashMap::new();
+        let models: Vec<u32> = self.models.drain().map(|(m, _)| m).collect();
+        self.deferred.extend(models);
+        self.models = HashMap::new();
         self.main_group = None;
     }
 
+    /// Gives back map memory after many removes (a quarter full or less).
+    fn shrink(&mut self) {
+        if self.ints.capacity() > 64 && self.ints.len() * 4 < self.ints.capacity() {
+            self.ints.shrink_to(self.ints.len() * 2);
+        }
+        if self.bytes.capacity() > 64 && self.bytes.len() * 4 < self.bytes.capacity() {
+            self.bytes.shrink_to(self.bytes.len() * 2);
+        }
+        if self.lora_ints.capacity() > 64 && self.lora_ints.len() * 4 < self.lora_ints.capacity() {
+            self.lora_ints.shrink_to(self.lora_ints.len() * 2);
+        }
+        if self.lora_bytes.capacity() > 64 && self.lora_bytes.len() * 4 < self.lora_bytes.capacity()
+        {
+            self.lora_bytes.shrink_to(self.lora_bytes.len() * 2);
+        }
+        if self.models.capacity() > 16 && self.models.len() * 4 < self.models.capacity() {
+            self.models.shrink_to(self.models.len() * 2);
+        }
+    }
+
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.maps.iter().map(ModelMap::heap_bytes).sum::<usize>()
+        table_bytes::<IntKey, EngineSlot>(self.ints.capacity())
+            + table_bytes::<Box<[u8]>, EngineSlot>(self.bytes.capacity())
+            + self.bytes.keys().map(|k| k.len()).sum::<usize>()
+            + table_bytes::<IntKey, HeldSlot>(self.lora_ints.capacity())
+            + table_bytes::<Box<[u8]>, HeldSlot>(self.lora_bytes.capacity())
+            + self.lora_bytes.keys().map(|k| k.len()).sum::<usize>()
+            + table_bytes::<u32, u32>(self.models.capacity())
             + table_bytes::<(u32, u64), [u16; MEDIA_SLOTS]>(self.dups.capacity())
+    }
+}
+
+impl Drop for SourceState {
+    /// Gives back the base model's reference and any still held or deferred.
+    fn drop(&mut self) {
+        self.clear();
+        self.deferred.push(self.base_model);
+        self.settle();
     }
 }

@@ -340,3 +340,87 @@ fn entry_counts_follow_field_changes_without_a_walk() {
     assert_eq!(index.pod_entry_counts(pod_a), (1, vec![("GPU", 1)]));
     assert_eq!(index.stats().entries, 1);
 }
+
+/// A store of `hashes` under LoRA `name`.
+fn lora_stored(hashes: &[i64], start: u32, name: &str) -> Event {
+    let mut event = stored(hashes, tokens(start, hashes.len() as u32), "GPU");
+    if let Event::BlockStored(s) = &mut event {
+        s.lora_name = Some(name.to_owned());
+    }
+    event
+}
+
+/// Issue 14: every LoRA name used to keep its block map and name forever.
+#[test]
+fn a_lora_whose_last_block_leaves_is_freed() {
+    let index = Index::new();
+    let src = index.register_source(&spec("p.ns", 0)).unwrap();
+    let mut deltas: Vec<Delta> = Vec::new();
+    for i in 0..500i64 {
+        let event = lora_stored(&[i], i as u32 * 16, &format!("lora-{i}"));
+        index
+            .apply(src, &batch(vec![event]), 10, &mut deltas)
+            .unwrap();
+    }
+    assert_eq!(index.live_models(), 501);
+    let lora = index.model_id("lora-7").unwrap();
+    let removes: Vec<i64> = (0..500).collect();
+    index
+        .apply(src, &batch(vec![removed(&removes, "GPU")]), 11, &mut deltas)
+        .unwrap();
+    assert!(index.dump().is_empty());
+    assert_eq!(index.live_models(), 1, "only the base model stays");
+    assert_eq!(index.model_id("lora-7"), None);
+    // A mirror resolving the last deltas a little later still gets the right name.
+    assert_eq!(&*index.model_name(lora), "lora-7");
+    // The name comes back with a new id.
+    let event = lora_stored(&[1], 16, "lora-7");
+    index
+        .apply(src, &batch(vec![event]), 12, &mut deltas)
+        .unwrap();
+    assert_ne!(index.model_id("lora-7"), Some(lora));
+    assert_eq!(index.dump()[0].model, "lora-7");
+    // Removing the source frees everything, its base model too.
+    index.remove_source(src, &mut deltas).unwrap();
+    assert_eq!(index.live_models(), 0);
+}
+
+#[test]
+fn loras_past_the_cap_are_dropped_and_counted_until_one_leaves() {
+    let index = Index::with_max_models_per_source(3);
+    let src = index.register_source(&spec("p.ns", 0)).unwrap();
+    let other = index.register_source(&spec("q.ns", 0)).unwrap();
+    let apply = |source, event| index.apply(source, &batch(vec![event]), 10, &mut Discard);
+    apply(src, stored(&[1], tokens(0, 1), "GPU")).unwrap();
+    for (i, name) in ["a", "b"].iter().enumerate() {
+        let stats = apply(src, lora_stored(&[10 + i as i64], 0, name)).unwrap();
+        assert_eq!(stats.too_many_models, 0);
+    }
+    let stats = apply(src, lora_stored(&[20], 0, "c")).unwrap();
+    assert_eq!((stats.too_many_models, stats.blocks_stored), (1, 0));
+    // The cap is per source: another source still takes `c`.
+    let stats = apply(other, lora_stored(&[20], 0, "c")).unwrap();
+    assert_eq!((stats.too_many_models, stats.blocks_stored), (0, 1));
+    // Known models keep being accepted; once `a` leaves, `c` fits.
+    let stats = apply(src, lora_stored(&[11], 16, "b")).unwrap();
+    assert_eq!(stats.too_many_models, 0);
+    apply(src, removed(&[10], "GPU")).unwrap();
+    let stats = apply(src, lora_stored(&[20], 0, "c")).unwrap();
+    assert_eq!((stats.too_many_models, stats.blocks_stored), (0, 1));
+}
+
+/// An engine hash names one block of a source whatever the model: storing it under another
+/// LoRA moves it (the reference model of the proptests says the same).
+#[test]
+fn a_hash_stored_under_another_lora_moves_to_it() {
+    let index = Index::new();
+    let src = index.register_source(&spec("p.ns", 0)).unwrap();
+    let apply = |event| index.apply(src, &batch(vec![event]), 10, &mut Discard);
+    apply(lora_stored(&[5], 0, "a")).unwrap();
+    apply(lora_stored(&[5], 0, "b")).unwrap();
+    let models: Vec<String> = index.dump().into_iter().map(|e| e.model).collect();
+    assert_eq!(models, ["b"]);
+    apply(removed(&[5], "GPU")).unwrap();
+    assert!(index.dump().is_empty());
+    assert_eq!(index.live_models(), 1);
+}

@@ -27,7 +27,7 @@ pub mod supervisor;
 mod target;
 
 pub use offline::{load_files, replay_files, LoadedFile, OfflineError, OfflineReplay};
-pub use pipeline::{Observer, Outcome, SourcePipeline};
+pub use pipeline::{Observer, Outcome, SourcePipeline, DEFAULT_MAX_FRAME_BYTES};
 pub use seq::{SeqDecision, SeqTracker};
 pub use stats::IngestStats;
 pub use status::{PodStatus, PodsView};

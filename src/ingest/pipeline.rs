@@ -26,6 +26,12 @@ const LOG_FIRST: u64 = 5;
 const LOG_EVERY: u64 = 1000;
 /// Distinct unknown tags logged (once each) before the rest are only counted.
 const MAX_LOGGED_TAGS: usize = 64;
+/// Default cap on one ZMQ frame (`ingest.max_frame_bytes`).
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
+/// The `reason` label of a message with a frame over the cap.
+const FRAME_TOO_LARGE: &str = "frame_too_large";
+/// The `reason` label of stores dropped past the per-source model cap.
+const TOO_MANY_MODELS: &str = "too_many_models";
 
 /// What became of one message.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +69,17 @@ pub enum Outcome {
     },
     /// Bad frames or payload: nothing was applied.
     DecodeError(MessageError),
+    /// A frame passed the size cap: dropped undecoded (its seq, if readable, is used up).
+    Oversized {
+        /// Size of the largest frame.
+        bytes: usize,
+    },
+}
+
+/// The seq frame of `[topic, seq, payload]`, if it reads as one.
+fn seq_of<F: AsRef<[u8]>>(frames: &[F]) -> Option<u64> {
+    let seq: [u8; 8] = frames.get(1)?.as_ref().try_into().ok()?;
+    Some(u64::from_be_bytes(seq))
 }
 
 /// One thing that happened while ingesting, reported exactly once.
@@ -71,6 +88,10 @@ enum Happening<'a> {
     BadLine(&'a dyn Display),
     Decoded(&'a EngineBatch),
     Rejected(&'a MessageError),
+    Oversized {
+        bytes: usize,
+        seq: Option<u64>,
+    },
     Duplicate(u64),
     Gap {
         from: u64,
@@ -220,7 +241,6 @@ impl Observer {
                 );
             }
             Happening::ReplayCancelled => info!("Replay cancelled: the subscriber is stopping."),
-            Happening::Applied(applied) => s.apply.add(applied),
             Happening::WarmStart(outcome) => {
                 *s.warm_starts.entry(outcome.as_str()).or_default() += 1;
                 self.metrics.warm_start(outcome);
@@ -228,6 +248,24 @@ impl Observer {
                     outcome = outcome.as_str(),
                     "Warm start: the source goes on from the checkpoint."
                 );
+            }
+            Happening::Oversized { bytes, seq } => {
+                *s.decode_errors.entry(FRAME_TOO_LARGE).or_default() += 1;
+                self.metrics.decode_error(FRAME_TOO_LARGE);
+                let what = format!("a frame of {bytes} bytes passes ingest.max_frame_bytes");
+                self.log_bad(&what, FRAME_TOO_LARGE, seq);
+            }
+            Happening::Applied(applied) => {
+                s.apply.add(applied);
+                if applied.too_many_models > 0 {
+                    let n = applied.too_many_models;
+                    *s.invalid_events.entry(TOO_MANY_MODELS).or_default() += n;
+                    self.metrics.invalid_events(TOO_MANY_MODELS, n);
+                    let what = format!(
+                        "{n} BlockStored events name a LoRA past ingest.max_models_per_source"
+                    );
+                    self.log_bad(&what, TOO_MANY_MODELS, None);
+                }
             }
         }
     }
@@ -298,6 +336,7 @@ pub struct SourcePipeline {
     pending: Option<Pending>,
     /// Resumed from a checkpoint and no message decided how yet.
     warm: bool,
+    max_frame_bytes: usize,
 }
 
 impl SourcePipeline {
@@ -310,6 +349,7 @@ impl SourcePipeline {
             replay,
             pending: None,
             warm: false,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
         }
     }
 
@@ -319,6 +359,23 @@ impl SourcePipeline {
     pub fn resume(&mut self, seq: u64) {
         self.tracker = SeqTracker::resumed(seq);
         self.warm = true;
+    }
+
+    /// Drops messages with a frame larger than `max` bytes (counted, seq used up).
+    ///
+    /// The `zeromq` crate (0.7) has no receive limit: it reserves a frame's declared length
+    /// as soon as the header arrives and hands over only whole multipart messages, so an
+    /// oversized message has been buffered in full by the time this cap sees it. The cap
+    /// keeps it from being decoded and applied; the buffer is freed when it is dropped.
+    pub fn with_max_frame_bytes(mut self, max: usize) -> SourcePipeline {
+        self.max_frame_bytes = max.max(1);
+        self
+    }
+
+    /// The size of the largest frame, when it passes the cap.
+    fn oversized<F: AsRef<[u8]>>(&self, frames: &[F]) -> Option<usize> {
+        let largest = frames.iter().map(|f| f.as_ref().len()).max()?;
+        (largest > self.max_frame_bytes).then_some(largest)
     }
 
     /// The source in the index.
@@ -356,6 +413,12 @@ impl SourcePipeline {
         obs: &mut Observer,
     ) -> Result<Outcome, IndexError> {
         obs.observe(Happening::Message);
+        if let Some(bytes) = self.oversized(frames) {
+            let seq = seq_of(frames);
+            self.pass_over(seq);
+            obs.observe(Happening::Oversized { bytes, seq });
+            return Ok(Outcome::Oversized { bytes });
+        }
         match decode_message(frames, DecodeOptions::INDEX) {
             Err(err) => {
                 self.pass_over(err.seq);
@@ -492,6 +555,12 @@ impl SourcePipeline {
         sink: &mut impl DeltaSink,
         obs: &mut Observer,
     ) -> Result<(), IndexError> {
+        if let Some(bytes) = self.oversized(&replayed.frames) {
+            let seq = Some(replayed.seq);
+            obs.observe(Happening::Oversized { bytes, seq });
+            self.tracker.applied(replayed.seq);
+            return Ok(());
+        }
         match decode_message(&replayed.frames, DecodeOptions::INDEX) {
             // Within a replay nothing is a restart: a seq at or below the last one is a
             // reply overlapping what was already applied.

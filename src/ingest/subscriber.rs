@@ -100,6 +100,8 @@ pub struct SubscriberSpec {
     /// The engine run behind the target (discovered pods), compared with the run a
     /// checkpoint recorded: a different one is an engine restart while kvindex was down.
     pub run: Option<String>,
+    /// Largest frame applied; larger messages are dropped and counted.
+    pub max_frame_bytes: usize,
 }
 
 /// Where a subscriber writes.
@@ -152,7 +154,8 @@ async fn run_inner(spec: SubscriberSpec, ctx: SubscriberCtx) {
             return;
         }
     };
-    let mut pipeline = SourcePipeline::new(source, spec.replay_endpoint.is_some());
+    let mut pipeline = SourcePipeline::new(source, spec.replay_endpoint.is_some())
+        .with_max_frame_bytes(spec.max_frame_bytes);
     let mut observer = Observer::new(spec.engine);
     if restarted_while_away(&spec, &ctx, source, &mut observer).await {
         ctx.index.take_resume_seq(source);

@@ -1,6 +1,7 @@
 //! [`Supervisor`]: the running targets and their subscriber tasks.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,6 +57,8 @@ pub struct Supervisor {
     mirror: Option<Arc<dyn DeltaMirror>>,
     cancel: CancellationToken,
     replay_limits: ReplayLimits,
+    /// `ingest.max_frame_bytes`, read when a subscriber starts.
+    max_frame_bytes: AtomicUsize,
     running: Mutex<BTreeMap<String, Running>>,
     wanted: Mutex<WantedSets>,
     // Reloads are serialized so two cannot interleave their stop/start halves.
@@ -75,10 +78,16 @@ impl Supervisor {
             mirror,
             cancel,
             replay_limits,
+            max_frame_bytes: AtomicUsize::new(crate::ingest::DEFAULT_MAX_FRAME_BYTES),
             running: Mutex::new(BTreeMap::new()),
             wanted: Mutex::new(WantedSets::default()),
             reload_lock: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Caps the frames of subscribers started from now on (`ingest.max_frame_bytes`).
+    pub fn set_max_frame_bytes(&self, max: usize) {
+        self.max_frame_bytes.store(max, Ordering::Relaxed);
     }
 
     /// Makes the static targets equal `targets` (discovered ones are kept): new ones start,
@@ -241,6 +250,7 @@ impl Supervisor {
                 replay_limits: self.replay_limits,
                 min_store_time,
                 run: identity.as_ref().map(EngineIdentity::run),
+                max_frame_bytes: self.max_frame_bytes.load(Ordering::Relaxed),
             };
             let ctx = SubscriberCtx {
                 index: self.index.clone(),

@@ -1,0 +1,228 @@
+//! Ingest cost per block (thread CPU time) and memory against the number of distinct LoRA names (issue 14).
+//!
+//! One source stores `blocks` blocks of 16 tokens (100 `BlockStored` events per batch, one
+//! block each), event i under LoRA `lora-{i mod names}`, then removes every block. Cases:
+//! 1 name and 100,000 names over 1 M blocks (ten blocks per name) and over 100 k blocks
+//! (every block a new name, so every block creates a model) — the per-source cap is raised
+//! past them, so the data structure is what is timed — and 100,000 names under the default
+//! cap (1,024: the rest are dropped and counted). Batches are built outside the timed part. Reported: ingest time per block and its ratio to the 1-name case (goal
+//! ≤ 1.5×), the live heap (counting allocator) and RSS before, after ingest and after every
+//! block is removed (goal: RSS after removes within 10 % of before), and RSS after
+//! `malloc_trim(0)` to tell freed-but-cached allocator pages from memory still held. Each
+//! case runs in a fresh index, in this order, within one process; the 1-name case runs
+//! first and again last as the reference.
+//!
+//! Run: `cargo bench --bench lora_names` (a few seconds).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Duration;
+
+use kvindex::index::{Discard, Index, SourceSpec, DEFAULT_MAX_MODELS_PER_SOURCE};
+use kvindex::medium::Medium;
+use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
+
+/// Counts live heap bytes: every allocation adds its size, every free subtracts it.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; only a counter is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same layout contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same layout contract as the caller's.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        // SAFETY: `ptr` came from this allocator with `layout`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const PER_BATCH: u64 = 100;
+const BLOCK_SIZE: u32 = 16;
+
+fn live_mib() -> f64 {
+    LIVE.load(Ordering::Relaxed) as f64 / (1 << 20) as f64
+}
+
+/// Resident set size from `/proc/self/statm`, MiB.
+fn rss_mib() -> f64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: f64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0.0);
+    pages * 4096.0 / (1 << 20) as f64
+}
+
+/// This thread's CPU time: wall time is meaningless on a machine shared with other builds.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn trim() {
+    // SAFETY: malloc_trim only returns free pages to the OS.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+fn batch(events: Vec<Event>) -> EngineBatch {
+    EngineBatch {
+        ts: 0.0,
+        dp_rank: Some(0),
+        events,
+        skipped: Vec::new(),
+    }
+}
+
+fn hash_of(i: u64) -> BlockHash {
+    BlockHash::Int(i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// Store batch `b`.
+fn stores(b: u64, names: u64) -> EngineBatch {
+    let events = (b * PER_BATCH..(b + 1) * PER_BATCH)
+        .map(|i| {
+            let tokens: Vec<u32> = (0..BLOCK_SIZE).map(|t| i as u32 ^ (t << 27)).collect();
+            let mut stored = BlockStored::new(vec![hash_of(i)], tokens, BLOCK_SIZE, Medium::GPU);
+            stored.lora_name = Some(format!("lora-{}", i % names));
+            Event::BlockStored(stored)
+        })
+        .collect();
+    batch(events)
+}
+
+/// Remove batch `b`.
+fn removes(b: u64) -> EngineBatch {
+    let hashes = (b * PER_BATCH..(b + 1) * PER_BATCH).map(hash_of).collect();
+    batch(vec![Event::BlockRemoved(BlockRemoved::new(
+        hashes,
+        Medium::NONE,
+    ))])
+}
+
+struct Figures {
+    ns_per_block: f64,
+    dropped: u64,
+    live: [f64; 3],
+    rss: [f64; 4],
+}
+
+fn run(blocks: u64, names: u64, cap: usize) -> Figures {
+    trim();
+    let (live0, rss0) = (live_mib(), rss_mib());
+    let index = Index::with_max_models_per_source(cap);
+    let source = index
+        .register_source(&SourceSpec {
+            pod: "p.ns".to_owned(),
+            model: "base".to_owned(),
+            engine: Engine::Vllm,
+            dp_rank: 0,
+        })
+        .expect("one source");
+    let mut elapsed = Duration::ZERO;
+    let mut dropped = 0;
+    for b in 0..blocks / PER_BATCH {
+        let batch = stores(b, names);
+        let started = thread_cpu();
+        let stats = index
+            .apply(source, &batch, 1, &mut Discard)
+            .expect("registered");
+        elapsed += thread_cpu().saturating_sub(started);
+        dropped += stats.too_many_models;
+    }
+    let (live1, rss1) = (live_mib(), rss_mib());
+    for b in 0..blocks / PER_BATCH {
+        index
+            .apply(source, &removes(b), 2, &mut Discard)
+            .expect("registered");
+    }
+    assert_eq!(index.entry_counts().0, 0, "every block removed");
+    assert_eq!(index.live_models(), 1, "only the base model is left");
+    let (live2, rss2) = (live_mib(), rss_mib());
+    trim();
+    let rss3 = rss_mib();
+    drop(index);
+    Figures {
+        ns_per_block: elapsed.as_nanos() as f64 / blocks as f64,
+        dropped,
+        live: [live0, live1, live2],
+        rss: [rss0, rss1, rss2, rss3],
+    }
+}
+
+fn main() {
+    const M: u64 = 1_000_000;
+    const K100: u64 = 100_000;
+    let cases = [
+        ("1 M blocks, 1 name", M, 1, usize::MAX),
+        ("1 M blocks, 100k names, cap raised", M, K100, usize::MAX),
+        ("100k blocks, 1 name", K100, 1, usize::MAX),
+        (
+            "100k blocks, 100k names, cap raised",
+            K100,
+            K100,
+            usize::MAX,
+        ),
+        (
+            "100k blocks, 100k names, default cap",
+            K100,
+            K100,
+            DEFAULT_MAX_MODELS_PER_SOURCE,
+        ),
+        ("1 M blocks, 1 name (again)", M, 1, usize::MAX),
+    ];
+    println!("| case | ns/block | vs first case | dropped | live MiB before / ingested / removed | RSS MiB before / ingested / removed / trimmed | RSS removed vs before |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let mut reference = None;
+    for (name, blocks, names, cap) in cases {
+        let f = run(blocks, names, cap);
+        let base = *reference.get_or_insert(f.ns_per_block);
+        println!(
+            "| {name} | {:.0} | {:.2}× | {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} / {:.1} | {:+.1} % |",
+            f.ns_per_block,
+            f.ns_per_block / base,
+            f.dropped,
+            f.live[0],
+            f.live[1],
+            f.live[2],
+            f.rss[0],
+            f.rss[1],
+            f.rss[2],
+            f.rss[3],
+            (f.rss[2] / f.rss[0] - 1.0) * 100.0
+        );
+    }
+}

@@ -1,0 +1,239 @@
+//! A bounded churn soak of `kvindex serve` (issue 14): one paced ZMQ publisher sends a
+//! churning stream (stores on GPU and CPU, ~40 % removes, an `AllBlocksCleared` every few
+//! thousand messages) into an in-process daemon for `--duration` seconds. Every
+//! `--sample-secs` it prints the process RSS next to the index's own heap estimate and the
+//! live heap, so the gap between them is visible; at the end it replays the same stream
+//! offline (written to a temporary fixture file, not held in memory) and prints the diff of
+//! the two indexes. Not a test: nothing is asserted.
+//!
+//! Run: `cargo run --release --example churn_soak -- --duration 600 [--sample-secs 30]
+//! [--redis redis://127.0.0.1:6379/15]` (with `--redis` the mirror runs too).
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kvindex::commands::serve::Daemon;
+use kvindex::config::Config;
+use kvindex::index::{DumpEntry, Index};
+use kvindex::ingest::fixture;
+use kvindex::ingest::replay_client::ReplayLimits;
+use kvindex::wire::Engine;
+use rmpv::Value as V;
+use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
+
+/// Distinct blocks the stream draws from.
+const POOL: u64 = 400_000;
+/// Events per message.
+const PER_MESSAGE: usize = 100;
+/// A clear every this many messages.
+const CLEAR_EVERY: u64 = 4000;
+
+struct Args {
+    duration: Duration,
+    sample: Duration,
+    redis: Option<String>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        duration: Duration::from_secs(60),
+        sample: Duration::from_secs(10),
+        redis: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_default();
+        match flag.as_str() {
+            "--duration" => a.duration = Duration::from_secs(value.parse().unwrap_or(60)),
+            "--sample-secs" => a.sample = Duration::from_secs(value.parse().unwrap_or(10)),
+            "--redis" => a.redis = Some(value),
+            _ => eprintln!("ignored argument {flag}"),
+        }
+    }
+    a
+}
+
+fn rss_mib() -> f64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: f64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0.0);
+    pages * 4096.0 / f64::from(1 << 20)
+}
+
+/// xorshift64*: a fixed, seeded stream.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+fn store(block: u64, medium: &str) -> V {
+    let tokens: Vec<V> = (0..16).map(|t| V::from(block * 16 + t)).collect();
+    V::Array(vec![
+        V::from("BlockStored"),
+        V::Array(vec![V::from(block.wrapping_mul(0x9E37_79B9_7F4A_7C15))]),
+        V::Nil,
+        V::Array(tokens),
+        V::from(16),
+        V::Nil,
+        V::from(medium),
+        V::Nil,
+    ])
+}
+
+fn remove(block: u64) -> V {
+    V::Array(vec![
+        V::from("BlockRemoved"),
+        V::Array(vec![V::from(block.wrapping_mul(0x9E37_79B9_7F4A_7C15))]),
+        V::Nil,
+    ])
+}
+
+fn message(seq: u64, rng: &mut Rng) -> Vec<Bytes> {
+    let events: Vec<V> = if seq > 0 && seq.is_multiple_of(CLEAR_EVERY) {
+        vec![V::Array(vec![V::from("AllBlocksCleared")])]
+    } else {
+        (0..PER_MESSAGE)
+            .map(|_| {
+                let r = rng.next();
+                let block = (r >> 8) % POOL;
+                match r % 10 {
+                    0..=3 => remove(block),
+                    4..=5 => store(block, "CPU"),
+                    _ => store(block, "GPU"),
+                }
+            })
+            .collect()
+    };
+    let batch = V::Array(vec![V::F64(1.0), V::Array(events)]);
+    let mut payload = Vec::new();
+    rmpv::encode::write_value(&mut payload, &batch).expect("encode into a Vec");
+    vec![
+        Bytes::from_static(b"kv"),
+        Bytes::copy_from_slice(&seq.to_be_bytes()),
+        Bytes::from(payload),
+    ]
+}
+
+fn strip(dump: Vec<DumpEntry>) -> Vec<DumpEntry> {
+    let mut d: Vec<DumpEntry> = dump
+        .into_iter()
+        .map(|mut e| {
+            e.stored_at = 0;
+            e
+        })
+        .collect();
+    d.sort();
+    d
+}
+
+fn messages_seen(d: &Daemon) -> u64 {
+    d.supervisor
+        .status()
+        .iter()
+        .flat_map(|t| &t.ranks)
+        .map(|r| r.stats.messages)
+        .sum()
+}
+
+#[tokio::main]
+async fn main() {
+    let a = args();
+    let mut publisher = PubSocket::new();
+    let ep = publisher.bind("tcp://127.0.0.1:0").await.expect("bind");
+    let zeromq::Endpoint::Tcp(_, port) = ep else {
+        panic!("not tcp")
+    };
+    let redis = a
+        .redis
+        .as_ref()
+        .map_or(String::new(), |u| format!("redis:\n  url: {u}\n"));
+    let text = format!(
+        "{redis}metrics:\n  listen: 127.0.0.1:0\ntargets:\n  - {{pod: soak, model: m, engine: vllm, endpoint: 'tcp://127.0.0.1:{port}'}}\n"
+    );
+    let config = Config::from_str(&text).expect("valid config");
+    let daemon = Daemon::start(config, None, ReplayLimits::default())
+        .await
+        .expect("daemon starts");
+    while daemon.supervisor.connected_ranks() < 1 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let dir = std::env::temp_dir().join(format!("kvindex-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("vllm-soak.jsonl");
+    let mut recording = std::io::BufWriter::new(std::fs::File::create(&path).expect("file"));
+    let mut rng = Rng(0x5EED_CAFE_F00D_D00D);
+    let started = Instant::now();
+    let mut next_sample = Duration::ZERO;
+    let mut seq = 0u64;
+    println!("| t s | messages | RSS MiB | index heap MiB (estimate) | entries | blocks |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    while started.elapsed() < a.duration {
+        if started.elapsed() >= next_sample {
+            let st = daemon.index.stats();
+            println!(
+                "| {} | {seq} | {:.1} | {:.1} | {} | {} |",
+                started.elapsed().as_secs(),
+                rss_mib(),
+                st.heap_bytes as f64 / f64::from(1 << 20),
+                st.entries,
+                st.blocks
+            );
+            next_sample += a.sample;
+        }
+        let frames = message(seq, &mut rng);
+        writeln!(recording, "{}", fixture::format_line(0, &frames)).expect("write");
+        let msg = ZmqMessage::try_from(frames).expect("three frames");
+        publisher.send(msg).await.expect("send");
+        seq += 1;
+        // The crate's PUB drops under a flat-out loop: pace it.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    recording.flush().expect("flush");
+    drop(recording);
+    let end = Instant::now() + Duration::from_secs(60);
+    while messages_seen(&daemon) < seq && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let st = daemon.index.stats();
+    println!(
+        "| {} (end) | {seq} | {:.1} | {:.1} | {} | {} |",
+        started.elapsed().as_secs(),
+        rss_mib(),
+        st.heap_bytes as f64 / f64::from(1 << 20),
+        st.entries,
+        st.blocks
+    );
+    let live = strip(daemon.index.dump());
+    let seen = messages_seen(&daemon);
+    daemon.shutdown(Duration::from_secs(10)).await;
+    let replay =
+        kvindex::ingest::replay_files(Index::new(), "soak.default", "m", Engine::Vllm, &[path])
+            .expect("replay the recording");
+    let offline = strip(replay.index().dump());
+    let missing = offline
+        .iter()
+        .filter(|e| live.binary_search(e).is_err())
+        .count();
+    let extra = live
+        .iter()
+        .filter(|e| offline.binary_search(e).is_err())
+        .count();
+    println!(
+        "messages sent {seq}, seen {}; live {} entries, replay {}; missing {missing}, extra {extra}",
+        seen,
+        live.len(),
+        offline.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
