@@ -13,7 +13,7 @@ struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// Log filter (tracing `EnvFilter` syntax, e.g. `info,kvindex=debug`).
-    #[arg(long, global = true, env = "KVINDEX_LOG", default_value = "info")]
+    #[arg(long, global = true, env = "KVINDEX_LOG", default_value = "info,zeromq=warn")]
     log: String,
     #[command(subcommand)]
     command: Command,
@@ -21,6 +21,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the daemon live on simulated engines and print queries to try (no Redis, no config).
+    Demo(commands::demo::DemoArgs),
     /// Decode a recorded stream and print one JSON object per message.
     Decode(commands::decode::DecodeArgs),
     /// Feed recorded streams through the ingest path into the index and print a summary.
@@ -45,6 +47,7 @@ async fn main() -> ExitCode {
         return ExitCode::from(64);
     }
     let result = match cli.command {
+        Command::Demo(args) => commands::demo::run(args).await,
         Command::Decode(args) => commands::decode::run(args),
         Command::Replay(args) => commands::replay::run(args).await,
         Command::Serve(args) => commands::serve::run(args).await,

@@ -3,6 +3,7 @@
 //! | file | command |
 //! | --- | --- |
 //! | `decode.rs` | `kvindex decode` |
+//! | `demo/` | `kvindex demo` |
 //! | `replay.rs` | `kvindex replay` |
 //! | `serve.rs` | `kvindex serve` |
 //! | `record.rs` | `kvindex record` |
@@ -12,6 +13,7 @@
 
 pub mod check_config;
 pub mod decode;
+pub mod demo;
 pub mod record;
 pub mod redis_dump;
 pub mod replay;
