@@ -13,7 +13,12 @@ struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// Log filter (tracing `EnvFilter` syntax, e.g. `info,kvindex=debug`).
-    #[arg(long, global = true, env = "KVINDEX_LOG", default_value = "info,zeromq=warn")]
+    #[arg(
+        long,
+        global = true,
+        env = "KVINDEX_LOG",
+        default_value = "info,zeromq=warn"
+    )]
     log: String,
     #[command(subcommand)]
     command: Command,

@@ -20,6 +20,7 @@ use crate::index::{Delta, DeltaMirror, DeltaSink, Index, SourceSpec};
 use crate::metrics::SourceMetrics;
 use crate::wire::Engine;
 
+use super::failure_log::FailureLog;
 use super::pipeline::{Observer, SourcePipeline};
 use super::replay_client::{self, ReplayLimits};
 use super::stats::IngestStats;
@@ -74,6 +75,10 @@ pub struct RankStatus {
     pub last_seq: Option<u64>,
     /// Ingest counters (replays included).
     pub stats: IngestStats,
+    /// Why the last connect attempt failed, until a connection succeeds.
+    pub last_error: Option<String>,
+    /// Connect attempts that failed since the last success.
+    pub failed_connects: u64,
 }
 
 /// What one subscriber connects to.
@@ -150,6 +155,7 @@ async fn run_inner(spec: SubscriberSpec, ctx: SubscriberCtx) {
         }
     };
     let mut worker = Worker {
+        failures: FailureLog::default(),
         pipeline: SourcePipeline::new(source, spec.replay_endpoint.is_some()),
         observer: Observer::new(spec.engine),
         metrics: SourceMetrics::new(spec.engine),
@@ -168,6 +174,7 @@ async fn run_inner(spec: SubscriberSpec, ctx: SubscriberCtx) {
 }
 
 struct Worker {
+    failures: FailureLog,
     spec: SubscriberSpec,
     ctx: SubscriberCtx,
     pipeline: SourcePipeline,
@@ -195,8 +202,7 @@ impl Worker {
                 } => r,
             };
             if let Err(err) = connected {
-                debug!(error = %err, backoff_ms = backoff.as_millis() as u64, "Connect failed; retrying with a fresh socket.");
-                self.ctx.status.lock().state = LinkState::Connecting;
+                self.connect_failed(&err.to_string(), backoff);
                 drop(socket);
                 tokio::select! {
                     biased;
@@ -212,9 +218,11 @@ impl Worker {
                 let mut st = self.ctx.status.lock();
                 st.state = LinkState::Connected;
                 st.connects += 1;
+                st.last_error = None;
+                st.failed_connects = 0;
             }
             self.metrics.connected();
-            info!("Connected.");
+            info!(failed_attempts = self.failures.connected(), "Connected.");
             let ended = self.recv_loop(&mut socket, &mut monitor).await;
             self.metrics.disconnected();
             if let Some(reason) = ended {
@@ -222,6 +230,28 @@ impl Worker {
             }
             self.ctx.status.lock().state = LinkState::Disconnected;
             info!("Disconnected; reconnecting with a fresh socket.");
+        }
+    }
+
+    /// Records a failed connect: the rank's state and last error, a WARN line for the first
+    /// failure of a streak (then at most one per [`super::WARN_EVERY`]), DEBUG otherwise.
+    fn connect_failed(&mut self, reason: &str, backoff: Duration) {
+        {
+            let mut st = self.ctx.status.lock();
+            st.state = LinkState::Connecting;
+            st.last_error = Some(reason.to_owned());
+            st.failed_connects += 1;
+        }
+        let backoff_ms = backoff.as_millis() as u64;
+        match self.failures.failed(Instant::now()) {
+            Some(failures) => warn!(
+                reason,
+                failures,
+                "Cannot connect to the target; retrying every {} ms at most (logged again in {} s if it goes on).",
+                MAX_BACKOFF.as_millis(),
+                super::WARN_EVERY.as_secs()
+            ),
+            None => debug!(reason, backoff_ms, "Connect failed; retrying with a fresh socket."),
         }
     }
 

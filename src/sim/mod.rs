@@ -163,7 +163,11 @@ impl SimEngine {
             return Err(SimError::Frames);
         };
         let seq = crate::wire::read_seq(seq).map_err(|_| SimError::Frames)?;
-        let buffer = &self.ranks.get(rank).ok_or(SimError::NoRank { rank })?.buffer;
+        let buffer = &self
+            .ranks
+            .get(rank)
+            .ok_or(SimError::NoRank { rank })?
+            .buffer;
         let message: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
         let mut buffer = buffer.lock();
         if buffer.len() >= REPLAY_BUFFER {
@@ -258,9 +262,7 @@ async fn bind_run<S: Socket>(
             let mut socket = new();
             match socket.bind(&endpoint(next)).await {
                 Ok(_) => sockets.push(socket),
-                Err(source) if first != 0 => {
-                    return Err(SimError::Bind { port: next, source })
-                }
+                Err(source) if first != 0 => return Err(SimError::Bind { port: next, source }),
                 Err(_) => break,
             }
         }

@@ -158,7 +158,10 @@ fn config_yaml(args: &DemoArgs, engines: &[SimEngine]) -> String {
     );
     if let Some(url) = &args.redis {
         // A JSON string is a YAML string: the URL is quoted whatever it holds.
-        text.push_str(&format!("redis:\n  url: {}\n", serde_json::Value::from(url.as_str())));
+        text.push_str(&format!(
+            "redis:\n  url: {}\n",
+            serde_json::Value::from(url.as_str())
+        ));
     }
     text + &targets_yaml(&ports)
 }
@@ -286,7 +289,12 @@ async fn restart(daemon: &Daemon, engine: &mut SimEngine, pod: &DemoPod) -> anyh
 
 /// Loops the busy engine's rank 0 forever, with seqs that keep counting up.
 async fn busy_loop(engine: &mut SimEngine, pod: &DemoPod) {
-    let payloads: Vec<Vec<Vec<u8>>> = pod.recording.rank(0).into_iter().map(|m| m.frames).collect();
+    let payloads: Vec<Vec<Vec<u8>>> = pod
+        .recording
+        .rank(0)
+        .into_iter()
+        .map(|m| m.frames)
+        .collect();
     if payloads.is_empty() {
         return std::future::pending().await;
     }
@@ -354,7 +362,12 @@ fn intent(pod: &DemoPod) -> String {
         ),
         Role::Busy => "keeps publishing".to_owned(),
     };
-    format!("{} ({}, {} DP ranks) {what}.", pod.id(), pod.recording.label, pod.ranks)
+    format!(
+        "{} ({}, {} DP ranks) {what}.",
+        pod.id(),
+        pod.recording.label,
+        pod.ranks
+    )
 }
 
 /// What the daemon saw of an engine, from its own counters and index.
@@ -417,7 +430,9 @@ impl Narrator {
             engines.len()
         ));
         if let Some(api) = daemon.api_addr {
-            self.raw(&format!("  API      http://{api}  (/v1/score, /v1/pd/schedule, /v1/pods)"));
+            self.raw(&format!(
+                "  API      http://{api}  (/v1/score, /v1/pd/schedule, /v1/pods)"
+            ));
         }
         self.raw(&format!(
             "  metrics  http://{}  (/metrics, /healthz, /readyz)",
@@ -441,12 +456,18 @@ impl Narrator {
             return;
         };
         self.line("Ask the daemon (paste into another terminal):");
-        for q in [queries::score(&expected, weights), queries::pd(&expected, weights)] {
+        for q in [
+            queries::score(&expected, weights),
+            queries::pd(&expected, weights),
+        ] {
             self.raw(&format!("  {}", q.curl(api)));
             self.raw(&format!("    expected: {}", q.expected));
         }
         self.raw(&format!("  curl -s http://{api}/v1/pods"));
-        self.raw(&format!("  curl -s http://{}/metrics | grep ^kvindex_", daemon.metrics_addr));
+        self.raw(&format!(
+            "  curl -s http://{}/metrics | grep ^kvindex_",
+            daemon.metrics_addr
+        ));
         self.raw(&format!(
             "  kvindex top --url http://{} --api-url http://{api}",
             daemon.metrics_addr

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::sourced::{DiscoveredTarget, EngineIdentity, TargetSource};
 use crate::index::{Delta, DeltaMirror, Index};
 use crate::ingest::replay_client::ReplayLimits;
-use crate::ingest::status::{resident_blocks, PodStatus, PodsView};
+use crate::ingest::status::{resident_blocks, PodCounters, PodStatus, PodsView};
 use crate::ingest::subscriber::{self, LinkState, RankStatus, SubscriberCtx, SubscriberSpec};
 use crate::ingest::Target;
 
@@ -311,6 +311,14 @@ impl PodsView for Supervisor {
                     .reduce(f64::min);
                 let pod = t.target.pod_id();
                 let resident = resident_blocks(&self.index, &pod);
+                let mut counters = PodCounters::default();
+                t.ranks.iter().for_each(|r| counters.add(&r.stats));
+                let last_error = t
+                    .ranks
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, r)| r.last_error.as_ref().map(|e| format!("rank {i}: {e}")));
+                let connected = t.ranks.iter().filter(|r| r.state == LinkState::Connected);
                 PodStatus {
                     pod,
                     model: t.target.model.clone(),
@@ -321,6 +329,9 @@ impl PodsView for Supervisor {
                     state: state.as_str().to_owned(),
                     last_message_age_seconds: age,
                     resident_blocks: resident,
+                    ranks_connected: connected.count() as u32,
+                    last_error,
+                    counters,
                 }
             })
             .collect()
