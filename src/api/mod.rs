@@ -10,6 +10,7 @@
 //! | `pd.rs` | `POST /v1/pd/schedule`: request, validation, pairing |
 //! | `pods.rs` | `GET /v1/pods`: the targets, from [`crate::ingest::PodsView`] |
 //! | `auth.rs` | the bearer-token middleware |
+//! | `observe.rs` | request metrics: count by route and status, latency histogram per route |
 //!
 //! Request bodies are parsed by hand from bytes (not axum's `Json` extractor) so that every
 //! refusal is a JSON body naming the bad field, including size-limit refusals. Each request
@@ -18,6 +19,7 @@
 mod auth;
 mod body;
 mod error;
+mod observe;
 mod pd;
 mod pods;
 mod router;

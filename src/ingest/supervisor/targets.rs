@@ -273,9 +273,20 @@ impl Supervisor {
             .count()
     }
 
-    /// Publishes the per-target last-message age gauges.
+    /// Publishes the per-target gauges: last-message age, DP ranks connected.
     pub fn publish_ages(&self) {
         for t in self.status() {
+            let connected = t
+                .ranks
+                .iter()
+                .filter(|r| r.state == LinkState::Connected)
+                .count() as u32;
+            crate::metrics::target_ranks(
+                &t.target.pod_id(),
+                t.source.as_str(),
+                connected,
+                t.target.dp_ranks,
+            );
             if let Some(age) = t
                 .ranks
                 .iter()
