@@ -40,6 +40,8 @@ enum Command {
     CheckConfig(commands::check_config::CheckConfigArgs),
     /// Score pods for a prompt from the index or from Redis.
     Score(commands::score::ScoreArgs),
+    /// Watch a running daemon: targets, rates, tiers, mirror (q quits).
+    Top(commands::top::TopArgs),
     /// Print kvindex's Redis keys in a canonical sorted JSON form.
     RedisDump(commands::redis_dump::RedisDumpArgs),
 }
@@ -59,6 +61,7 @@ async fn main() -> ExitCode {
         Command::Record(args) => commands::record::run(args).await,
         Command::CheckConfig(args) => commands::check_config::run(args),
         Command::Score(args) => commands::score::run(args).await,
+        Command::Top(args) => commands::top::run(args).await,
         Command::RedisDump(args) => commands::redis_dump::run(args).await,
     };
     match result {

@@ -121,6 +121,10 @@ fn describe() {
         "1 while Redis writes are pending a reconcile."
     );
     describe_gauge!("kvindex_mirror_reconciling", "1 while a reconcile runs.");
+    describe_counter!(
+        "kvindex_mirror_commands_total",
+        "Redis commands the mirror has written."
+    );
     describe_gauge!(
         "kvindex_mirror_flush_p99_seconds",
         "Redis flush latency p99."
@@ -358,7 +362,15 @@ pub fn resident_blocks(medium: &str, n: usize) {
 }
 
 /// Mirror figures.
-pub fn mirror(queue_depth: usize, dirty: bool, reconciling: bool, flush_p99_us: u64) {
+pub fn mirror(
+    queue_depth: usize,
+    dirty: bool,
+    reconciling: bool,
+    flush_p99_us: u64,
+    commands: u64,
+) {
+    // The writer keeps its own count; the counter follows it on every refresh.
+    counter!("kvindex_mirror_commands_total").absolute(commands);
     gauge!("kvindex_mirror_queue_depth").set(queue_depth as f64);
     gauge!("kvindex_mirror_dirty").set(f64::from(u8::from(dirty)));
     gauge!("kvindex_mirror_reconciling").set(f64::from(u8::from(reconciling)));

@@ -9,6 +9,7 @@
 //! | `record.rs` | `kvindex record` |
 //! | `check_config.rs` | `kvindex check-config` |
 //! | `score.rs` | `kvindex score` |
+//! | `top/` | `kvindex top` |
 //! | `redis_dump.rs` | `kvindex redis-dump` |
 
 pub mod check_config;
@@ -19,6 +20,7 @@ pub mod redis_dump;
 pub mod replay;
 pub mod score;
 pub mod serve;
+pub mod top;
 
 use tracing_subscriber::EnvFilter;
 

@@ -48,6 +48,19 @@ pub const SGLANG_0_5_21: Recording = Recording {
     text: include_str!("../../fixtures/sglang-s06-0.5.21.jsonl"),
 };
 
+/// vLLM 0.33's encoding of an empty batch (`[ts, [], 0]`): what an idle engine may send.
+const HEARTBEAT: &str = include_str!("../../fixtures/malformed/empty_batch_heartbeat.jsonl");
+
+/// The frames of an empty batch at `seq` (no events: it only moves the seq forward, so a
+/// subscriber that joins late sees where the stream is and replays what it missed).
+pub fn heartbeat(seq: u64) -> Vec<Vec<u8>> {
+    let payload = fixture::parse_line(1, HEARTBEAT.trim())
+        .ok()
+        .and_then(|m| m.frames.into_iter().nth(2))
+        .unwrap_or_default();
+    vec![Vec::new(), seq.to_be_bytes().to_vec(), payload]
+}
+
 impl Recording {
     /// The recorded messages of DP rank `rank` (endpoint index), in file order. The bundled
     /// files are checked by tests, so a line that does not parse is left out rather than
@@ -74,5 +87,13 @@ mod tests {
             assert_eq!(r.rank(0).len() + r.rank(1).len(), lines, "{}", r.file);
             assert_eq!(r.rank(1).len(), 1, "{}", r.file);
         }
+    }
+
+    #[test]
+    fn the_heartbeat_is_an_empty_batch_at_its_seq() {
+        let (seq, batch) =
+            crate::wire::decode_message(&heartbeat(41), crate::wire::DecodeOptions::INDEX).unwrap();
+        assert_eq!(seq, 41);
+        assert!(batch.events.is_empty() && batch.skipped.is_empty());
     }
 }

@@ -77,7 +77,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         r = async {
             play_all(&daemon, scripted, &mut say).await?;
             say.queries(&daemon, &weights, args.engine_port);
-            std::future::pending::<anyhow::Result<()>>().await
+            heartbeats(scripted).await;
+            Ok(())
         } => r,
         () = busy_loop(&mut busy[0], &PODS[PODS.len() - 1]) => Ok(()),
         () = stop => Ok(()),
@@ -285,6 +286,25 @@ async fn restart(daemon: &Daemon, engine: &mut SimEngine, pod: &DemoPod) -> anyh
         })
     })
     .await
+}
+
+/// Sends an empty batch on every rank of every idle scripted engine once a second, forever:
+/// a daemon that joins later (`examples/kvindex-demo.yaml`) learns the seq and replays the
+/// engines' history from their replay endpoints.
+async fn heartbeats(engines: &mut [SimEngine]) {
+    let mut next: Vec<Vec<u64>> = PODS.iter().map(DemoPod::next_seqs).collect();
+    let mut tick = tokio::time::interval(scenario::HEARTBEAT_EVERY);
+    loop {
+        tick.tick().await;
+        for (engine, seqs) in engines.iter_mut().zip(next.iter_mut()) {
+            for (rank, seq) in seqs.iter_mut().enumerate() {
+                let _ = engine
+                    .publish(rank, &crate::sim::bundled::heartbeat(*seq))
+                    .await;
+                *seq += 1;
+            }
+        }
+    }
 }
 
 /// Loops the busy engine's rank 0 forever, with seqs that keep counting up.

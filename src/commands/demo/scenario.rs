@@ -82,6 +82,8 @@ pub const PODS: [DemoPod; 4] = [
     },
 ];
 
+/// Pause between two heartbeats of an idle scripted engine.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 /// Pause between two messages of the busy engine.
 pub const BUSY_PACE: Duration = Duration::from_millis(200);
 
@@ -116,6 +118,17 @@ impl DemoPod {
                 vec![ranks, again]
             }
         }
+    }
+
+    /// Per rank, the seq that follows the engine's last message (where heartbeats go on).
+    pub fn next_seqs(&self) -> Vec<u64> {
+        let runs = self.runs();
+        let Some(last) = runs.last() else {
+            return Vec::new();
+        };
+        last.iter()
+            .map(|m| m.last().map_or(0, |m| seq_of(m).saturating_add(1)))
+            .collect()
     }
 
     /// Whether the message is sent (`false`: lost on the wire, kept for replay).
