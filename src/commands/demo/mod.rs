@@ -35,7 +35,7 @@ const SETTLE: Duration = Duration::from_secs(15);
 const PACE: Duration = Duration::from_millis(30);
 /// How long a first message may take to arrive before it is sent again (the subscription
 /// may not have reached the PUB socket yet: ZeroMQ's slow joiner).
-const FIRST_MESSAGE_WAIT: Duration = Duration::from_millis(500);
+const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(1);
 
 /// Arguments of `kvindex demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -80,7 +80,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             heartbeats(scripted).await;
             Ok(())
         } => r,
-        () = busy_loop(&mut busy[0], &PODS[PODS.len() - 1]) => Ok(()),
+        r = busy_loop(&daemon, &mut busy[0], &PODS[PODS.len() - 1]) => r,
         () = stop => Ok(()),
     };
     say.line("Stopping: the daemon drains, the engines close.");
@@ -307,30 +307,34 @@ async fn heartbeats(engines: &mut [SimEngine]) {
     }
 }
 
-/// Loops the busy engine's rank 0 forever, with seqs that keep counting up.
-async fn busy_loop(engine: &mut SimEngine, pod: &DemoPod) {
+/// Loops the busy engine's rank 0 forever, with seqs that keep counting up; its first
+/// message waits for the daemon like the scripted ones, so no replay is needed at the start.
+async fn busy_loop(daemon: &Daemon, engine: &mut SimEngine, pod: &DemoPod) -> anyhow::Result<()> {
     let payloads: Vec<Vec<Vec<u8>>> = pod
         .recording
         .rank(0)
         .into_iter()
         .map(|m| m.frames)
         .collect();
-    if payloads.is_empty() {
+    let Some(first) = payloads.first() else {
         return std::future::pending().await;
-    }
+    };
+    wait_for(daemon, &format!("{} to connect", pod.id()), |d| {
+        rank_status(d, pod, 0).is_some_and(|s| s.state == LinkState::Connected)
+    })
+    .await?;
+    publish_first(daemon, engine, pod, 0, first).await?;
     let mut tick = tokio::time::interval(BUSY_PACE);
-    for seq in 0u64.. {
+    for seq in 1u64.. {
         tick.tick().await;
         let Some(frames) = payloads.get((seq % payloads.len() as u64) as usize) else {
             continue;
         };
         let mut frames = frames.clone();
         frames[1] = seq.to_be_bytes().to_vec();
-        if let Err(err) = engine.publish(0, &frames).await {
-            tracing::warn!(pod = %pod.id(), error = %err, "The busy demo engine stopped publishing.");
-            return std::future::pending().await;
-        }
+        engine.publish(0, &frames).await?;
     }
+    Ok(())
 }
 
 fn rank_status(daemon: &Daemon, pod: &DemoPod, rank: usize) -> Option<RankStatus> {

@@ -180,8 +180,8 @@ const COLUMNS: [&str; 12] = [
 ];
 
 fn targets(screen: &Screen) -> Table<'static> {
-    let header = Row::new(COLUMNS.map(Cell::from))
-        .style(Style::default().add_modifier(Modifier::BOLD));
+    let header =
+        Row::new(COLUMNS.map(Cell::from)).style(Style::default().add_modifier(Modifier::BOLD));
     let rows: Vec<Row> = match &screen.pods {
         Err(why) => vec![Row::new(vec![Cell::from(format!("/v1/pods: {why}"))])],
         Ok(pods) => pods.iter().map(|(p, r)| pod_row(p, r)).collect(),
