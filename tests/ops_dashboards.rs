@@ -1,5 +1,5 @@
-//! The Grafana dashboard and the Prometheus alerts name only metrics a running daemon
-//! exports: a daemon is driven through every path those panels and alerts watch (ingest, a
+//! The Grafana dashboard, the Prometheus alerts and the README name only metrics a running
+//! daemon exports: a daemon is driven through every path those panels and alerts watch (ingest, a
 //! filled gap, a failed replay and reset, a bad message, an invalid event, API calls, the
 //! Redis mirror) and its `/metrics` is scraped.
 
@@ -79,7 +79,17 @@ fn used_names() -> (BTreeSet<String>, usize) {
     exprs(&dashboard, &mut all);
     let panels = all.len();
     exprs(&alerts, &mut all);
-    (all.iter().flat_map(|e| metric_names(e)).collect(), panels)
+    // The README's metric list too (discovery's metrics are checked by tests/k8s_discovery.rs,
+    // which runs discovery against a fake API server).
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let documented: BTreeSet<String> = metric_names(&readme)
+        .into_iter()
+        .filter(|n| !n.starts_with("kvindex_discovery_"))
+        .collect();
+    assert!(documented.len() >= 25, "{documented:?}");
+    let mut used: BTreeSet<String> = all.iter().flat_map(|e| metric_names(e)).collect();
+    used.extend(documented);
+    (used, panels)
 }
 
 /// A vLLM batch whose one `BlockStored` has no block hashes: an invalid event.
