@@ -42,10 +42,13 @@ async fn unreachable_targets_are_said_once_and_shown_with_their_error() {
         .with_writer(move || writer.clone())
         .init();
     let refused = unbound_port();
+    let mut live = kvindex::sim::SimEngine::bind(1, 0, 0).await.unwrap();
     let yaml = format!(
         "api:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: 127.0.0.1:0\ntargets:\n\
          - {{pod: nowhere, namespace: t, model: m, engine: vllm, endpoint: 'tcp://kvindex-no-such-host.invalid:5557'}}\n\
-         - {{pod: refused, namespace: t, model: m, engine: vllm, endpoint: 'tcp://127.0.0.1:{refused}'}}\n"
+         - {{pod: refused, namespace: t, model: m, engine: vllm, endpoint: 'tcp://127.0.0.1:{refused}'}}\n\
+         - {{pod: live, namespace: t, model: m, engine: vllm, endpoint: 'tcp://127.0.0.1:{}'}}\n",
+        live.pub_port()
     );
     let config = Config::from_str(&yaml).unwrap();
     let d = kvindex::Daemon::start(config, None, test_limits())
@@ -54,23 +57,47 @@ async fn unreachable_targets_are_said_once_and_shown_with_their_error() {
     let api = d.api_addr.unwrap();
 
     // Several attempts fail (backoff 50 ms doubling to 1 s), each target has its last error.
+    let dead = |pod: &str| pod != "live.t";
     let failing = wait_until(Duration::from_secs(20), || {
         let pods = d.supervisor.pods();
-        pods.len() == 2
-            && pods.iter().all(|p| p.last_error.is_some())
+        pods.len() == 3
+            && pods.iter().all(|p| p.last_error.is_some() == dead(&p.pod))
             && d.supervisor
                 .status()
                 .iter()
+                .filter(|t| dead(&t.target.pod_id()))
                 .all(|t| t.ranks[0].failed_connects >= 4)
     })
     .await;
     assert!(failing, "{:?}", d.supervisor.pods());
 
+    // README: a dead target never delays the others: the live one ingests meanwhile.
+    let recording = kvindex::sim::bundled::VLLM_0_33.rank(0);
+    let ingested = || {
+        d.supervisor
+            .pods()
+            .iter()
+            .any(|p| p.pod == "live.t" && p.counters.messages > 0)
+    };
+    for _ in 0..100 {
+        // Sent until it arrives: the subscription may not have reached the PUB socket yet.
+        live.publish(0, &recording[0].frames).await.unwrap();
+        if wait_until(Duration::from_millis(200), ingested).await {
+            break;
+        }
+    }
+    assert!(ingested(), "{:?}", d.supervisor.pods());
+
     let (code, pods) = http_get(api, "/v1/pods").await;
     assert_eq!(code, 200, "{pods}");
     let body: serde_json::Value =
         serde_json::from_str(pods.split_once("\r\n\r\n").unwrap().1).unwrap();
-    for p in body["pods"].as_array().unwrap() {
+    for p in body["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pod"] != "live.t")
+    {
         assert_eq!(p["state"], "connecting", "{p}");
         assert_eq!(p["ranks_connected"], 0, "{p}");
         assert!(
@@ -112,7 +139,7 @@ async fn unreachable_targets_are_said_once_and_shown_with_their_error() {
 
     // Start: where the listeners are; stop: what was flushed.
     assert!(
-        text.contains(&format!("kvindex serve started: API at http://{api}, metrics at http://{}/metrics, 2 static targets.", d.metrics_addr)),
+        text.contains(&format!("kvindex serve started: API at http://{api}, metrics at http://{}/metrics, 3 static targets.", d.metrics_addr)),
         "{text}"
     );
     d.shutdown(Duration::from_secs(5)).await;

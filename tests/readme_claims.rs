@@ -159,7 +159,19 @@ fn replay_dump_is_canonical_sorted_json() {
     ]);
     assert!(out.status.success(), "{out:?}");
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(summary.is_object(), "{summary}");
+    let text = summary.to_string();
+    for key in [
+        "messages",
+        "batches",
+        "seq_gaps",
+        "restarts",
+        "decode_errors",
+    ] {
+        assert!(
+            text.contains(&format!("\"{key}\"")),
+            "summary lacks {key}: {text}"
+        );
+    }
     let dump: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
     assert!(!dump.is_empty());
@@ -295,4 +307,246 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// README (How it works): "At most 22 distinct spellings are tracked; further unknown
+/// spellings share one overflow slot, written as `OTHER`."
+#[test]
+fn media_spellings_past_the_slots_share_other() {
+    use kvindex::Medium;
+    let media: Vec<Medium> = (0..40)
+        .map(|i| Medium::intern(&format!("readme-tier-{i}")))
+        .collect();
+    let own: std::collections::BTreeSet<u8> = media
+        .iter()
+        .filter(|m| **m != Medium::OVERFLOW)
+        .map(|m| m.slot())
+        .collect();
+    assert!(
+        own.len() <= 22 - 12,
+        "12 known names take their slots first: {own:?}"
+    );
+    assert!(media.iter().all(|m| m.slot() <= 23), "{media:?}");
+    assert_eq!(media[39], Medium::OVERFLOW);
+    assert_eq!(media[39].spelling(), "OTHER");
+}
+
+/// README (replay --redis): "URLs with a password and `rediss://` (TLS) are accepted".
+#[test]
+fn rediss_and_password_urls_are_accepted() {
+    for url in [
+        "rediss://:secret@127.0.0.1:6380/1",
+        "redis://user:secret@127.0.0.1:6379/3",
+    ] {
+        let c = Config::from_str(&format!("redis:\n  url: {url}\n")).unwrap();
+        assert_eq!(c.redis.unwrap().url, url);
+    }
+}
+
+/// README (serve): SIGHUP reloads (logged, the process lives on), an invalid new file is
+/// logged and the running targets are kept, SIGTERM exits 0.
+#[test]
+fn serve_keeps_its_targets_on_a_bad_reload_survives_sighup_and_exits_0_on_sigterm() {
+    use std::io::BufRead;
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.yaml");
+    let port = util::unbound_port();
+    let good = format!(
+        "api:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: 127.0.0.1:0\ntargets:\n  - {{pod: a, namespace: t, model: m, engine: vllm, endpoint: 'tcp://127.0.0.1:{port}'}}\n"
+    );
+    std::fs::write(&path, &good).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        .args([
+            "--log",
+            "info",
+            "serve",
+            "--config",
+            &path.display().to_string(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let logs = Arc::new(Mutex::new(String::new()));
+    let stderr = child.stderr.take().unwrap();
+    let sink = logs.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let mut l = sink.lock().unwrap();
+            l.push_str(&line);
+            l.push('\n');
+        }
+    });
+    let wait_log = |what: &str| {
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        while !logs.lock().unwrap().contains(what) {
+            assert!(
+                std::time::Instant::now() < end,
+                "no `{what}` in:\n{}",
+                logs.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_log("kvindex serve started: API at http://");
+    let api = {
+        let l = logs.lock().unwrap();
+        let at = l.find("API at http://").unwrap() + "API at http://".len();
+        l[at..].split(',').next().unwrap().to_owned()
+    };
+    let pods = || {
+        let out = Command::new("curl")
+            .args(["-s", &format!("http://{api}/v1/pods")])
+            .output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+
+    std::fs::write(&path, "targets:\n  - {pod: b, engine: nope}\n").unwrap();
+    wait_log("Config reload refused; keeping the running targets");
+    if Command::new("curl").arg("--version").output().is_ok() {
+        assert!(pods().contains("\"pod\":\"a.t\""), "{}", pods());
+    }
+
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    wait_log("SIGHUP: reloading the config.");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP must not end the daemon"
+    );
+
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let end = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "serve did not exit on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    wait_log("kvindex serve stopped");
+}
+
+/// An API over an index where `n` pods each hold the prompt's one block.
+fn api_over(n: usize, limits: kvindex::api::ApiLimits) -> axum::Router {
+    use kvindex::index::{Discard, SourceSpec};
+    use kvindex::wire::{BlockHash, BlockStored, EngineBatch, Event};
+    let index = kvindex::Index::new();
+    for i in 0..n {
+        let spec = SourceSpec {
+            pod: format!("d{i}.ns"),
+            model: "m".into(),
+            engine: kvindex::Engine::Vllm,
+            dp_rank: 0,
+        };
+        let source = index.register_source(&spec).unwrap();
+        let stored = BlockStored::new(
+            vec![BlockHash::from_i64(1)],
+            (0..16).collect(),
+            16,
+            kvindex::Medium::GPU,
+        );
+        index
+            .apply(
+                source,
+                &EngineBatch::of(vec![Event::BlockStored(stored)]),
+                100,
+                &mut Discard,
+            )
+            .unwrap();
+    }
+    struct NoPods;
+    impl kvindex::ingest::PodsView for NoPods {
+        fn pods(&self) -> Vec<kvindex::ingest::PodStatus> {
+            Vec::new()
+        }
+    }
+    let state = kvindex::api::ApiState::new(
+        index,
+        kvindex::TierWeights::default(),
+        None,
+        std::sync::Arc::new(NoPods),
+    )
+    .with_limits(limits);
+    kvindex::api::router(state)
+}
+
+async fn post(app: axum::Router, uri: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    use tower::ServiceExt;
+    let req = axum::http::Request::post(uri)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap_or_default())
+}
+
+/// README (HTTP API): "the top N decodes (default 5 …)".
+#[tokio::test]
+async fn pd_schedule_takes_five_decodes_by_default() {
+    let app = api_over(7, kvindex::api::ApiLimits::default());
+    let decode: Vec<_> = (0..7)
+        .map(|i| serde_json::json!({"pod": format!("d{i}.ns"), "group": "g"}))
+        .collect();
+    let body = serde_json::json!({"model": "m", "tokens": (0..16).collect::<Vec<u32>>(), "decode": decode, "prefill": {"g": ["d0.ns"]}});
+    let (status, v) = post(app, "/v1/pd/schedule", body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["pairs"].as_array().unwrap().len(), 5, "{v}");
+}
+
+/// README (HTTP API): "503 under overload": a request still running at its deadline (here
+/// its body never finishes arriving) is answered 503 with a JSON body, and while it holds the
+/// only slot another request is shed with 503.
+#[tokio::test]
+async fn stuck_requests_time_out_and_extra_ones_are_shed_with_503() {
+    use tower::ServiceExt;
+    let limits = kvindex::api::ApiLimits {
+        timeout: Duration::from_millis(300),
+        concurrency: 1,
+        ..kvindex::api::ApiLimits::default()
+    };
+    let app = api_over(1, limits);
+    let stuck = || {
+        let never = futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+        axum::http::Request::post("/v1/score")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from_stream(never))
+            .unwrap()
+    };
+    let first = tokio::spawn(app.clone().oneshot(stuck()));
+    // While the first holds the slot, a second is shed (polled until the first is admitted).
+    let body = serde_json::json!({"model": "m", "tokens": [1], "pods": ["d0.ns"]});
+    let mut shed = None;
+    for _ in 0..100 {
+        let (status, v) = post(app.clone(), "/v1/score", body.clone()).await;
+        if status == 503 {
+            shed = Some(v);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let shed = shed.expect("a second request is shed while the first holds the only slot");
+    assert!(
+        shed["error"].as_str().unwrap().contains("overloaded"),
+        "{shed}"
+    );
+    let timed_out = first.await.unwrap().unwrap();
+    assert_eq!(timed_out.status().as_u16(), 503);
+    let bytes = axum::body::to_bytes(timed_out.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(v["error"].as_str().unwrap().contains("timed out"), "{v}");
 }

@@ -103,3 +103,23 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
         1
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// README (replay): "`--engine auto` takes the engine from the file name (`sglang-…`,
+    /// `trtllm-…`), vLLM otherwise".
+    #[test]
+    fn auto_engine_comes_from_the_file_name() {
+        let auto = |name: &str| EngineArg::Auto.resolve(std::path::Path::new(name));
+        assert_eq!(auto("dir/sglang-s06.jsonl"), wire::Engine::Sglang);
+        assert_eq!(auto("TRTLLM-x.jsonl"), wire::Engine::Trtllm);
+        assert_eq!(auto("vllm-e13.jsonl"), wire::Engine::Vllm);
+        assert_eq!(auto("capture.jsonl"), wire::Engine::Vllm);
+        assert_eq!(
+            EngineArg::Sglang.resolve(std::path::Path::new("vllm-x")),
+            wire::Engine::Sglang
+        );
+    }
+}

@@ -269,7 +269,7 @@ garbage line without value
     #[test]
     fn samples_keep_names_labels_and_values() {
         let samples = parse_metrics(TEXT);
-        assert_eq!(samples.len(), 9);
+        assert_eq!(samples.len(), 8, "the garbage line is skipped");
         let age = &samples[5];
         assert_eq!(age.name, "kvindex_last_message_age_seconds");
         assert_eq!(age.label("pod"), Some("a \"quoted\" pod,x"));
