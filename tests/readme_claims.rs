@@ -550,3 +550,47 @@ async fn stuck_requests_time_out_and_extra_ones_are_shed_with_503() {
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert!(v["error"].as_str().unwrap().contains("timed out"), "{v}");
 }
+
+/// README (replay --redis, redis-dump): the replay writes the mirror and its summary gains the
+/// Redis figures; `redis-dump` prints kvindex's keys and only those, sorted, mapping keys
+/// with their TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_writes_redis_and_redis_dump_shows_only_kvindex_keys() {
+    const DB: u32 = 10;
+    let url = format!("redis://127.0.0.1:6379/{DB}");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("FLUSHDB").query_async(&mut con).await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("someone-else:key")
+        .arg("1")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+
+    let file = fixture("vllm-e01-0.9.0.jsonl");
+    let out = kvindex(&[
+        "replay", &file, "--pod", "p.ns", "--model", "m", "--redis", &url, "--json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
+    for key in ["commands", "pipelines", "reconciles"] {
+        assert!(
+            summary.contains(&format!("\"{key}\"")),
+            "summary lacks {key}: {summary}"
+        );
+    }
+    let out = kvindex(&["redis-dump", "--redis", &url]);
+    let _: () = redis::cmd("FLUSHDB").query_async(&mut con).await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains("someone-else"), "{text}");
+    assert!(text.contains("p.ns"), "{text}");
+    assert!(text.contains("ttl"), "mapping keys carry their TTL: {text}");
+    let again = serde_json::from_str::<serde_json::Value>(&text).unwrap();
+    assert_eq!(
+        serde_json::to_string_pretty(&again).unwrap(),
+        text.trim_end(),
+        "canonical form"
+    );
+}
