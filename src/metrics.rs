@@ -362,19 +362,16 @@ pub fn resident_blocks(medium: &str, n: usize) {
 }
 
 /// Mirror figures.
-pub fn mirror(
-    queue_depth: usize,
-    dirty: bool,
-    reconciling: bool,
-    flush_p99_us: u64,
-    commands: u64,
-) {
-    // The writer keeps its own count; the counter follows it on every refresh.
-    counter!("kvindex_mirror_commands_total").absolute(commands);
+pub fn mirror(queue_depth: usize, dirty: bool, reconciling: bool, flush_p99_us: u64) {
     gauge!("kvindex_mirror_queue_depth").set(queue_depth as f64);
     gauge!("kvindex_mirror_dirty").set(f64::from(u8::from(dirty)));
     gauge!("kvindex_mirror_reconciling").set(f64::from(u8::from(reconciling)));
     gauge!("kvindex_mirror_flush_p99_seconds").set(flush_p99_us as f64 / 1e6);
+}
+
+/// Redis commands the mirror wrote in one successful pipeline.
+pub fn mirror_commands(n: u64) {
+    counter!("kvindex_mirror_commands_total").increment(n);
 }
 
 /// Why a discovered pod was skipped: the annotation (or default) that is missing or invalid.

@@ -33,13 +33,7 @@ pub(super) async fn refresh_loop(
         }
         if let Some(m) = &mirror {
             let st = m.stats();
-            crate::metrics::mirror(
-                st.queue_depth,
-                st.dirty,
-                st.reconciling,
-                st.flush_p99_us,
-                st.commands,
-            );
+            crate::metrics::mirror(st.queue_depth, st.dirty, st.reconciling, st.flush_p99_us);
         }
     }
 }
