@@ -5,26 +5,28 @@
 //! | file | job |
 //! | --- | --- |
 //! | `mod.rs` | arguments, start and stop, the narration |
+//! | `narrate.rs` | the narration: what each engine does and what the daemon saw |
 //! | `scenario.rs` | the engines, their script, the index they should leave |
 //! | `queries.rs` | the printed `curl` lines and their expected answers |
 
+mod narrate;
 pub mod queries;
 pub mod scenario;
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use self::scenario::{DemoPod, Role, BUSY_PACE, CORRUPT_SEQ, DROPPED_SEQ, NAMESPACE, PODS};
+use self::narrate::{intent, seen, Narrator};
+use self::scenario::{DemoPod, Role, BUSY_PACE, NAMESPACE, PODS};
 use super::UsageError;
 use crate::config::Config;
 use crate::daemon::Daemon;
 use crate::index::DumpEntry;
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::subscriber::{LinkState, RankStatus};
-use crate::ingest::{unix_now, PodsView};
+use crate::ingest::unix_now;
 use crate::sim::SimEngine;
 
 /// First port of the simulated engines by default (`examples/kvindex-demo.yaml` uses it).
@@ -113,13 +115,13 @@ async fn bind_engines(base: u16) -> anyhow::Result<Vec<SimEngine>> {
         let (pub_port, replay_port) = match base {
             0 => (0, 0),
             b => {
+                // Engine i takes ports b + 4i .. b + 4i + 3.
                 let first = u16::try_from(i)
                     .ok()
                     .and_then(|i| i.checked_mul(scenario::PORTS_PER_ENGINE))
                     .and_then(|o| b.checked_add(o))
-                    .and_then(|p| p.checked_add(scenario::PORTS_PER_ENGINE))
+                    .filter(|f| f.checked_add(scenario::PORTS_PER_ENGINE - 1).is_some())
                     .context("--engine-port is too high for four engines")?;
-                let first = first - scenario::PORTS_PER_ENGINE;
                 (first, first + 2)
             }
         };
@@ -337,7 +339,7 @@ async fn busy_loop(daemon: &Daemon, engine: &mut SimEngine, pod: &DemoPod) -> an
     Ok(())
 }
 
-fn rank_status(daemon: &Daemon, pod: &DemoPod, rank: usize) -> Option<RankStatus> {
+pub(super) fn rank_status(daemon: &Daemon, pod: &DemoPod, rank: usize) -> Option<RankStatus> {
     let id = pod.id();
     daemon
         .supervisor
@@ -370,140 +372,5 @@ async fn wait_for(
         Ok(())
     } else {
         anyhow::bail!("gave up waiting for {what} after {} s", SETTLE.as_secs())
-    }
-}
-
-/// What an engine is about to do, in words.
-fn intent(pod: &DemoPod) -> String {
-    let what = match pod.role {
-        Role::DropAndCorrupt => format!(
-            "publishes its recording; seq {DROPPED_SEQ} of rank 0 is lost on the wire (the engine's replay buffer keeps it) and seq {CORRUPT_SEQ} goes out with its payload cut in half"
-        ),
-        Role::Full => "publishes its whole recording (ending in AllBlocksCleared and a new chain)".to_owned(),
-        Role::Restart => format!(
-            "publishes its recording, then the engine restarts (sockets close, seq starts over at 0) and publishes its first {} messages again",
-            scenario::AFTER_RESTART
-        ),
-        Role::Busy => "keeps publishing".to_owned(),
-    };
-    format!(
-        "{} ({}, {} DP ranks) {what}.",
-        pod.id(),
-        pod.recording.label,
-        pod.ranks
-    )
-}
-
-/// What the daemon saw of an engine, from its own counters and index.
-fn seen(daemon: &Daemon, pod: &DemoPod) -> String {
-    let ranks: Vec<RankStatus> = (0..usize::from(pod.ranks))
-        .filter_map(|r| rank_status(daemon, pod, r))
-        .collect();
-    let sum = |f: fn(&RankStatus) -> u64| ranks.iter().map(f).sum::<u64>();
-    let id = pod.id();
-    let resident: Vec<String> = daemon
-        .supervisor
-        .pods()
-        .into_iter()
-        .filter(|p| p.pod == id)
-        .flat_map(|p| p.resident_blocks)
-        .map(|(m, n)| format!("{m} {n}"))
-        .collect();
-    format!(
-        "  daemon: {} messages, {} seq gaps, {}/{} replays filled, {} restarts, {} decode errors; resident blocks: {}.",
-        sum(|s| s.stats.messages),
-        sum(|s| s.stats.seq_gaps),
-        sum(|s| s.stats.replays_succeeded),
-        sum(|s| s.stats.replays_requested),
-        sum(|s| s.stats.restarts),
-        sum(|s| s.stats.decode_errors.values().sum()),
-        if resident.is_empty() { "none".to_owned() } else { resident.join(", ") }
-    )
-}
-
-/// Timestamped lines on stdout (a closed stdout is ignored, never a panic).
-struct Narrator {
-    start: Instant,
-}
-
-impl Narrator {
-    fn new() -> Narrator {
-        Narrator {
-            start: Instant::now(),
-        }
-    }
-
-    fn line(&mut self, text: &str) {
-        let t = self.start.elapsed().as_secs_f64();
-        self.raw(&format!("[{t:5.1}s] {text}"));
-    }
-
-    fn raw(&mut self, text: &str) {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{text}");
-        let _ = out.flush();
-    }
-
-    fn header(&mut self, args: &DemoArgs, daemon: &Daemon, engines: &[SimEngine]) {
-        let store = match &args.redis {
-            Some(_) => "the in-memory index, mirrored into Redis",
-            None => "the in-memory index (no Redis)",
-        };
-        self.raw(&format!(
-            "kvindex demo: the daemon on {store}, and {} simulated engines on 127.0.0.1 publishing recordings of the engines' own encoders.",
-            engines.len()
-        ));
-        if let Some(api) = daemon.api_addr {
-            self.raw(&format!(
-                "  API      http://{api}  (/v1/score, /v1/pd/schedule, /v1/pods)"
-            ));
-        }
-        self.raw(&format!(
-            "  metrics  http://{}  (/metrics, /healthz, /readyz)",
-            daemon.metrics_addr
-        ));
-        for (pod, e) in PODS.iter().zip(engines) {
-            self.raw(&format!(
-                "  engine   {:<14} {:<24} model {:<34} PUB tcp://127.0.0.1:{} (+rank), replay tcp://127.0.0.1:{} (+rank)",
-                pod.id(),
-                pod.recording.label,
-                pod.model,
-                e.pub_port(),
-                e.replay_port()
-            ));
-        }
-    }
-
-    fn queries(&mut self, daemon: &Daemon, weights: &crate::medium::TierWeights, engine_port: u16) {
-        let expected = scenario::expected_index(unix_now());
-        let Some(api) = daemon.api_addr else {
-            return;
-        };
-        self.line("Ask the daemon (paste into another terminal):");
-        for q in [
-            queries::score(&expected, weights),
-            queries::pd(&expected, weights),
-        ] {
-            self.raw(&format!("  {}", q.curl(api)));
-            self.raw(&format!("    expected: {}", q.expected));
-        }
-        self.raw(&format!("  curl -s http://{api}/v1/pods"));
-        self.raw(&format!(
-            "  curl -s http://{}/metrics | grep ^kvindex_",
-            daemon.metrics_addr
-        ));
-        self.raw(&format!(
-            "  kvindex top --url http://{} --api-url http://{api}",
-            daemon.metrics_addr
-        ));
-        if engine_port == DEFAULT_ENGINE_PORT {
-            self.raw("  kvindex serve --config examples/kvindex-demo.yaml   # a second daemon on the same engines");
-        }
-        let busy = &PODS[PODS.len() - 1];
-        self.line(&format!(
-            "{} keeps publishing (model {}), so the counters move. Ctrl-C stops the demo.",
-            busy.id(),
-            busy.model
-        ));
     }
 }
