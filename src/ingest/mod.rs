@@ -28,7 +28,7 @@ pub mod subscriber;
 pub mod supervisor;
 mod target;
 
-pub use failure_log::{FailureLog, WARN_EVERY};
+pub(crate) use failure_log::WARN_EVERY;
 pub use offline::{load_files, replay_files, LoadedFile, OfflineError, OfflineReplay};
 pub use pipeline::{Observer, Outcome, SourcePipeline};
 pub use seq::{SeqDecision, SeqTracker};
