@@ -594,3 +594,25 @@ async fn replay_writes_redis_and_redis_dump_shows_only_kvindex_keys() {
         "canonical form"
     );
 }
+
+/// README (Deploy): "a Deployment with one replica (`Recreate`, so two writers never
+/// overlap) … Requests (250m CPU, 128 MiB) … raise the 1 GiB limit", UID 65532, a read-only
+/// root filesystem.
+#[test]
+fn the_deployment_is_what_the_readme_says() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/deployment.yaml");
+    let d: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(d["spec"]["replicas"], 1);
+    assert_eq!(d["spec"]["strategy"]["type"], "Recreate");
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    let c = &pod["containers"][0];
+    assert_eq!(c["resources"]["requests"]["cpu"], "250m");
+    assert_eq!(c["resources"]["requests"]["memory"], "128Mi");
+    assert_eq!(c["resources"]["limits"]["memory"], "1Gi");
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+}
