@@ -188,6 +188,15 @@ fn replay_dump_is_canonical_sorted_json() {
     let mut sorted = parsed.clone();
     sorted.sort();
     assert_eq!(parsed, sorted, "sorted");
+    // README (How it works): the store time is the unix second kvindex applied the store at,
+    // not the engine's batch timestamp (the recording's batches say 2026-01-01).
+    let now = kvindex::ingest::unix_now();
+    for e in &parsed {
+        assert!(
+            e.stored_at + 120 >= now && e.stored_at <= now + 1,
+            "{e:?} vs {now}"
+        );
+    }
 }
 
 /// README (decode): "A message that cannot be decoded prints `{"seq": n|null, "error": "…"}`
