@@ -224,7 +224,8 @@ fn decode_prints_an_error_line_and_goes_on() {
     assert!(lines[1..].iter().all(|l| l.get("events").is_some()));
 }
 
-/// README (serve): `/readyz` answers 503 once a write to the configured Redis has failed.
+/// README (serve): `/readyz` answers 503 once a write to the configured Redis has failed,
+/// until Redis answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_is_503_while_redis_writes_fail() {
     let Some(mut redis) = RedisServer::start() else {
@@ -262,6 +263,20 @@ async fn readyz_is_503_while_redis_writes_fail() {
         last = body;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Redis back on its port: the mirror reconciles and /readyz is 200 again.
+    let _back = RedisServer::start_on(redis.port).unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = util::http_get(d.metrics_addr, "/readyz").await;
+        if code == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "/readyz stayed unready with Redis back: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     d.shutdown(Duration::from_secs(2)).await;
     engine.close().await;
 }
@@ -274,7 +289,10 @@ struct RedisServer {
 
 impl RedisServer {
     fn start() -> Option<RedisServer> {
-        let port = util::unbound_port();
+        RedisServer::start_on(util::unbound_port())
+    }
+
+    fn start_on(port: u16) -> Option<RedisServer> {
         let child = Command::new("redis-server")
             .args([
                 "--port",
