@@ -643,3 +643,21 @@ fn the_deployment_is_what_the_readme_says() {
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
 }
+
+/// README (replay): "Several files are applied in order as one pod's history (each new file
+/// is treated like a reconnect, so a seq that goes back to 0 is an engine restart)."
+#[test]
+fn a_second_file_starting_at_seq_0_is_a_restart() {
+    let file = fixture("vllm-e01-0.9.0.jsonl");
+    let restarts = |files: &[&str]| {
+        let mut args = vec!["replay"];
+        args.extend_from_slice(files);
+        args.push("--json");
+        let out = kvindex(&args);
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["ingest"]["restarts"].as_u64().unwrap()
+    };
+    assert_eq!(restarts(&[&file]), 0);
+    assert_eq!(restarts(&[&file, &file]), 1);
+}
