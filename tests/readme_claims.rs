@@ -661,3 +661,16 @@ fn a_second_file_starting_at_seq_0_is_a_restart() {
     assert_eq!(restarts(&[&file]), 0);
     assert_eq!(restarts(&[&file, &file]), 1);
 }
+
+/// README: the retry bounds it names are the ones the code uses (subscribers: "backoff capped
+/// at 1 s", a short connect timeout; discovery: "retried with backoff from 250 ms to 30 s").
+/// Timing itself is not asserted (a shared CI machine); these pin the documented numbers.
+#[test]
+fn documented_backoffs_are_the_code_constants() {
+    use kvindex::ingest::discovery::kubernetes as k8s;
+    use kvindex::ingest::subscriber;
+    assert_eq!(subscriber::MAX_BACKOFF, Duration::from_secs(1));
+    assert!(subscriber::CONNECT_TIMEOUT <= Duration::from_secs(1));
+    assert_eq!(k8s::MIN_BACKOFF, Duration::from_millis(250));
+    assert_eq!(k8s::MAX_BACKOFF, Duration::from_secs(30));
+}
