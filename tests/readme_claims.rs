@@ -674,3 +674,35 @@ fn documented_backoffs_are_the_code_constants() {
     assert_eq!(k8s::MIN_BACKOFF, Duration::from_millis(250));
     assert_eq!(k8s::MAX_BACKOFF, Duration::from_secs(30));
 }
+
+/// README (fuzzing, benchmarks): the three fuzz targets with their seed folders, and the five
+/// benches by the names the README gives (`cargo clippy --all-targets` builds the benches).
+#[test]
+fn the_documented_fuzz_targets_and_benches_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fuzz = std::fs::read_to_string(root.join("fuzz/Cargo.toml")).unwrap();
+    for target in ["decode_batch", "decode_message", "decode_apply"] {
+        assert!(fuzz.contains(&format!("name = \"{target}\"")), "{target}");
+        assert!(
+            root.join("fuzz/fuzz_targets")
+                .join(format!("{target}.rs"))
+                .is_file(),
+            "{target}"
+        );
+        assert!(root.join("fuzz/seeds").join(target).is_dir(), "{target}");
+    }
+    let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    for bench in [
+        "decode_index",
+        "index_memory",
+        "redis_ingest",
+        "score",
+        "pd",
+    ] {
+        assert!(cargo.contains(&format!("name = \"{bench}\"")), "{bench}");
+        assert!(
+            root.join("benches").join(format!("{bench}.rs")).is_file(),
+            "{bench}"
+        );
+    }
+}
