@@ -25,6 +25,7 @@
 //! | [`config`] | the YAML config file |
 //! | [`metrics`] | Prometheus metrics |
 //! | [`daemon`] | the running service: composition root, health server, shutdown |
+//! | [`sim`] | simulated engines (PUB + replay ROUTER) for `kvindex demo` and tests |
 //! | [`commands`] | the CLI commands, callable as library functions |
 //!
 //! The types a library user needs are re-exported here by name, so
@@ -42,6 +43,7 @@ pub mod medium;
 pub mod metrics;
 pub mod redis_layout;
 pub mod score;
+pub mod sim;
 pub mod store;
 pub mod wire;
 

@@ -13,7 +13,12 @@ struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// Log filter (tracing `EnvFilter` syntax, e.g. `info,kvindex=debug`).
-    #[arg(long, global = true, env = "KVINDEX_LOG", default_value = "info")]
+    #[arg(
+        long,
+        global = true,
+        env = "KVINDEX_LOG",
+        default_value = "info,zeromq=warn"
+    )]
     log: String,
     #[command(subcommand)]
     command: Command,
@@ -21,6 +26,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the daemon live on simulated engines and print queries to try (no Redis, no config).
+    Demo(commands::demo::DemoArgs),
     /// Decode a recorded stream and print one JSON object per message.
     Decode(commands::decode::DecodeArgs),
     /// Feed recorded streams through the ingest path into the index and print a summary.
@@ -33,6 +40,8 @@ enum Command {
     CheckConfig(commands::check_config::CheckConfigArgs),
     /// Score pods for a prompt from the index or from Redis.
     Score(commands::score::ScoreArgs),
+    /// Watch a running daemon: targets, rates, tiers, mirror (q quits).
+    Top(commands::top::TopArgs),
     /// Print kvindex's Redis keys in a canonical sorted JSON form.
     RedisDump(commands::redis_dump::RedisDumpArgs),
 }
@@ -45,12 +54,14 @@ async fn main() -> ExitCode {
         return ExitCode::from(64);
     }
     let result = match cli.command {
+        Command::Demo(args) => commands::demo::run(args).await,
         Command::Decode(args) => commands::decode::run(args),
         Command::Replay(args) => commands::replay::run(args).await,
         Command::Serve(args) => commands::serve::run(args).await,
         Command::Record(args) => commands::record::run(args).await,
         Command::CheckConfig(args) => commands::check_config::run(args),
         Command::Score(args) => commands::score::run(args).await,
+        Command::Top(args) => commands::top::run(args).await,
         Command::RedisDump(args) => commands::redis_dump::run(args).await,
     };
     match result {

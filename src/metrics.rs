@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use parking_lot::Mutex;
 
 use metrics::{counter, gauge, histogram, Counter};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::wire::{Engine, EventKind};
 
@@ -27,6 +27,14 @@ pub enum WarmStart {
 }
 
 impl WarmStart {
+    /// Every outcome, in declaration order (the order of their counters).
+    pub const ALL: [WarmStart; 4] = [
+        WarmStart::Resumed,
+        WarmStart::Replayed,
+        WarmStart::Reset,
+        WarmStart::Restarted,
+    ];
+
     /// Label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -57,6 +65,14 @@ impl ResetReason {
     }
 }
 
+/// The API latency histogram (rendered with buckets, so dashboards can take quantiles
+/// across replicas and routes).
+const API_DURATION: &str = "kvindex_api_request_duration_seconds";
+/// Its buckets, in seconds: scoring answers in well under a millisecond, the timeout is 5 s.
+const API_DURATION_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 5.0,
+];
+
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the global Prometheus recorder (once; later calls return the same handle).
@@ -64,7 +80,14 @@ static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 pub fn install() -> Option<PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
-            let handle = PrometheusBuilder::new().install_recorder().ok()?;
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(API_DURATION.to_owned()),
+                    &API_DURATION_BUCKETS,
+                )
+                .ok()?
+                .install_recorder()
+                .ok()?;
             describe();
             Some(handle)
         })
@@ -131,10 +154,19 @@ fn describe() {
         "1 while Redis writes are pending a reconcile."
     );
     describe_gauge!("kvindex_mirror_reconciling", "1 while a reconcile runs.");
+    describe_counter!(
+        "kvindex_mirror_commands_total",
+        "Redis commands the mirror has written."
+    );
     describe_gauge!(
         "kvindex_mirror_flush_p99_seconds",
         "Redis flush latency p99."
     );
+    describe_counter!(
+        "kvindex_api_requests_total",
+        "API requests answered, by route and status code."
+    );
+    describe_histogram!(API_DURATION, "API request latency, by route.");
     describe_histogram!(
         "kvindex_pipeline_seconds",
         "Time from receiving a message to its deltas being queued."
@@ -155,6 +187,8 @@ pub struct SourceMetrics {
     duplicates: Counter,
     restarts: Counter,
     connects: Counter,
+    /// Per [`WarmStart`] outcome, registered up front so the series exist (at 0) from start.
+    warm_starts: [Counter; 4],
 }
 
 impl SourceMetrics {
@@ -174,6 +208,9 @@ impl SourceMetrics {
             duplicates: counter!("kvindex_duplicates_total", "engine" => e),
             restarts: counter!("kvindex_restarts_detected_total", "engine" => e),
             connects: counter!("kvindex_connects_total", "engine" => e),
+            warm_starts: WarmStart::ALL.map(
+                |o| counter!("kvindex_warm_starts_total", "engine" => e, "outcome" => o.as_str()),
+            ),
         }
     }
 
@@ -260,8 +297,7 @@ impl SourceMetrics {
     /// How a source restored from the checkpoint went on (`resumed`, `replayed`, `reset`,
     /// `restarted`).
     pub fn warm_start(&self, outcome: WarmStart) {
-        counter!("kvindex_warm_starts_total", "engine" => self.engine, "outcome" => outcome.as_str())
-            .increment(1);
+        self.warm_starts[outcome as usize].increment(1);
     }
 
     /// Time from receive to deltas queued.
@@ -281,18 +317,42 @@ pub fn targets(source: &'static str, n: usize) {
     gauge!("kvindex_targets", "source" => source).set(n as f64);
 }
 
-/// Last-message ages per target, kept here rather than in the recorder: the recorder cannot
-/// delete one series, and a forgotten target must vanish, not read as "just heard from".
-static AGES: Mutex<BTreeMap<String, (&'static str, f64)>> = Mutex::new(BTreeMap::new());
+/// Per-target gauges, kept here rather than in the recorder: the recorder cannot delete one
+/// series, and a forgotten target must vanish, not read as "just heard from".
+static TARGETS: Mutex<BTreeMap<String, TargetGauges>> = Mutex::new(BTreeMap::new());
+
+/// The gauges of one target.
+#[derive(Debug, Clone, Copy)]
+struct TargetGauges {
+    source: &'static str,
+    age: Option<f64>,
+    ranks: Option<(u32, u32)>,
+}
+
+fn with_target(pod: &str, source: &'static str, f: impl FnOnce(&mut TargetGauges)) {
+    let mut targets = TARGETS.lock();
+    let gauges = targets.entry(pod.to_owned()).or_insert(TargetGauges {
+        source,
+        age: None,
+        ranks: None,
+    });
+    gauges.source = source;
+    f(gauges);
+}
 
 /// Seconds since the last message of target `pod` (label bounded by the target list).
 pub fn last_message_age(pod: &str, source: &'static str, seconds: f64) {
-    AGES.lock().insert(pod.to_owned(), (source, seconds));
+    with_target(pod, source, |g| g.age = Some(seconds));
+}
+
+/// DP ranks of target `pod` connected now, out of its `dp_ranks`.
+pub fn target_ranks(pod: &str, source: &'static str, connected: u32, dp_ranks: u32) {
+    with_target(pod, source, |g| g.ranks = Some((connected, dp_ranks)));
 }
 
 /// Removes the per-target series of a removed target.
 pub fn forget_target(pod: &str) {
-    AGES.lock().remove(pod);
+    TARGETS.lock().remove(pod);
 }
 
 /// A config reload was refused (the new file was invalid; the running targets stay).
@@ -300,27 +360,55 @@ pub fn reload_refused() {
     counter!("kvindex_reloads_refused_total").increment(1);
 }
 
-/// The Prometheus text of every metric, the per-target ages included.
+/// The Prometheus text of every metric, the per-target gauges included.
 pub fn render(handle: &PrometheusHandle) -> String {
     let mut text = handle.render();
-    let ages = AGES.lock();
-    if ages.is_empty() {
-        return text;
-    }
-    text.push_str(
-        "# HELP kvindex_last_message_age_seconds Seconds since the last message of a target.\n",
-    );
-    text.push_str("# TYPE kvindex_last_message_age_seconds gauge\n");
-    for (pod, (source, age)) in ages.iter() {
-        let pod = pod
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n");
-        text.push_str(&format!(
-            "kvindex_last_message_age_seconds{{pod=\"{pod}\",source=\"{source}\"}} {age}\n"
-        ));
+    let targets = TARGETS.lock();
+    type Pick = fn(&TargetGauges) -> Option<f64>;
+    let families: [(&str, &str, Pick); 3] = [
+        (
+            "kvindex_last_message_age_seconds",
+            "Seconds since the last message of a target.",
+            |g| g.age,
+        ),
+        (
+            "kvindex_target_ranks_connected",
+            "DP ranks of a target connected now.",
+            |g| g.ranks.map(|(c, _)| f64::from(c)),
+        ),
+        (
+            "kvindex_target_dp_ranks",
+            "DP ranks a target has (subscribed or trying to).",
+            |g| g.ranks.map(|(_, n)| f64::from(n)),
+        ),
+    ];
+    for (name, help, pick) in families {
+        let series: Vec<(&String, &'static str, f64)> = targets
+            .iter()
+            .filter_map(|(pod, g)| pick(g).map(|v| (pod, g.source, v)))
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for (pod, source, value) in series {
+            let pod = pod
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            text.push_str(&format!(
+                "{name}{{pod=\"{pod}\",source=\"{source}\"}} {value}\n"
+            ));
+        }
     }
     text
+}
+
+/// One API request answered: its route (a fixed path, or `other`), status and latency.
+pub fn api_request(route: &'static str, status: u16, seconds: f64) {
+    counter!("kvindex_api_requests_total", "route" => route, "status" => status.to_string())
+        .increment(1);
+    histogram!(API_DURATION, "route" => route).record(seconds);
 }
 
 /// Resident (block, pod) entries on `medium` (`""` = none reported).
@@ -341,6 +429,11 @@ pub fn mirror(queue_depth: usize, dirty: bool, reconciling: bool, flush_p99_us: 
     gauge!("kvindex_mirror_dirty").set(f64::from(u8::from(dirty)));
     gauge!("kvindex_mirror_reconciling").set(f64::from(u8::from(reconciling)));
     gauge!("kvindex_mirror_flush_p99_seconds").set(flush_p99_us as f64 / 1e6);
+}
+
+/// Redis commands the mirror wrote in one successful pipeline.
+pub fn mirror_commands(n: u64) {
+    counter!("kvindex_mirror_commands_total").increment(n);
 }
 
 /// Why a discovered pod was skipped: the annotation (or default) that is missing or invalid.

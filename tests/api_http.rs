@@ -30,6 +30,7 @@ impl PodsView for Targets {
             state: "connected".into(),
             last_message_age_seconds: Some(0.5),
             resident_blocks: [("GPU".to_owned(), 3)].into_iter().collect(),
+            ..PodStatus::default()
         }]
     }
 }

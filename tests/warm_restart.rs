@@ -211,7 +211,7 @@ impl Drop for Kvindex {
     }
 }
 
-/// The metrics address from the daemon's "started" log line.
+/// The metrics address from the daemon's "Listening." log line of its metrics listener.
 fn started_at(lines: &mpsc::Receiver<String>) -> Option<SocketAddr> {
     let end = Instant::now() + WAIT;
     loop {
@@ -222,8 +222,8 @@ fn started_at(lines: &mpsc::Receiver<String>) -> Option<SocketAddr> {
             continue;
         };
         // The JSON log flattens an event's fields into the line.
-        if json["message"] == "kvindex serve started." {
-            return json["metrics"].as_str()?.parse().ok();
+        if json["message"] == "Listening." && json["listener"] == "metrics" {
+            return json["addr"].as_str()?.parse().ok();
         }
     }
 }

@@ -11,6 +11,7 @@
 //! | `pods.rs` | `GET /v1/pods`: the targets, from [`crate::ingest::PodsView`] |
 //! | `auth.rs` | the bearer-token middleware |
 //! | `conn.rs` | [`serve_limited`]: bounded connections, header-read and idle timeout |
+//! | `observe.rs` | request metrics: count by route and status, latency histogram per route |
 //!
 //! Request bodies are parsed by hand from bytes (not axum's `Json` extractor) so that every
 //! refusal is a JSON body naming the bad field, including size-limit refusals. Each request
@@ -20,6 +21,7 @@ mod auth;
 mod body;
 mod conn;
 mod error;
+mod observe;
 mod pd;
 mod pods;
 mod router;

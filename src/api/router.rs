@@ -11,6 +11,7 @@ use tower::ServiceBuilder;
 
 use super::auth::require_token;
 use super::error::ApiError;
+use super::observe::track;
 use super::pd::pd_handler;
 use super::pods::pods_handler;
 use super::score::score_handler;
@@ -48,6 +49,8 @@ pub fn router(state: ApiState) -> axum::Router {
                 .concurrency_limit(limits.concurrency.max(1))
                 .timeout(limits.timeout),
         )
+        // Outermost, so shed (503), oversized (413) and refused (401) answers are counted.
+        .layer(middleware::from_fn(track))
         .with_state(state)
 }
 

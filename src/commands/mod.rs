@@ -3,20 +3,24 @@
 //! | file | command |
 //! | --- | --- |
 //! | `decode.rs` | `kvindex decode` |
+//! | `demo/` | `kvindex demo` |
 //! | `replay.rs` | `kvindex replay` |
 //! | `serve.rs` | `kvindex serve` |
 //! | `record.rs` | `kvindex record` |
 //! | `check_config.rs` | `kvindex check-config` |
 //! | `score.rs` | `kvindex score` |
+//! | `top/` | `kvindex top` |
 //! | `redis_dump.rs` | `kvindex redis-dump` |
 
 pub mod check_config;
 pub mod decode;
+pub mod demo;
 pub mod record;
 pub mod redis_dump;
 pub mod replay;
 pub mod score;
 pub mod serve;
+pub mod top;
 
 use tracing_subscriber::EnvFilter;
 
@@ -97,5 +101,25 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
         64
     } else {
         1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// README (replay): "`--engine auto` takes the engine from the file name (`sglang-…`,
+    /// `trtllm-…`), vLLM otherwise".
+    #[test]
+    fn auto_engine_comes_from_the_file_name() {
+        let auto = |name: &str| EngineArg::Auto.resolve(std::path::Path::new(name));
+        assert_eq!(auto("dir/sglang-s06.jsonl"), wire::Engine::Sglang);
+        assert_eq!(auto("TRTLLM-x.jsonl"), wire::Engine::Trtllm);
+        assert_eq!(auto("vllm-e13.jsonl"), wire::Engine::Vllm);
+        assert_eq!(auto("capture.jsonl"), wire::Engine::Vllm);
+        assert_eq!(
+            EngineArg::Sglang.resolve(std::path::Path::new("vllm-x")),
+            wire::Engine::Sglang
+        );
     }
 }

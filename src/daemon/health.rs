@@ -8,6 +8,7 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::ingest::discovery::DiscoveryHealth;
+use crate::ingest::PodsView;
 use crate::store::redis::MirrorHandle;
 
 #[derive(Clone)]
@@ -15,6 +16,7 @@ struct HealthState {
     metrics: Option<PrometheusHandle>,
     mirror: Option<Arc<MirrorHandle>>,
     discovery: Option<DiscoveryHealth>,
+    pods: Arc<dyn PodsView>,
 }
 
 /// The health and metrics router; `metrics` is `None` when another recorder was installed.
@@ -22,11 +24,13 @@ pub(super) fn router(
     metrics: Option<PrometheusHandle>,
     mirror: Option<Arc<MirrorHandle>>,
     discovery: Option<DiscoveryHealth>,
+    pods: Arc<dyn PodsView>,
 ) -> axum::Router {
     let state = HealthState {
         metrics,
         mirror,
         discovery,
+        pods,
     };
     axum::Router::new()
         .route("/metrics", get(metrics_page))
@@ -47,19 +51,38 @@ async fn metrics_page(State(s): State<HealthState>) -> (StatusCode, String) {
 
 async fn readyz(State(s): State<HealthState>) -> (StatusCode, String) {
     // Config is loaded by construction; Redis must answer when one is configured, and
-    // discovery must have listed the pods without a standing watch error.
-    if s.mirror.as_ref().is_some_and(|m| !m.is_healthy()) {
-        return (
+    // discovery must have listed the pods without a standing watch error. Targets that are
+    // not connected are listed but do not make the daemon unready: one engine down must not
+    // take the API (and every other target's index) out of service.
+    let (status, head) = if s.mirror.as_ref().is_some_and(|m| !m.is_healthy()) {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            "redis unreachable\n".to_owned(),
-        );
+            "redis unreachable".to_owned(),
+        )
+    } else {
+        match s
+            .discovery
+            .as_ref()
+            .and_then(DiscoveryHealth::not_ready_reason)
+        {
+            Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
+            None => (StatusCode::OK, "ready".to_owned()),
+        }
+    };
+    let mut body = head + "\n";
+    for pod in s.pods.pods() {
+        if pod.ranks_connected < pod.dp_ranks {
+            body.push_str(&format!(
+                "target {} not connected: {} ({}/{} ranks){}\n",
+                pod.pod,
+                pod.state,
+                pod.ranks_connected,
+                pod.dp_ranks,
+                pod.last_error
+                    .map(|e| format!(", last error: {e}"))
+                    .unwrap_or_default()
+            ));
+        }
     }
-    match s
-        .discovery
-        .as_ref()
-        .and_then(DiscoveryHealth::not_ready_reason)
-    {
-        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-        None => (StatusCode::OK, "ready\n".to_owned()),
-    }
+    (status, body)
 }

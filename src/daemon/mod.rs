@@ -150,12 +150,7 @@ impl Daemon {
         daemon.start_targets(&config, config_path).await;
         daemon.start_discovery(&config, kube_client);
         daemon.spawn_gauges();
-        info!(
-            targets = config.targets.len(),
-            metrics = %metrics_addr,
-            redis = config.redis.is_some(),
-            "kvindex serve started."
-        );
+        log_started(&config, metrics_addr, api_addr);
         Ok(daemon)
     }
 
@@ -167,7 +162,12 @@ impl Daemon {
         config: &Config,
         fds: fds::FdBudget,
     ) {
-        let health = health::router(metrics, self.mirror.clone(), self.discovery.clone());
+        let health = health::router(
+            metrics,
+            self.mirror.clone(),
+            self.discovery.clone(),
+            self.supervisor.clone(),
+        );
         let limits = ConnLimits {
             max_connections: fds.metrics,
             header_read_timeout: METRICS_HEADER_READ_TIMEOUT,
@@ -277,8 +277,56 @@ impl Daemon {
             None => None,
         };
         self.cancel.cancel();
-        info!("kvindex serve stopped.");
+        log_stopped(&self.index, self.mirror.as_deref(), mirror_stop);
         mirror_stop
+    }
+}
+
+/// Says where every listener is and what the daemon subscribes to, at start.
+fn log_started(config: &Config, metrics: SocketAddr, api: Option<SocketAddr>) {
+    let api = api.map_or_else(|| "off".to_owned(), |a| format!("http://{a}"));
+    let redis = config.redis.as_ref().map_or_else(
+        || "off (in-memory index only)".to_owned(),
+        |r| crate::redis_layout::redact_url(&r.url),
+    );
+    info!(
+        api = %api,
+        metrics = %format!("http://{metrics}/metrics"),
+        health = %format!("http://{metrics}/readyz"),
+        targets = config.targets.len(),
+        discovery = config.discovery.is_some(),
+        redis = %redis,
+        "kvindex serve started: API at {api}, metrics at http://{metrics}/metrics, {} static targets.",
+        config.targets.len()
+    );
+}
+
+/// Says what the shutdown left behind: the index's size and how the mirror flushed.
+fn log_stopped(index: &Index, mirror: Option<&MirrorHandle>, stop: Option<MirrorStop>) {
+    let resident = index
+        .stats()
+        .entries_by_medium
+        .iter()
+        .map(|(_, n)| n)
+        .sum::<usize>();
+    match (mirror, stop) {
+        (Some(m), Some(stop)) => {
+            let st = m.stats();
+            info!(
+                resident_entries = resident,
+                mirror = ?stop,
+                redis_commands = st.commands,
+                redis_pipelines = st.pipelines,
+                queue_left = st.queue_depth,
+                "kvindex serve stopped: the Redis mirror flushed ({stop:?}); {} commands in {} pipelines written in total.",
+                st.commands,
+                st.pipelines
+            );
+        }
+        _ => info!(
+            resident_entries = resident,
+            "kvindex serve stopped: no Redis mirror to flush; the in-memory index ({resident} entries) ends with the process."
+        ),
     }
 }
 

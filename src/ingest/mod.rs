@@ -7,6 +7,7 @@
 //! | `pipeline.rs` | [`SourcePipeline`]: frames → seq tracking → index for one source, pure; [`Observer`]: counters, metrics and logs in one place |
 //! | `stats.rs` | [`IngestStats`] counters |
 //! | `offline.rs` | [`OfflineReplay`], [`replay_files`]: recorded streams through the same path |
+//! | `failure_log.rs` | `FailureLog`: which connect failures are logged at WARN (first, then rate-limited) |
 //! | `subscriber.rs` | one SUB socket + task per (target, DP rank): connect loop, recv, replay I/O |
 //! | `replay_client.rs` | the replay DEALER: request, both reply shapes, contiguity |
 //! | `target.rs` | [`Target`], [`TcpEndpoint`]: one engine pod to subscribe to |
@@ -15,6 +16,7 @@
 //! | `discovery/` | targets from the Kubernetes API (pods → targets, restarts by identity) |
 
 pub mod discovery;
+mod failure_log;
 pub mod fixture;
 mod offline;
 mod pipeline;
@@ -26,11 +28,12 @@ pub mod subscriber;
 pub mod supervisor;
 mod target;
 
+pub(crate) use failure_log::WARN_EVERY;
 pub use offline::{load_files, replay_files, LoadedFile, OfflineError, OfflineReplay};
 pub use pipeline::{Observer, Outcome, SourcePipeline, DEFAULT_MAX_FRAME_BYTES};
 pub use seq::{SeqDecision, SeqTracker};
 pub use stats::IngestStats;
-pub use status::{PodStatus, PodsView};
+pub use status::{PodCounters, PodStatus, PodsView};
 pub use target::{Target, TcpEndpoint, MAX_DP_RANKS};
 
 /// The current unix second, the store time recorded in the index.

@@ -27,6 +27,57 @@ pub struct PodStatus {
     pub last_message_age_seconds: Option<f64>,
     /// Resident (block, pod) entries per medium spelling.
     pub resident_blocks: BTreeMap<String, u64>,
+    /// DP ranks connected now.
+    pub ranks_connected: u32,
+    /// Why a rank's last connect attempt failed (`rank N: reason`), while one is failing.
+    pub last_error: Option<String>,
+    /// Ingest counters over every rank since the target started.
+    pub counters: PodCounters,
+}
+
+/// Ingest counters of one target, summed over its DP ranks (`kvindex top` turns them into
+/// rates).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PodCounters {
+    /// Messages received.
+    pub messages: u64,
+    /// Events decoded (stored, removed, cleared).
+    pub events: u64,
+    /// Blocks the index stored.
+    pub blocks_stored: u64,
+    /// Blocks the index removed.
+    pub blocks_removed: u64,
+    /// Messages rejected whole.
+    pub decode_errors: u64,
+    /// Events rejected alone.
+    pub invalid_events: u64,
+    /// Seq gaps seen.
+    pub seq_gaps: u64,
+    /// Replays that filled their gap.
+    pub replays_succeeded: u64,
+    /// Replays that failed.
+    pub replays_failed: u64,
+    /// Sources reset (state unknown).
+    pub source_resets: u64,
+    /// Engine restarts detected.
+    pub restarts: u64,
+}
+
+impl PodCounters {
+    /// Adds one rank's counters.
+    pub fn add(&mut self, s: &super::IngestStats) {
+        self.messages += s.messages;
+        self.events += s.block_stored_events + s.block_removed_events + s.all_blocks_cleared_events;
+        self.blocks_stored += s.apply.blocks_stored;
+        self.blocks_removed += s.apply.blocks_removed;
+        self.decode_errors += s.decode_errors.values().sum::<u64>();
+        self.invalid_events += s.invalid_events.values().sum::<u64>();
+        self.seq_gaps += s.seq_gaps;
+        self.replays_succeeded += s.replays_succeeded;
+        self.replays_failed += s.replays_failed;
+        self.source_resets += s.source_resets;
+        self.restarts += s.restarts;
+    }
 }
 
 /// Where `GET /v1/pods` gets the targets from (the daemon's supervisor implements it).

@@ -20,6 +20,7 @@ use crate::index::{Checkpoint, Delta, DeltaMirror, DeltaSink, Index, SourceId, S
 use crate::metrics::SourceMetrics;
 use crate::wire::Engine;
 
+use super::failure_log::FailureLog;
 use super::pipeline::{Observer, SourcePipeline};
 use super::replay_client::{self, ReplayLimits};
 use super::stats::IngestStats;
@@ -74,6 +75,10 @@ pub struct RankStatus {
     pub last_seq: Option<u64>,
     /// Ingest counters (replays included).
     pub stats: IngestStats,
+    /// Why the last connect attempt failed, until a connection succeeds.
+    pub last_error: Option<String>,
+    /// Connect attempts that failed since the last success.
+    pub failed_connects: u64,
 }
 
 /// What one subscriber connects to.
@@ -165,6 +170,7 @@ async fn run_inner(spec: SubscriberSpec, ctx: SubscriberCtx) {
         pipeline.resume(seq);
     }
     let mut worker = Worker {
+        failures: FailureLog::default(),
         pipeline,
         checkpointed: None,
         observer,
@@ -211,6 +217,7 @@ async fn restarted_while_away(
 }
 
 struct Worker {
+    failures: FailureLog,
     spec: SubscriberSpec,
     ctx: SubscriberCtx,
     pipeline: SourcePipeline,
@@ -240,8 +247,7 @@ impl Worker {
                 } => r,
             };
             if let Err(err) = connected {
-                debug!(error = %err, backoff_ms = backoff.as_millis() as u64, "Connect failed; retrying with a fresh socket.");
-                self.ctx.status.lock().state = LinkState::Connecting;
+                self.connect_failed(&err.to_string(), backoff);
                 drop(socket);
                 tokio::select! {
                     biased;
@@ -257,9 +263,11 @@ impl Worker {
                 let mut st = self.ctx.status.lock();
                 st.state = LinkState::Connected;
                 st.connects += 1;
+                st.last_error = None;
+                st.failed_connects = 0;
             }
             self.metrics.connected();
-            info!("Connected.");
+            info!(failed_attempts = self.failures.connected(), "Connected.");
             let ended = self.recv_loop(&mut socket, &mut monitor).await;
             self.metrics.disconnected();
             if let Some(reason) = ended {
@@ -267,6 +275,28 @@ impl Worker {
             }
             self.ctx.status.lock().state = LinkState::Disconnected;
             info!("Disconnected; reconnecting with a fresh socket.");
+        }
+    }
+
+    /// Records a failed connect: the rank's state and last error, a WARN line for the first
+    /// failure of a streak (then at most one per [`super::WARN_EVERY`]), DEBUG otherwise.
+    fn connect_failed(&mut self, reason: &str, backoff: Duration) {
+        {
+            let mut st = self.ctx.status.lock();
+            st.state = LinkState::Connecting;
+            st.last_error = Some(reason.to_owned());
+            st.failed_connects += 1;
+        }
+        let backoff_ms = backoff.as_millis() as u64;
+        match self.failures.failed(Instant::now()) {
+            Some(failures) => warn!(
+                reason,
+                failures,
+                "Cannot connect to the target; retrying every {} ms at most (logged again in {} s if it goes on).",
+                MAX_BACKOFF.as_millis(),
+                super::WARN_EVERY.as_secs()
+            ),
+            None => debug!(reason, backoff_ms, "Connect failed; retrying with a fresh socket."),
         }
     }
 

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::sourced::{DiscoveredTarget, EngineIdentity, TargetSource};
 use crate::index::{Delta, DeltaMirror, Index};
 use crate::ingest::replay_client::ReplayLimits;
-use crate::ingest::status::{resident_blocks, PodStatus, PodsView};
+use crate::ingest::status::{resident_blocks, PodCounters, PodStatus, PodsView};
 use crate::ingest::subscriber::{self, LinkState, RankStatus, SubscriberCtx, SubscriberSpec};
 use crate::ingest::Target;
 
@@ -330,9 +330,20 @@ impl Supervisor {
             .count()
     }
 
-    /// Publishes the per-target last-message age gauges.
+    /// Publishes the per-target gauges: last-message age, DP ranks connected.
     pub fn publish_ages(&self) {
         for t in self.status() {
+            let connected = t
+                .ranks
+                .iter()
+                .filter(|r| r.state == LinkState::Connected)
+                .count() as u32;
+            crate::metrics::target_ranks(
+                &t.target.pod_id(),
+                t.source.as_str(),
+                connected,
+                t.target.dp_ranks,
+            );
             if let Some(age) = t
                 .ranks
                 .iter()
@@ -368,6 +379,14 @@ impl PodsView for Supervisor {
                     .reduce(f64::min);
                 let pod = t.target.pod_id();
                 let resident = resident_blocks(&self.index, &pod);
+                let mut counters = PodCounters::default();
+                t.ranks.iter().for_each(|r| counters.add(&r.stats));
+                let last_error = t
+                    .ranks
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, r)| r.last_error.as_ref().map(|e| format!("rank {i}: {e}")));
+                let connected = t.ranks.iter().filter(|r| r.state == LinkState::Connected);
                 PodStatus {
                     pod,
                     model: t.target.model.clone(),
@@ -378,6 +397,9 @@ impl PodsView for Supervisor {
                     state: state.as_str().to_owned(),
                     last_message_age_seconds: age,
                     resident_blocks: resident,
+                    ranks_connected: connected.count() as u32,
+                    last_error,
+                    counters,
                 }
             })
             .collect()

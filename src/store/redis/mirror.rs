@@ -691,6 +691,7 @@ impl Writer {
             self.shared
                 .commands
                 .fetch_add(commands as u64, Ordering::Relaxed);
+            crate::metrics::mirror_commands(commands as u64);
             self.shared.healthy.store(true, Ordering::Relaxed);
         }
         result
