@@ -61,6 +61,7 @@ impl Mirror {
                         }
                     }
                 }
+                Delta::UnknownRemove { .. } => {}
                 Delta::Mapping {
                     pod,
                     engine_hash,

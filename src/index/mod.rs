@@ -9,6 +9,7 @@
 //! | `source.rs` | per (pod, DP rank) engine-hash map, the set of blocks a source holds |
 //! | `residents.rs` | compact per-block list of resident sources |
 //! | `delta.rs` | [`Delta`]s for mirrors, [`DeltaSink`] |
+//! | `walk.rs` | chunked walks, point lookups and refreshes for the mirror's background passes |
 //! | `intern.rs` | pod and model name interning |
 //!
 //! Concurrency: blocks live in one concurrent map per model (sharded locks, readers never
@@ -22,6 +23,7 @@ mod intern;
 mod query;
 mod residents;
 mod source;
+mod walk;
 
 use std::sync::Arc;
 
@@ -31,6 +33,7 @@ use parking_lot::{Mutex, RwLock};
 pub use apply::ApplyStats;
 pub use delta::{Delta, DeltaMirror, DeltaSink, Discard, FieldValue};
 pub use query::{DumpEntry, IndexStats};
+pub use walk::{OwnedPods, WalkCursor, WalkEntry};
 
 use crate::wire::Engine;
 use counters::{EntryCounter, PodCounters};

@@ -5,6 +5,7 @@
 
 use hashbrown::HashMap;
 
+use super::walk::{partition_of_bits, partition_of_bytes};
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
 
@@ -83,6 +84,14 @@ impl ModelMap {
         }
     }
 
+    fn get(&self, hash: &BlockHash) -> Option<&EngineSlot> {
+        match hash {
+            BlockHash::Int(v) => self.ints.get(&int_key(*v)).filter(|s| !s.negative()),
+            BlockHash::Neg(v) => self.ints.get(&int_key(*v as u64)).filter(|s| s.negative()),
+            BlockHash::Bytes(b) => self.bytes.get(&**b),
+        }
+    }
+
     fn remove(&mut self, hash: &BlockHash) -> Option<EngineSlot> {
         match hash {
             BlockHash::Int(v) => self.ints.remove(&int_key(*v)),
@@ -139,6 +148,34 @@ impl ModelMap {
         let bytes = self
             .bytes
             .iter()
+            .map(|(k, s)| (BlockHash::Bytes(k.clone()), *s));
+        ints.chain(bytes)
+    }
+
+    /// The entries of one partition of the map (see `walk.rs`): only those hashes are
+    /// rebuilt, so a walk in pieces copies each entry once per pass.
+    pub(crate) fn partition_entries(
+        &self,
+        partition: u32,
+        partitions: u32,
+    ) -> impl Iterator<Item = (BlockHash, EngineSlot)> + '_ {
+        let ints = self
+            .ints
+            .iter()
+            .filter(move |(k, _)| partition_of_bits(int_bits(k), partitions) == partition)
+            .map(|(k, s)| {
+                let bits = int_bits(k);
+                let hash = if s.negative() {
+                    BlockHash::Neg(bits as i64)
+                } else {
+                    BlockHash::Int(bits)
+                };
+                (hash, *s)
+            });
+        let bytes = self
+            .bytes
+            .iter()
+            .filter(move |(k, _)| partition_of_bytes(k, partitions) == partition)
             .map(|(k, s)| (BlockHash::Bytes(k.clone()), *s));
         ints.chain(bytes)
     }
@@ -256,6 +293,14 @@ impl SourceState {
         if let Some(map) = self.maps.iter_mut().find(|m| m.model == model) {
             map.remove(hash);
         }
+    }
+
+    /// The std hash this source maps `hash` to, in any model map.
+    pub(crate) fn std_of(&self, hash: &BlockHash) -> Option<u64> {
+        self.maps
+            .iter()
+            .find_map(|m| m.get(hash))
+            .map(EngineSlot::std)
     }
 
     /// Number of engine blocks held.

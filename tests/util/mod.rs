@@ -2,6 +2,8 @@
 //! ROUTER serving replay), free ports, polling, and an in-process daemon.
 #![allow(dead_code)]
 
+pub mod own_redis;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

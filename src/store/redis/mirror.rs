@@ -11,6 +11,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::anti_entropy::{Entropy, EntropySettings, EntropyStats};
 use super::{MirrorError, RedisConfig};
 use crate::index::{Delta, Index, ModelId, PodId};
 use crate::medium::TierWeights;
@@ -85,6 +86,12 @@ impl Key {
                 engine,
                 engine_hash,
                 ..
+            }
+            | Delta::UnknownRemove {
+                pod,
+                engine,
+                engine_hash,
+                ..
             } => Key::Mapping {
                 pod: *pod,
                 engine: *engine,
@@ -121,6 +128,8 @@ pub(super) struct Shared {
     pub(super) healthy: AtomicBool,
     pub(super) dirty: AtomicBool,
     pub(super) reconciling: AtomicBool,
+    /// Counters of the background passes and adopted removes.
+    pub(super) entropy: EntropyStats,
     latencies: Mutex<Latencies>,
 }
 
@@ -210,22 +219,24 @@ pub(super) fn is_auth_error(e: &redis::RedisError) -> bool {
 
 /// The writer task's state.
 pub(super) struct Writer {
-    config: RedisConfig,
-    index: Index,
-    weights: TierWeights,
+    pub(super) config: RedisConfig,
+    pub(super) index: Index,
+    pub(super) weights: TierWeights,
     pub(super) conn: ConnectionManager,
     pub(super) shared: Arc<Shared>,
     /// Wanted state per key since the last flush (coalescing: the last delta wins).
-    pending: HashMap<Key, Delta>,
+    pub(super) pending: HashMap<Key, Delta>,
     /// Keys whose last write may not have reached Redis (failed pipeline or dropped while
     /// dirty): the record the reconcile checks for fields that must be deleted.
     pub(super) touched: HashSet<Key>,
-    dirty: bool,
+    pub(super) dirty: bool,
     backoff: Duration,
     retry_at: Instant,
-    flush_at: Instant,
+    pub(super) flush_at: Instant,
     waiters: Vec<oneshot::Sender<()>>,
-    names: Names,
+    pub(super) names: Names,
+    /// Background passes (reconcile, anti-entropy, refresh), the watchdog, adopted removes.
+    pub(super) entropy: Entropy,
 }
 
 /// Caches of interned names (they never change once interned).
@@ -264,6 +275,11 @@ impl Writer {
         shared.healthy.store(true, Ordering::Relaxed);
         shared.dirty.store(true, Ordering::Relaxed);
         let now = Instant::now();
+        let entropy = Entropy::new(EntropySettings {
+            interval: config.anti_entropy_interval,
+            max_commands_per_s: config.anti_entropy_max_commands_per_s,
+            refresh_after_s: config.refresh_after_s,
+        });
         Writer {
             config,
             index,
@@ -278,6 +294,7 @@ impl Writer {
             flush_at: now,
             waiters: Vec::new(),
             names: Names::default(),
+            entropy,
         }
     }
 
@@ -294,7 +311,7 @@ impl Writer {
         loop {
             let wake = if self.dirty {
                 Some(self.retry_at)
-            } else if self.pending.is_empty() {
+            } else if !self.has_pending() {
                 None
             } else {
                 Some(self.flush_at)
@@ -305,9 +322,10 @@ impl Writer {
                     if self.dirty {
                         self.try_reconcile().await;
                     } else {
-                        self.flush_now().await;
+                        self.flush_all().await;
                     }
                 }
+                () = sleep_until(self.entropy_wake()) => self.entropy_tick().await,
                 msg = rx.recv() => match msg {
                     Some(Msg::Deltas(deltas)) => {
                         self.absorb(deltas);
@@ -318,7 +336,7 @@ impl Writer {
                     Some(Msg::Flush(done)) => {
                         self.waiters.push(done);
                         if !self.dirty {
-                            self.flush_now().await;
+                            self.flush_all().await;
                         }
                         self.answer_waiters();
                     }
@@ -343,7 +361,8 @@ impl Writer {
                 tokio::time::sleep_until(self.retry_at).await;
                 self.try_reconcile().await;
             } else {
-                self.flush_now().await;
+                self.flush_all().await;
+                self.finish_rewrite().await;
                 if !self.dirty {
                     break;
                 }
@@ -354,6 +373,10 @@ impl Writer {
 
     fn absorb(&mut self, deltas: Vec<Delta>) {
         for delta in deltas {
+            if matches!(delta, Delta::UnknownRemove { .. }) {
+                self.queue_adopt(delta);
+                continue;
+            }
             if !self.config.mapping_keys && matches!(delta, Delta::Mapping { .. }) {
                 continue;
             }
@@ -368,10 +391,11 @@ impl Writer {
                 self.pending.insert(key, delta);
             }
         }
+        self.cap_touched();
     }
 
-    fn answer_waiters(&mut self) {
-        if !self.dirty && self.pending.is_empty() {
+    pub(super) fn answer_waiters(&mut self) {
+        if !self.dirty && !self.has_pending() && !self.entropy.rewriting() {
             for done in self.waiters.drain(..) {
                 let _ = done.send(());
             }
@@ -416,6 +440,8 @@ impl Writer {
                     }
                 }
             }
+            // Resolved through Redis by the adoption step, never written as such.
+            Delta::UnknownRemove { .. } => {}
         }
     }
 
@@ -438,7 +464,7 @@ impl Writer {
         result
     }
 
-    async fn flush_now(&mut self) {
+    pub(super) async fn flush_now(&mut self) {
         if self.pending.is_empty() {
             return;
         }
@@ -479,16 +505,23 @@ impl Writer {
         let keys: Vec<Key> = self.pending.drain().map(|(k, _)| k).collect();
         self.touched.extend(keys);
         self.retry_at = Instant::now() + self.backoff;
+        self.on_dirty();
     }
 
-    /// Marks the mirror clean after a reconcile.
+    /// Resumes writing once Redis answers; the reconcile pass itself then runs in the
+    /// background and counts itself when done.
     pub(super) fn go_clean(&mut self) {
         self.dirty = false;
         self.backoff = MIN_BACKOFF;
         self.shared.dirty.store(false, Ordering::Relaxed);
         self.shared.healthy.store(true, Ordering::Relaxed);
-        self.shared.reconciles.fetch_add(1, Ordering::Relaxed);
         self.answer_waiters();
+    }
+
+    /// When the background passes want a tick (never while dirty: the reconcile's retries
+    /// probe Redis then).
+    fn entropy_wake(&self) -> Option<Instant> {
+        (!self.dirty).then(|| self.entropy.wake())
     }
 }
 
