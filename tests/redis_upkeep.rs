@@ -192,6 +192,8 @@ async fn a_flushall_while_idle_is_healed_within_seconds_without_a_new_event() {
     .await;
     rig.store(300).await;
     rig.wait_equal(WAIT).await;
+    // The start-up pass is over: only the watchdog can bring the keys back.
+    wait_stats(&rig.mirror, "start-up pass", |s| s.anti_entropy_passes >= 1).await;
     let () = redis::cmd("FLUSHALL").query(&mut conn(&rig.url)).unwrap();
     assert!(rig.actual().await.blocks.is_empty());
     rig.wait_equal(HEAL).await;
@@ -340,7 +342,9 @@ async fn anti_entropy_repairs_both_directions_for_owned_pods_only() {
     assert_eq!(other_mapping.as_deref(), Some("1"));
     let st = rig.mirror.stats();
     assert!(st.repairs_deleted >= 2, "{st:?}");
-    assert!(st.repairs_written >= 3, "{st:?}");
+    // The missing mapping key may be renewed without a compare (its block was stored
+    // during the pass that repairs it), so at least the two fields count as written.
+    assert!(st.repairs_written >= 2, "{st:?}");
     rig.mirror.shutdown(WAIT).await;
 }
 

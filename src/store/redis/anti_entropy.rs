@@ -181,7 +181,8 @@ impl Entropy {
             pass: None,
             verify_after: None,
             next_verify_at: now + settings.interval,
-            watchdog_at: now + WATCHDOG_PERIOD,
+            // At once: the sentinel must exist before a FLUSHALL can be told from nothing.
+            watchdog_at: now,
             run_id: None,
             info_allowed: true,
             sentinel: sentinel_key(),
