@@ -413,3 +413,71 @@ async fn refresh_rewrites_every_field_before_it_is_refresh_after_old() {
     assert!(rig.mirror.stats().refreshed >= 40);
     rig.mirror.shutdown(WAIT).await;
 }
+
+/// `n` blocks stored in one event, engine hashes `first..first + n`.
+fn stored_many(first: u64, n: u32) -> Event {
+    let hashes = (0..u64::from(n))
+        .map(|i| BlockHash::Int(first + i))
+        .collect();
+    let tokens = (0..n * 4)
+        .map(|t| (first as u32).wrapping_mul(4).wrapping_add(t))
+        .collect();
+    Event::BlockStored(BlockStored::new(hashes, tokens, 4, Medium::GPU))
+}
+
+fn removed_many(first: u64, n: u32) -> Event {
+    let hashes = (0..u64::from(n))
+        .map(|i| BlockHash::Int(first + i))
+        .collect();
+    Event::BlockRemoved(BlockRemoved::new(hashes, Medium::NONE))
+}
+
+fn signal(server: &OwnRedis, sig: &str) {
+    let pid = server.pid().to_string();
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[tokio::test]
+async fn an_outage_record_past_its_cap_falls_back_to_a_full_pass() {
+    let server = OwnRedis::start(None, &[]);
+    let rig = Rig::new(&server.url(), |c| {
+        c.anti_entropy_interval = Duration::from_secs(3600)
+    })
+    .await;
+    rig.store(50).await;
+    rig.wait_equal(WAIT).await;
+    // Redis paused with its data: writes time out and the mirror goes dirty.
+    signal(&server, "-STOP");
+    rig.apply(vec![stored_many(1_000_000, 1000)]).await;
+    let started = std::time::Instant::now();
+    while !rig.mirror.stats().dirty {
+        assert!(
+            started.elapsed() < WAIT,
+            "the mirror never noticed the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Recorded, not written: the record would let the reconcile delete these fields…
+    rig.apply(vec![removed_many(0, 50)]).await;
+    // …but 60,000 blocks stored and removed again make 120,000 recorded keys, past the cap
+    // of 100,000, so the record is dropped with the rest.
+    rig.apply(vec![removed_many(1_000_000, 1000)]).await;
+    for chunk in 1..60u64 {
+        let first = 1_000_000 + chunk * 1000;
+        rig.apply(vec![stored_many(first, 1000)]).await;
+        rig.apply(vec![removed_many(first, 1000)]).await;
+    }
+    signal(&server, "-CONT");
+    rig.flush().await;
+    // Only the full pass after the reconcile can find the 50 stale fields now.
+    rig.wait_equal(WAIT).await;
+    let st = rig.mirror.stats();
+    assert!(st.repairs_deleted >= 50, "{st:?}");
+    assert!(rig.actual().await.blocks.is_empty());
+    rig.mirror.shutdown(WAIT).await;
+}

@@ -42,6 +42,11 @@ impl OwnRedis {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// Its process id (to pause it with SIGSTOP).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills it and waits for it to exit.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -36,12 +36,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{ErrorKind, ServerErrorKind, Value};
+use redis::Value;
 use tokio::time::Instant;
 
 use super::mirror::{Key, Writer};
 use crate::index::{FieldValue, ModelId, OwnedPods, PodId, WalkCursor, WalkEntry};
-use crate::metrics::{self, RedisReset, RepairDirection};
+use crate::metrics::{self, RepairDirection};
 use crate::redis_layout::{
     block_key, field_value, mapping_key, mapping_prefix, mapping_value, redact_url,
     split_block_key, MAPPING_TTL_SECS,
@@ -55,10 +55,7 @@ const FAST_TICK: Duration = Duration::from_millis(1);
 /// Commands per chunk of an unthrottled pass.
 const FAST_CHUNK: usize = 10_000;
 /// How often Redis is asked for its `run_id` and the sentinel key.
-const WATCHDOG_PERIOD: Duration = Duration::from_secs(1);
-/// Lifetime of the sentinel key, renewed by every watchdog check; only a pause of kvindex
-/// longer than this could let it expire on its own (a harmless extra repair).
-const SENTINEL_TTL_SECS: i64 = 300;
+pub(super) const WATCHDOG_PERIOD: Duration = Duration::from_secs(1);
 /// Keys recorded during an outage at most; past it the record is dropped and the reconcile
 /// is followed by a full, unthrottled anti-entropy pass instead.
 pub(super) const TOUCHED_CAP: usize = 100_000;
@@ -152,15 +149,15 @@ pub(super) struct Entropy {
     settings: EntropySettings,
     pass: Option<Pass>,
     /// A verify pass is wanted once the current pass (a reconcile) ends; `true` = fast.
-    verify_after: Option<bool>,
+    pub(super) verify_after: Option<bool>,
     next_verify_at: Instant,
     watchdog_at: Instant,
-    run_id: Option<String>,
+    pub(super) run_id: Option<String>,
     /// `INFO` refused (ACL): only the sentinel is checked.
-    info_allowed: bool,
-    sentinel: String,
+    pub(super) info_allowed: bool,
+    pub(super) sentinel: String,
     /// Whether the sentinel was written once (before that, a missing one means nothing).
-    armed: bool,
+    pub(super) armed: bool,
     /// The outage key set passed [`TOUCHED_CAP`] and was dropped.
     pub(super) overflowed: bool,
     tokens: f64,
@@ -185,7 +182,7 @@ impl Entropy {
             watchdog_at: now,
             run_id: None,
             info_allowed: true,
-            sentinel: sentinel_key(),
+            sentinel: super::watchdog::sentinel_key(),
             armed: false,
             overflowed: false,
             tokens: 0.0,
@@ -674,83 +671,6 @@ impl Writer {
         metrics::anti_entropy_repair(direction);
     }
 
-    /// Checks Redis for a restart (`run_id`) or lost keys (the sentinel), and renews the
-    /// sentinel. A failure to reach Redis makes the mirror dirty, so a Redis restarted while
-    /// kvindex is idle is reconciled at once rather than at the next failed write.
-    async fn watchdog(&mut self) {
-        let expired: Result<i64, _> = redis::cmd("EXPIRE")
-            .arg(&self.entropy.sentinel)
-            .arg(SENTINEL_TTL_SECS)
-            .query_async(&mut self.conn)
-            .await;
-        let sentinel_lost = match expired {
-            Ok(n) => n == 0,
-            Err(err) => return self.go_dirty(&err),
-        };
-        let run_id = if self.entropy.info_allowed {
-            match redis::cmd("INFO")
-                .arg("server")
-                .query_async::<String>(&mut self.conn)
-                .await
-            {
-                Ok(text) => parse_run_id(&text),
-                Err(err) if is_refusal(&err) => {
-                    tracing::warn!(url = %redact_url(&self.config.url), "Redis refuses INFO; restarts are detected by the sentinel key only.");
-                    self.entropy.info_allowed = false;
-                    None
-                }
-                Err(err) => return self.go_dirty(&err),
-            }
-        } else {
-            None
-        };
-        let restarted = match (&self.entropy.run_id, &run_id) {
-            (Some(old), Some(new)) => old != new,
-            _ => false,
-        };
-        if run_id.is_some() {
-            self.entropy.run_id = run_id;
-        }
-        if sentinel_lost || restarted {
-            if let Err(err) = self.write_sentinel().await {
-                return self.go_dirty(&err);
-            }
-        }
-        let first = !std::mem::replace(&mut self.entropy.armed, true);
-        if first || !(sentinel_lost || restarted) {
-            return;
-        }
-        let kind = if restarted {
-            RedisReset::Restart
-        } else {
-            RedisReset::Flush
-        };
-        self.shared
-            .entropy
-            .redis_resets
-            .fetch_add(1, Ordering::Relaxed);
-        metrics::redis_reset_detected(kind);
-        tracing::warn!(
-            url = %redact_url(&self.config.url),
-            kind = kind.as_str(),
-            "Redis lost kvindex's keys (restart or flush); rewriting the mirror from the index."
-        );
-        // After a restart Redis may hold an old snapshot: the verify that follows deletes
-        // what the index no longer holds, unthrottled.
-        self.entropy.verify_after = Some(restarted);
-        self.start_rewrite(HashSet::new());
-    }
-
-    async fn write_sentinel(&mut self) -> Result<(), redis::RedisError> {
-        redis::cmd("SET")
-            .arg(&self.entropy.sentinel)
-            .arg(1)
-            .arg("EX")
-            .arg(SENTINEL_TTL_SECS)
-            .query_async::<()>(&mut self.conn)
-            .await
-    }
-
     /// Sends a background pipeline; its commands do not count as the writer's flushes.
     pub(super) async fn send_background(
         &mut self,
@@ -789,32 +709,6 @@ impl Writer {
     fn push_deletion(&mut self, pipe: &mut redis::Pipeline, key: &Key) {
         self.push_command(pipe, &key.clone().deletion());
     }
-}
-
-/// A sentinel key of this process: a FLUSHALL (or FLUSHDB, or a restart without
-/// persistence) removes it. Per process, so several kvindex replicas sharing one Redis each
-/// notice the loss.
-fn sentinel_key() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("kvindex:sentinel:{}-{nanos}", std::process::id())
-}
-
-/// Whether an error is Redis refusing the command itself (ACL, renamed command) rather
-/// than Redis being unreachable or still loading.
-fn is_refusal(err: &redis::RedisError) -> bool {
-    matches!(
-        err.kind(),
-        ErrorKind::Server(ServerErrorKind::NoPerm | ServerErrorKind::ResponseError)
-    )
-}
-
-/// The `run_id` line of `INFO server`.
-fn parse_run_id(info: &str) -> Option<String> {
-    info.lines()
-        .find_map(|l| l.strip_prefix("run_id:"))
-        .map(|id| id.trim().to_owned())
 }
 
 /// A mapping key's pod and engine-hash text, or `None` for any other key.
@@ -863,13 +757,6 @@ pub(super) fn unix_now() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn run_id_comes_from_its_info_line() {
-        let info = "# Server\r\nredis_version:7.2.4\r\nrun_id:abc123\r\ntcp_port:6379\r\n";
-        assert_eq!(parse_run_id(info).as_deref(), Some("abc123"));
-        assert_eq!(parse_run_id("# Server\r\n"), None);
-    }
 
     #[test]
     fn mapping_keys_split_into_pod_and_every_reading_of_the_hash() {

@@ -6,6 +6,7 @@
 //! | `mirror.rs` | the writer task: coalescing, one pipeline per flush, outage handling |
 //! | `reconcile.rs` | bringing Redis back in line with the index after an outage |
 //! | `anti_entropy.rs` | background passes: reconcile rewrite, anti-entropy, refresh, watchdog |
+//! | `watchdog.rs` | noticing a Redis restart or FLUSHALL while idle (`run_id`, sentinel key) |
 //! | `adopt.rs` | removes of unknown engine hashes resolved through Redis's mapping keys |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
 //! | `tests.rs` | unit tests of coalescing |
@@ -33,6 +34,7 @@ mod mirror;
 mod reconcile;
 #[cfg(test)]
 mod tests;
+mod watchdog;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
