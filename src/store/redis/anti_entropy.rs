@@ -336,12 +336,15 @@ impl Writer {
     }
 
     fn start_verify(&mut self, fast: bool) {
+        self.entropy.tokens = self.entropy.tokens.max(0.0);
         self.entropy.pass = Some(Pass::new(Mode::Verify { fast }, Vec::new()));
         self.entropy.next_verify_at = Instant::now() + self.entropy.settings.interval;
     }
 
     /// One bounded step of the current pass.
     async fn pass_step(&mut self) {
+        // Only a throttled pass spends tokens: an unthrottled one must leave no debt.
+        let throttled = !self.entropy.fast();
         let budget = self.entropy.budget();
         if budget == 0 {
             return;
@@ -368,7 +371,9 @@ impl Writer {
         };
         match result {
             Ok((spent, phase_done)) => {
-                self.entropy.spend(spent);
+                if throttled {
+                    self.entropy.spend(spent);
+                }
                 self.shared
                     .entropy
                     .background_commands
