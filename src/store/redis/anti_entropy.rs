@@ -48,8 +48,10 @@ use crate::redis_layout::{
 };
 use crate::wire::{BlockHash, Engine};
 
-/// Pause between steps of a rate-bounded pass.
-const TICK: Duration = Duration::from_millis(100);
+/// Pause between steps of a rate-bounded pass. Each step costs the writer a round trip or
+/// two it cannot flush in, so steps are few and large (a second's budget each) rather than
+/// many and small: the fixed cost per round trip is what ingest would feel.
+const TICK: Duration = Duration::from_secs(1);
 /// Pause between chunks of an unthrottled pass: queued deltas are absorbed in between.
 const FAST_TICK: Duration = Duration::from_millis(1);
 /// Commands per chunk of an unthrottled pass.
