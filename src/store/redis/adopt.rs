@@ -113,6 +113,11 @@ impl Writer {
                 .adopted_removes
                 .fetch_add(adopted, Ordering::Relaxed);
             metrics::mirror_adopted_removes(adopted);
+            tracing::debug!(
+                adopted,
+                asked = chunk.len(),
+                "Removed state another writer left, found through its mapping keys."
+            );
         }
         Ok(())
     }
