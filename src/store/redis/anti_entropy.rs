@@ -40,7 +40,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::mirror::{Key, Writer};
-use crate::index::{FieldValue, ModelId, OwnedPods, PodId, WalkCursor, WalkEntry};
+use crate::index::{FieldValue, Index, ModelId, OwnedPods, PodId, WalkCursor, WalkEntry};
 use crate::metrics::{self, RepairDirection};
 use crate::redis_layout::{
     block_key, field_value, mapping_key, mapping_prefix, mapping_value, redact_url,
@@ -127,6 +127,26 @@ impl Pass {
             refreshed: 0,
         }
     }
+}
+
+/// What one chunk of the index walk sends: writes, and reads to compare.
+#[derive(Default)]
+struct Plan {
+    writes: redis::Pipeline,
+    writes_n: usize,
+    reads: redis::Pipeline,
+    /// Entries read back, with their field value and whether their mapping key was read.
+    compared: Vec<(WalkEntry, FieldValue, bool)>,
+    refreshed: u64,
+}
+
+/// Up to `want` entries of the walk, refilling the pass's buffer one partition at a time.
+fn next_batch(index: &Index, pass: &mut Pass, want: usize) -> Vec<WalkEntry> {
+    while pass.buffer.len() < want && !pass.cursor.is_done() {
+        index.walk_engine_hashes(&mut pass.cursor, &mut pass.buffer);
+    }
+    let take = want.min(pass.buffer.len());
+    pass.buffer.drain(pass.buffer.len() - take..).collect()
 }
 
 /// Settings of the background work, from [`super::RedisConfig`].
@@ -484,25 +504,40 @@ impl Writer {
         budget: usize,
     ) -> Result<(usize, bool), redis::RedisError> {
         let per_entry = if self.config.mapping_keys { 2 } else { 1 };
-        let want = (budget / per_entry).max(1);
-        while pass.buffer.len() < want && !pass.cursor.is_done() {
-            self.index
-                .walk_engine_hashes(&mut pass.cursor, &mut pass.buffer);
-        }
-        let take = want.min(pass.buffer.len());
-        let batch: Vec<WalkEntry> = pass.buffer.drain(pass.buffer.len() - take..).collect();
+        let batch = next_batch(&self.index, pass, (budget / per_entry).max(1));
         let done = pass.buffer.is_empty() && pass.cursor.is_done();
         if batch.is_empty() {
             return Ok((1, done));
         }
+        let mut plan = self.plan_batch(pass, batch);
+        let mut reads_n = 0;
+        if !plan.compared.is_empty() {
+            let reads = std::mem::take(&mut plan.reads);
+            let values: Vec<Value> = reads.query_async(&mut self.conn).await?;
+            reads_n = values.len();
+            self.repair_compared(pass, &mut plan, values);
+        }
+        if plan.writes_n > 0 {
+            self.send_background(&plan.writes).await?;
+        }
+        if plan.refreshed > 0 {
+            pass.refreshed += plan.refreshed;
+            self.shared
+                .entropy
+                .refreshed
+                .fetch_add(plan.refreshed, Ordering::Relaxed);
+            metrics::mirror_refreshes(plan.refreshed);
+        }
+        Ok(((reads_n + plan.writes_n).max(1), done))
+    }
+
+    /// Refreshes the due residents of `batch` and sorts it into writes (refreshed, or every
+    /// entry of a reconcile) and reads (the rest of an anti-entropy pass).
+    fn plan_batch(&mut self, pass: &Pass, batch: Vec<WalkEntry>) -> Plan {
         let now = unix_now();
         let due = self.entropy.refresh_due(now);
         let owned = self.index.owned_pods();
-        let mut writes = redis::pipe();
-        let mut writes_n = 0usize;
-        let mut reads = redis::pipe();
-        let mut compared: Vec<(WalkEntry, FieldValue, bool)> = Vec::new();
-        let mut refreshed = 0u64;
+        let mut plan = Plan::default();
         for e in batch {
             let (value, resident_at, moved) = self
                 .index
@@ -510,71 +545,57 @@ impl Writer {
             let Some(value) = value else { continue };
             let mapping_held = self.config.mapping_keys
                 && owned.engine_hash_std(e.pod, &e.engine_hash) == Some(e.std_hash);
-            if moved {
-                refreshed += 1;
-            }
-            // A block refreshed (or stored) since the pass began may be held through more
-            // engine hashes than the one that moved its time: renew their mapping keys too.
-            let renew = resident_at.is_some_and(|at| at >= pass.started_unix);
+            plan.refreshed += u64::from(moved);
             if moved || pass.mode == Mode::Rewrite {
-                self.push_field(&mut writes, e.model, e.std_hash, e.pod, value);
-                writes_n += 1;
+                self.push_field(&mut plan.writes, e.model, e.std_hash, e.pod, value);
+                plan.writes_n += 1;
                 if mapping_held {
-                    self.push_mapping(&mut writes, e.pod, e.engine, &e.engine_hash, e.std_hash);
-                    writes_n += 1;
+                    let (pod, engine) = (e.pod, e.engine);
+                    self.push_mapping(&mut plan.writes, pod, engine, &e.engine_hash, e.std_hash);
+                    plan.writes_n += 1;
                 }
                 continue;
             }
-            if renew && mapping_held {
-                self.push_mapping(&mut writes, e.pod, e.engine, &e.engine_hash, e.std_hash);
-                writes_n += 1;
+            // A block refreshed (or stored) since the pass began may be held through more
+            // engine hashes than the one that moved its time: renew their mapping keys too.
+            let renew = mapping_held && resident_at.is_some_and(|at| at >= pass.started_unix);
+            if renew {
+                let (pod, engine) = (e.pod, e.engine);
+                self.push_mapping(&mut plan.writes, pod, engine, &e.engine_hash, e.std_hash);
+                plan.writes_n += 1;
             }
             let bk = block_key(&self.names.model(&self.index, e.model), e.std_hash);
-            reads.hget(bk, &*self.names.pod(&self.index, e.pod));
+            plan.reads.hget(bk, &*self.names.pod(&self.index, e.pod));
             let check_mapping = mapping_held && !renew;
             if check_mapping {
                 let pod = self.names.pod(&self.index, e.pod);
-                reads.get(mapping_key(e.engine, &pod, &e.engine_hash));
+                plan.reads.get(mapping_key(e.engine, &pod, &e.engine_hash));
             }
-            compared.push((e, value, check_mapping));
+            plan.compared.push((e, value, check_mapping));
         }
-        let mut spent = writes_n;
-        if !compared.is_empty() {
-            let values: Vec<Value> = reads.query_async(&mut self.conn).await?;
-            spent += values.len();
-            let mut values = values.into_iter();
-            for (e, value, check_mapping) in compared {
-                let want = field_value(value, self.config.value_format, &self.weights);
-                if as_string(values.next()).as_deref() != Some(want.as_str()) {
-                    self.push_field(&mut writes, e.model, e.std_hash, e.pod, value);
-                    writes_n += 1;
-                    pass.written += 1;
-                    self.repaired(RepairDirection::Written);
-                }
-                if check_mapping
-                    && as_string(values.next()).as_deref()
-                        != Some(mapping_value(e.std_hash).as_str())
-                {
-                    self.push_mapping(&mut writes, e.pod, e.engine, &e.engine_hash, e.std_hash);
-                    writes_n += 1;
-                    pass.written += 1;
-                    self.repaired(RepairDirection::Written);
-                }
+        plan
+    }
+
+    /// Adds a write for every compared field or mapping key Redis lacks or holds otherwise.
+    fn repair_compared(&mut self, pass: &mut Pass, plan: &mut Plan, values: Vec<Value>) {
+        let mut values = values.into_iter();
+        for (e, value, check_mapping) in std::mem::take(&mut plan.compared) {
+            let want = field_value(value, self.config.value_format, &self.weights);
+            if as_string(values.next()).as_deref() != Some(want.as_str()) {
+                self.push_field(&mut plan.writes, e.model, e.std_hash, e.pod, value);
+                plan.writes_n += 1;
+                pass.written += 1;
+                self.repaired(RepairDirection::Written);
             }
-            spent = spent.max(writes_n);
+            let std = mapping_value(e.std_hash);
+            if check_mapping && as_string(values.next()).as_deref() != Some(std.as_str()) {
+                let (pod, engine) = (e.pod, e.engine);
+                self.push_mapping(&mut plan.writes, pod, engine, &e.engine_hash, e.std_hash);
+                plan.writes_n += 1;
+                pass.written += 1;
+                self.repaired(RepairDirection::Written);
+            }
         }
-        if writes_n > 0 {
-            self.send_background(&writes).await?;
-        }
-        if refreshed > 0 {
-            pass.refreshed += refreshed;
-            self.shared
-                .entropy
-                .refreshed
-                .fetch_add(refreshed, Ordering::Relaxed);
-            metrics::mirror_refreshes(refreshed);
-        }
-        Ok((spent.max(1), done))
     }
 
     /// One SCAN call and the repairs of what it returned.
@@ -605,18 +626,11 @@ impl Writer {
                 if let Ok(std) = std.parse::<u64>() {
                     blocks.push((key, self.index.model_id(model), std));
                 }
-            } else if let Some((pod, hash)) = split_mapping_key(key) {
-                let Some(pod) = self.index.pod_id(pod) else {
-                    continue;
-                };
-                if owned.contains(pod)
-                    && hash_candidates(hash).all(|h| owned.engine_hash_std(pod, &h).is_none())
-                {
-                    writes.del(key).ignore();
-                    writes_n += 1;
-                    pass.deleted += 1;
-                    self.repaired(RepairDirection::Deleted);
-                }
+            } else if self.stale_mapping_key(&owned, key) {
+                writes.del(key).ignore();
+                writes_n += 1;
+                pass.deleted += 1;
+                self.repaired(RepairDirection::Deleted);
             }
         }
         if !blocks.is_empty() && !names.is_empty() {
@@ -631,28 +645,8 @@ impl Writer {
             }
             let values: Vec<Vec<Option<String>>> = reads.query_async(&mut self.conn).await?;
             spent += values.len();
-            for ((key, model, std), fields) in blocks.iter().zip(values) {
-                for ((pod, name), got) in names.iter().zip(fields) {
-                    let Some(got) = got else { continue };
-                    let want = model.and_then(|m| self.index.field_value(m, *std, *pod));
-                    match want {
-                        None => {
-                            writes.hdel(*key, &**name).ignore();
-                            pass.deleted += 1;
-                            self.repaired(RepairDirection::Deleted);
-                        }
-                        Some(v) => {
-                            let want = field_value(v, self.config.value_format, &self.weights);
-                            if want == got {
-                                continue;
-                            }
-                            writes.hset(*key, &**name, want).ignore();
-                            pass.written += 1;
-                            self.repaired(RepairDirection::Written);
-                        }
-                    }
-                    writes_n += 1;
-                }
+            for (block, fields) in blocks.iter().zip(values) {
+                writes_n += self.repair_block(pass, block, &names, fields, &mut writes);
             }
         }
         if writes_n > 0 {
@@ -660,6 +654,53 @@ impl Writer {
         }
         pass.phase = Phase::Scan(next);
         Ok((spent + writes_n, next == 0))
+    }
+
+    /// Whether `key` is a mapping key of an owned pod whose engine hash no source of the pod
+    /// holds.
+    fn stale_mapping_key(&self, owned: &OwnedPods, key: &str) -> bool {
+        let Some((pod, hash)) = split_mapping_key(key) else {
+            return false;
+        };
+        let Some(pod) = self.index.pod_id(pod) else {
+            return false;
+        };
+        owned.contains(pod)
+            && hash_candidates(hash).all(|h| owned.engine_hash_std(pod, &h).is_none())
+    }
+
+    /// Repairs the owned pods' fields of one block key as read back (`fields` in the order
+    /// of `names`); returns the commands added to `writes`.
+    fn repair_block(
+        &self,
+        pass: &mut Pass,
+        (key, model, std): &(&str, Option<ModelId>, u64),
+        names: &[(PodId, Arc<str>)],
+        fields: Vec<Option<String>>,
+        writes: &mut redis::Pipeline,
+    ) -> usize {
+        let mut n = 0;
+        for ((pod, name), got) in names.iter().zip(fields) {
+            let Some(got) = got else { continue };
+            match model.and_then(|m| self.index.field_value(m, *std, *pod)) {
+                None => {
+                    writes.hdel(*key, &**name).ignore();
+                    pass.deleted += 1;
+                    self.repaired(RepairDirection::Deleted);
+                }
+                Some(v) => {
+                    let want = field_value(v, self.config.value_format, &self.weights);
+                    if want == got {
+                        continue;
+                    }
+                    writes.hset(*key, &**name, want).ignore();
+                    pass.written += 1;
+                    self.repaired(RepairDirection::Written);
+                }
+            }
+            n += 1;
+        }
+        n
     }
 
     /// The owned pods with their identifiers, in a fixed order for `HMGET`.
