@@ -70,7 +70,7 @@ pub struct RawRedis {
     pub queue_capacity: Option<Spanned<usize>>,
     /// A periodic anti-entropy pass starts at most this often, seconds (default 60).
     pub anti_entropy_interval_s: Option<Spanned<u64>>,
-    /// Commands per second a periodic anti-entropy pass may send (default 2000).
+    /// Commands per second a periodic anti-entropy pass may send (default 1000).
     pub anti_entropy_max_commands_per_s: Option<Spanned<u32>>,
     /// A resident field is rewritten with the current time before it is this old, seconds
     /// (default 43200 = 12 h; 1 … 86399, below kthena's 24 h GC).

@@ -177,6 +177,6 @@ fn background_pass_settings_are_taken_as_written_with_defaults() {
         .redis
         .unwrap();
     assert_eq!(redis.anti_entropy_interval, Duration::from_secs(60));
-    assert_eq!(redis.anti_entropy_max_commands_per_s, 2000);
+    assert_eq!(redis.anti_entropy_max_commands_per_s, 1000);
     assert_eq!(redis.refresh_after_s, 43_200);
 }

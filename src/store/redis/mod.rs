@@ -87,7 +87,7 @@ impl Default for RedisConfig {
             flush_interval: Duration::from_millis(5),
             queue_capacity: 1024,
             anti_entropy_interval: Duration::from_secs(60),
-            anti_entropy_max_commands_per_s: 2000,
+            anti_entropy_max_commands_per_s: 1000,
             refresh_after_s: 43_200,
         }
     }
