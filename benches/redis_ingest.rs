@@ -5,9 +5,17 @@
 //! pipelines + Redis). Needs a Redis at 127.0.0.1:6379; it writes to db 15, a bench-only db
 //! that it empties after each case (millions of keys would otherwise slow every later SCAN).
 //!
-//! Each size runs twice: kthena's layout alone (`replay --redis`), and with the daemon's
-//! checkpoint (`kvindex:` watermark per message and engine-block state per block, as
-//! `serve` writes them), so the checkpoint's cost is the ratio of the two in one run.
+//! Three variants per event size, so each cost is a ratio within one run:
+//! - `kthena`: kthena's layout alone, background passes held to 1 command per second (the
+//!   reference: what `replay --redis` writes);
+//! - `+checkpoint`: the same plus the daemon's checkpoint (`kvindex:` watermark per message,
+//!   engine-block state per block);
+//! - `serve`: checkpoint and background passes (anti-entropy, refresh, watchdog) at their
+//!   defaults, as the daemon runs. The stores carry an old time, so every field is due for a
+//!   refresh and the passes work at their rate cap throughout (the worst case).
+//!
+//! Between cases the bench waits until Redis has freed the previous case's keys (lazy free
+//! runs on Redis's CPU and would otherwise slow whichever case comes next).
 //!
 //! Run: `cargo bench --bench redis_ingest` and compare with
 //! `redis-benchmark -P 64 -q -t hset,set -n 1000000`.
@@ -47,11 +55,58 @@ async fn empty_bench_db() {
         .get_multiplexed_async_connection()
         .await
         .expect("Redis at 127.0.0.1:6379");
+    // ASYNC: a synchronous FLUSHDB of millions of keys outlasts the response timeout.
     let _: () = redis::cmd("FLUSHDB")
         .arg("ASYNC")
         .query_async(&mut conn)
         .await
         .expect("FLUSHDB on the bench db");
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(120) {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO memory");
+        if info.contains("lazyfree_pending_objects:0\r") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What the mirror writes besides kthena's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// kthena's layout, background passes held to 1 command per second.
+    Kthena,
+    /// Plus the checkpoint.
+    Checkpoint,
+    /// Checkpoint and background passes at their defaults (`serve`).
+    Serve,
+}
+
+impl Variant {
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Kthena => "kthena",
+            Variant::Checkpoint => "+checkpoint",
+            Variant::Serve => "serve",
+        }
+    }
+
+    fn config(self) -> RedisConfig {
+        let mut config = RedisConfig {
+            url: BENCH_DB.to_owned(),
+            checkpoint: self != Variant::Kthena,
+            ..RedisConfig::default()
+        };
+        if self != Variant::Serve {
+            config.anti_entropy_max_commands_per_s = 1;
+            config.anti_entropy_interval = Duration::from_secs(86_400);
+        }
+        config
+    }
 }
 
 fn bench(c: &mut Criterion) {
@@ -60,12 +115,13 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(8));
     group.throughput(Throughput::Elements(BLOCKS_PER_ITER));
-    let cases = [(1u64, false), (1, true), (8, false), (8, true)];
-    for (blocks_per_event, checkpoint) in cases {
+    let variants = [Variant::Kthena, Variant::Checkpoint, Variant::Serve];
+    let cases = [1u64, 8].into_iter().flat_map(|n| variants.map(|v| (n, v)));
+    for (blocks_per_event, variant) in cases {
         let index = Index::new();
         let source = index
             .register_source(&SourceSpec {
-                pod: format!("bench-{blocks_per_event}-{checkpoint}.bench"),
+                pod: format!("bench-{blocks_per_event}-{}.bench", variant.label()),
                 model: "bench-model".to_owned(),
                 engine: Engine::Vllm,
                 dp_rank: 0,
@@ -73,11 +129,7 @@ fn bench(c: &mut Criterion) {
             .expect("register");
         let mirror = rt
             .block_on(MirrorHandle::start(
-                RedisConfig {
-                    url: BENCH_DB.to_owned(),
-                    checkpoint,
-                    ..RedisConfig::default()
-                },
+                variant.config(),
                 index.clone(),
                 TierWeights::default(),
             ))
@@ -85,8 +137,8 @@ fn bench(c: &mut Criterion) {
         let sender = mirror.sender();
         let mut next_hash = 0u64;
         let mut seq = 0u64;
-        let layout = if checkpoint { "+checkpoint" } else { "kthena" };
-        let name = format!("{blocks_per_event}-block events, {layout}");
+        let checkpoint = variant != Variant::Kthena;
+        let name = format!("{blocks_per_event}-block events, {}", variant.label());
         group.bench_function(&name, |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
@@ -117,8 +169,13 @@ fn bench(c: &mut Criterion) {
         });
         let stats = mirror.stats();
         println!(
-            "{name}: {} commands in {} pipelines, flush p50 {} us p99 {} us",
-            stats.commands, stats.pipelines, stats.flush_p50_us, stats.flush_p99_us
+            "{name}: {} commands in {} pipelines, flush p50 {} us p99 {} us; background: {} commands, {} fields refreshed",
+            stats.commands,
+            stats.pipelines,
+            stats.flush_p50_us,
+            stats.flush_p99_us,
+            stats.background_commands,
+            stats.refreshed
         );
         rt.block_on(mirror.shutdown(Duration::from_secs(30)));
         rt.block_on(empty_bench_db());

@@ -81,6 +81,13 @@ pub struct RawRedis {
     pub flush_interval_ms: Option<Spanned<u64>>,
     /// Delta batches queued before ingest waits (default 1024).
     pub queue_capacity: Option<Spanned<usize>>,
+    /// A periodic anti-entropy pass starts at most this often, seconds (default 60).
+    pub anti_entropy_interval_s: Option<Spanned<u64>>,
+    /// Commands per second a periodic anti-entropy pass may send (default 1000).
+    pub anti_entropy_max_commands_per_s: Option<Spanned<u32>>,
+    /// A resident field is rewritten with the current time before it is this old, seconds
+    /// (default 43200 = 12 h; 1 … 86399, below kthena's 24 h GC).
+    pub refresh_after_s: Option<Spanned<u32>>,
 }
 
 /// `api:` as written.
@@ -420,7 +427,47 @@ fn validate_redis(
     if let Some(v) = at_least_one("redis.queue_capacity", section.queue_capacity, issues) {
         c.queue_capacity = v;
     }
+    let upkeep = (
+        section.anti_entropy_interval_s,
+        section.anti_entropy_max_commands_per_s,
+        section.refresh_after_s,
+    );
+    validate_upkeep(upkeep, &mut c, issues);
     Some(c)
+}
+
+/// `anti_entropy_interval_s`, `anti_entropy_max_commands_per_s`, `refresh_after_s`.
+type UpkeepFields = (
+    Option<Spanned<u64>>,
+    Option<Spanned<u32>>,
+    Option<Spanned<u32>>,
+);
+
+/// The background passes' settings: 0 would stop a pass (or spin it), and a refresh at or
+/// past kthena's 24 h GC would come too late.
+fn validate_upkeep(
+    (interval, rate, refresh): UpkeepFields,
+    c: &mut RedisConfig,
+    issues: &mut Issues,
+) {
+    if let Some(v) = at_least_one("redis.anti_entropy_interval_s", interval, issues) {
+        c.anti_entropy_interval = Duration::from_secs(v);
+    }
+    if let Some(v) = at_least_one("redis.anti_entropy_max_commands_per_s", rate, issues) {
+        c.anti_entropy_max_commands_per_s = v;
+    }
+    if let Some(v) = at_least_one("redis.refresh_after_s", refresh.clone(), issues) {
+        if u64::from(v) >= crate::redis_layout::MAPPING_TTL_SECS {
+            let line = refresh.as_ref().and_then(line_of);
+            issues.add(
+                "redis.refresh_after_s",
+                line,
+                "must be below 86400 (kthena drops fields older than 24 h)",
+            );
+        } else {
+            c.refresh_after_s = v;
+        }
+    }
 }
 
 /// `KVINDEX_REDIS_VALUE_FORMAT`, when set and valid.
@@ -763,6 +810,9 @@ impl Config {
                 "flush_max_commands": r.flush_max_commands,
                 "flush_interval_ms": r.flush_interval.as_millis() as u64,
                 "queue_capacity": r.queue_capacity,
+                "anti_entropy_interval_s": r.anti_entropy_interval.as_secs(),
+                "anti_entropy_max_commands_per_s": r.anti_entropy_max_commands_per_s,
+                "refresh_after_s": r.refresh_after_s,
             })
         });
         let api = self.api.as_ref().map(|a| {

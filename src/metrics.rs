@@ -167,6 +167,7 @@ fn describe() {
         "API requests answered, by route and status code."
     );
     describe_histogram!(API_DURATION, "API request latency, by route.");
+    describe_mirror_upkeep();
     describe_histogram!(
         "kvindex_pipeline_seconds",
         "Time from receiving a message to its deltas being queued."
@@ -434,6 +435,106 @@ pub fn mirror(queue_depth: usize, dirty: bool, reconciling: bool, flush_p99_us: 
 /// Redis commands the mirror wrote in one successful pipeline.
 pub fn mirror_commands(n: u64) {
     counter!("kvindex_mirror_commands_total").increment(n);
+}
+
+/// Which way an anti-entropy repair went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepairDirection {
+    /// A field or mapping key the index does not hold was deleted.
+    Deleted,
+    /// A field or mapping key the index holds was missing or different and was written.
+    Written,
+}
+
+impl RepairDirection {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepairDirection::Deleted => "deleted",
+            RepairDirection::Written => "written",
+        }
+    }
+}
+
+/// What the watchdog saw Redis lose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisReset {
+    /// A new `run_id`: Redis restarted.
+    Restart,
+    /// The sentinel key vanished under the same `run_id`: FLUSHALL or FLUSHDB.
+    Flush,
+}
+
+impl RedisReset {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedisReset::Restart => "restart",
+            RedisReset::Flush => "flush",
+        }
+    }
+}
+
+fn describe_mirror_upkeep() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_counter!(
+        "kvindex_mirror_adopted_removes_total",
+        "Removes of engine hashes the index did not know, resolved through Redis's mapping keys."
+    );
+    describe_counter!(
+        "kvindex_anti_entropy_repairs_total",
+        "Anti-entropy repairs, by direction (deleted: Redis held what the index does not; written: Redis lacked or differed)."
+    );
+    describe_counter!(
+        "kvindex_redis_resets_detected_total",
+        "Redis restarts or flushes noticed by the mirror's watchdog, by kind."
+    );
+    describe_counter!(
+        "kvindex_mirror_refreshes_total",
+        "Fields rewritten with the current time before kthena's GC would drop them."
+    );
+    describe_gauge!(
+        "kvindex_anti_entropy_pass_seconds",
+        "Duration of the last completed anti-entropy pass (bounds a field's age past refresh_after_s)."
+    );
+}
+
+/// Registers the mirror's upkeep series at 0, so dashboards and alerts see them (and their
+/// rates) from the start rather than from their first event.
+pub fn mirror_upkeep_series() {
+    mirror_adopted_removes(0);
+    mirror_refreshes(0);
+    for d in [RepairDirection::Deleted, RepairDirection::Written] {
+        counter!("kvindex_anti_entropy_repairs_total", "direction" => d.as_str()).increment(0);
+    }
+    for k in [RedisReset::Restart, RedisReset::Flush] {
+        counter!("kvindex_redis_resets_detected_total", "kind" => k.as_str()).increment(0);
+    }
+}
+
+/// Removes of unknown engine hashes the mirror resolved through Redis's mapping keys.
+pub fn mirror_adopted_removes(n: u64) {
+    counter!("kvindex_mirror_adopted_removes_total").increment(n);
+}
+
+/// One anti-entropy repair.
+pub fn anti_entropy_repair(direction: RepairDirection) {
+    counter!("kvindex_anti_entropy_repairs_total", "direction" => direction.as_str()).increment(1);
+}
+
+/// The watchdog saw Redis lose kvindex's keys.
+pub fn redis_reset_detected(kind: RedisReset) {
+    counter!("kvindex_redis_resets_detected_total", "kind" => kind.as_str()).increment(1);
+}
+
+/// Fields refreshed.
+pub fn mirror_refreshes(n: u64) {
+    counter!("kvindex_mirror_refreshes_total").increment(n);
+}
+
+/// A completed anti-entropy pass.
+pub fn anti_entropy_pass(seconds: f64) {
+    gauge!("kvindex_anti_entropy_pass_seconds").set(seconds);
 }
 
 /// Why a discovered pod was skipped: the annotation (or default) that is missing or invalid.

@@ -143,3 +143,40 @@ fn every_section_reports_at_once() {
         ]
     );
 }
+
+#[test]
+fn background_pass_settings_refuse_zero_and_a_refresh_past_kthenas_gc() {
+    let found = issues(
+        "redis:\n  anti_entropy_interval_s: 0\n  anti_entropy_max_commands_per_s: 0\n  refresh_after_s: 86400\n",
+    );
+    let got: Vec<_> = found.iter().map(|i| (i.field.as_str(), i.line)).collect();
+    assert_eq!(
+        got,
+        [
+            ("redis.anti_entropy_interval_s", Some(2)),
+            ("redis.anti_entropy_max_commands_per_s", Some(3)),
+            ("redis.refresh_after_s", Some(4)),
+        ]
+    );
+    assert!(found[2].what.contains("86400"), "{}", found[2]);
+    assert_eq!(
+        issues("redis:\n  refresh_after_s: 0\n")[0].field,
+        "redis.refresh_after_s"
+    );
+}
+
+#[test]
+fn background_pass_settings_are_taken_as_written_with_defaults() {
+    let text = "redis:\n  anti_entropy_interval_s: 5\n  anti_entropy_max_commands_per_s: 300\n  refresh_after_s: 1\n";
+    let redis = Config::from_str(text).unwrap().redis.unwrap();
+    assert_eq!(redis.anti_entropy_interval, Duration::from_secs(5));
+    assert_eq!(redis.anti_entropy_max_commands_per_s, 300);
+    assert_eq!(redis.refresh_after_s, 1);
+    let redis = Config::from_str("redis:\n  url: redis://h:1/0\n")
+        .unwrap()
+        .redis
+        .unwrap();
+    assert_eq!(redis.anti_entropy_interval, Duration::from_secs(60));
+    assert_eq!(redis.anti_entropy_max_commands_per_s, 1000);
+    assert_eq!(redis.refresh_after_s, 43_200);
+}

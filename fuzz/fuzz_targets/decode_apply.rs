@@ -64,6 +64,7 @@ impl Mirror {
                         }
                     }
                 }
+                Delta::UnknownRemove { .. } => {}
                 Delta::Mapping {
                     pod,
                     engine_hash,

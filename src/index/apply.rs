@@ -232,6 +232,18 @@ impl<S: DeltaSink> Out<'_, S> {
         }
     }
 
+    /// Tells a sink that wants mappings about a remove the source could not resolve.
+    fn unknown_remove(&mut self, model: u32, engine_hash: &BlockHash) {
+        if self.sink.wants_mappings() {
+            self.sink.push(Delta::UnknownRemove {
+                pod: PodId(self.pod),
+                engine: self.engine,
+                model: ModelId(model),
+                engine_hash: engine_hash.clone(),
+            });
+        }
+    }
+
     fn mapping_owned(&mut self, engine_hash: BlockHash, std: Option<u64>) {
         self.sink.push(Delta::Mapping {
             pod: PodId(self.pod),
@@ -499,6 +511,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         for hash in &removed.block_hashes {
             let Some((model, slot)) = self.state.find_mut(hash, base) else {
                 self.stats.unknown_removes += 1;
+                self.out.unknown_remove(base, hash);
                 continue;
             };
             let taken = MediaSet::from_bits(slot.media().bits() & mask.bits());

@@ -82,6 +82,19 @@ pub enum Delta {
         /// DP rank.
         rank: u8,
     },
+    /// A remove of an engine hash this source does not hold (state another writer or an
+    /// earlier process left): a Redis mirror resolves it through the mapping key in Redis.
+    /// Sent only to sinks that want mappings.
+    UnknownRemove {
+        /// Pod (interned).
+        pod: PodId,
+        /// Engine family (decides the mapping-key prefix).
+        engine: Engine,
+        /// The source's base model (the block key's model).
+        model: ModelId,
+        /// Engine hash as sent.
+        engine_hash: BlockHash,
+    },
 }
 
 /// Receives the deltas of one `apply` call, in order.

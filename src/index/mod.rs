@@ -10,6 +10,7 @@
 //! | `residents.rs` | compact per-block list of resident sources |
 //! | `delta.rs` | [`Delta`]s for mirrors, [`DeltaSink`] |
 //! | `intern.rs` | pod name interning; model names and block maps, freed when unreferenced |
+//! | `walk.rs` | chunked walks, point lookups and refreshes for the mirror's background passes |
 //!
 //! Concurrency: blocks live in one concurrent map per model (sharded locks, readers never
 //! wait for a whole-index lock); each source's state sits behind its own mutex, which only
@@ -22,6 +23,7 @@ mod intern;
 mod query;
 mod residents;
 mod source;
+mod walk;
 
 use std::sync::Arc;
 
@@ -31,6 +33,7 @@ use parking_lot::{Mutex, RwLock};
 pub use apply::ApplyStats;
 pub use delta::{Checkpoint, Delta, DeltaMirror, DeltaSink, Discard, EngineState, FieldValue};
 pub use query::{DumpEntry, IndexStats};
+pub use walk::{OwnedPods, WalkCursor, WalkEntry};
 
 use crate::wire::Engine;
 use counters::{EntryCounter, PodCounters};
@@ -214,6 +217,20 @@ impl Index {
                 .find_mut(engine_hash, base)
                 .map(|(_, slot)| slot.std())
         })
+    }
+
+    /// The registered source of `(pod, rank)`, if any.
+    pub fn source_of(&self, pod: PodId, rank: u8) -> Option<SourceId> {
+        let ids = self.inner.pod_sources.read().get(&pod.0).cloned()?;
+        ids.into_iter()
+            .find(|id| self.source(*id).is_ok_and(|s| s.lock().rank == rank))
+    }
+
+    /// Whether source `(pod, rank)` holds `engine_hash` (the checkpoint entry is live).
+    pub fn source_holds(&self, pod: PodId, rank: u8, engine_hash: &crate::wire::BlockHash) -> bool {
+        self.source_of(pod, rank)
+            .and_then(|id| self.source(id).ok())
+            .is_some_and(|s| s.lock().std_of(engine_hash).is_some())
     }
 
     fn unlink_pod_source(&self, pod: u32, source: SourceId) {

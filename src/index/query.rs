@@ -210,7 +210,7 @@ impl Index {
     }
 
     /// The registered sources, cloned out so no source lock is taken under the list's lock.
-    fn live_sources(&self) -> Vec<Arc<Mutex<SourceState>>> {
+    pub(super) fn live_sources(&self) -> Vec<Arc<Mutex<SourceState>>> {
         self.inner
             .sources
             .read()

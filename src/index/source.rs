@@ -15,6 +15,7 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 
 use super::intern::ModelTable;
+use super::walk::{partition_of_bits, partition_of_bytes};
 
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
@@ -360,6 +361,63 @@ impl SourceState {
         let bytes = bytes.chain(self.lora_bytes.iter().map(|(k, s)| (k, *s)));
         let bytes = bytes.map(|(k, s)| (BlockHash::Bytes(k.clone()), s));
         ints.chain(bytes)
+    }
+
+    /// The entries of one partition of the source (see `walk.rs`): keys are filtered before
+    /// hashes are rebuilt, so a walk in pieces copies each entry once per pass.
+    pub(crate) fn partition_entries(
+        &self,
+        partition: u32,
+        partitions: u32,
+    ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + '_ {
+        let base = self.base_model;
+        let held = move |slot: &EngineSlot| HeldSlot {
+            slot: *slot,
+            model: base,
+        };
+        let in_ints = move |k: &&IntKey| partition_of_bits(int_bits(k), partitions) == partition;
+        let in_bytes = move |k: &[u8]| partition_of_bytes(k, partitions) == partition;
+        let int_hash = |k: &IntKey, s: &HeldSlot| {
+            let bits = int_bits(k);
+            if s.slot.negative() {
+                BlockHash::Neg(bits as i64)
+            } else {
+                BlockHash::Int(bits)
+            }
+        };
+        let ints = self.ints.iter().map(move |(k, s)| (k, held(s)));
+        let ints = ints.chain(self.lora_ints.iter().map(|(k, s)| (k, *s)));
+        let ints = ints
+            .filter(move |(k, _)| in_ints(k))
+            .map(move |(k, s)| (int_hash(k, &s), s));
+        let bytes = self.bytes.iter().map(move |(k, s)| (k, held(s)));
+        let bytes = bytes.chain(self.lora_bytes.iter().map(|(k, s)| (k, *s)));
+        let bytes = bytes
+            .filter(move |(k, _)| in_bytes(k.as_ref()))
+            .map(|(k, s)| (BlockHash::Bytes(k.clone()), s));
+        ints.chain(bytes)
+    }
+
+    /// The std hash this source maps `hash` to, whatever its model.
+    pub(crate) fn std_of(&self, hash: &BlockHash) -> Option<u64> {
+        let (key, negative) = match hash {
+            BlockHash::Int(v) => (int_key(*v), false),
+            BlockHash::Neg(v) => (int_key(*v as u64), true),
+            BlockHash::Bytes(b) => {
+                let slot = self
+                    .bytes
+                    .get(&**b)
+                    .copied()
+                    .or_else(|| self.lora_bytes.get(&**b).map(|h| h.slot))?;
+                return Some(slot.std());
+            }
+        };
+        let slot = self
+            .ints
+            .get(&key)
+            .copied()
+            .or_else(|| self.lora_ints.get(&key).map(|h| h.slot))?;
+        (slot.negative() == negative).then_some(slot.std())
     }
 
     /// Every slot without rebuilding hashes.

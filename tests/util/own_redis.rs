@@ -1,12 +1,13 @@
-//! A `redis-server` of a test's own, for tests that kill, restart or flush Redis.
+//! A `redis-server` child of the test on a free 127.0.0.1 port, without persistence, for
+//! tests that flush, kill or restart Redis; killed on drop.
 
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// Upper bound for a server to come up.
-const WAIT: Duration = Duration::from_secs(30);
+/// Upper bound for redis-server to accept connections.
+const START_DEADLINE: Duration = Duration::from_secs(30);
 
-/// A `redis-server` child on a free port, without persistence; killed on drop.
+/// A running `redis-server` child.
 pub struct OwnRedis {
     child: Child,
     /// The port it listens on.
@@ -14,15 +15,9 @@ pub struct OwnRedis {
 }
 
 impl OwnRedis {
-    /// Starts `redis-server` on `port` (a free one when `None`) with `extra` arguments.
+    /// Starts one on `port` (a free one when `None`) with `extra` arguments.
     pub fn start(port: Option<u16>, extra: &[&str]) -> OwnRedis {
-        let port = port.unwrap_or_else(|| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        });
+        let port = port.unwrap_or_else(super::unbound_port);
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -31,20 +26,23 @@ impl OwnRedis {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed");
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(started.elapsed() < WAIT, "redis-server did not come up");
+            assert!(
+                started.elapsed() < START_DEADLINE,
+                "redis-server did not come up"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         OwnRedis { child, port }
     }
 
-    /// Its URL (db 0).
+    /// `redis://127.0.0.1:{port}/0`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    /// The server's process id (to pause it with SIGSTOP).
+    /// Its process id (to pause it with SIGSTOP).
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -11,6 +11,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::anti_entropy::{Entropy, EntropySettings, EntropyStats};
 use super::checkpoint::{
     engine_field, engine_value, source_field, state_key, Watermark, WATERMARKS_KEY,
 };
@@ -106,6 +107,12 @@ impl Key {
                 engine,
                 engine_hash,
                 ..
+            }
+            | Delta::UnknownRemove {
+                pod,
+                engine,
+                engine_hash,
+                ..
             } => Key::Mapping {
                 pod: *pod,
                 engine: *engine,
@@ -171,6 +178,8 @@ pub(super) struct Shared {
     pub(super) healthy: AtomicBool,
     pub(super) dirty: AtomicBool,
     pub(super) reconciling: AtomicBool,
+    /// Counters of the background passes and adopted removes.
+    pub(super) entropy: EntropyStats,
     latencies: Mutex<Latencies>,
 }
 
@@ -260,27 +269,29 @@ pub(super) fn is_auth_error(e: &redis::RedisError) -> bool {
 
 /// The writer task's state.
 pub(super) struct Writer {
-    config: RedisConfig,
-    index: Index,
-    weights: TierWeights,
+    pub(super) config: RedisConfig,
+    pub(super) index: Index,
+    pub(super) weights: TierWeights,
     pub(super) conn: ConnectionManager,
     pub(super) shared: Arc<Shared>,
     /// Wanted state per key since the last flush (coalescing: the last delta wins).
-    pending: HashMap<Key, Delta>,
+    pub(super) pending: HashMap<Key, Delta>,
     /// How many of `pending` are checkpoint entries: they become one command per state key,
     /// so they do not count towards `flush_max_commands`.
-    pending_entries: usize,
+    pub(super) pending_entries: usize,
     /// Keys whose last write may not have reached Redis (failed pipeline or dropped while
     /// dirty): the record the reconcile checks for fields that must be deleted.
     pub(super) touched: HashSet<Key>,
-    dirty: bool,
+    pub(super) dirty: bool,
     backoff: Duration,
     retry_at: Instant,
-    flush_at: Instant,
+    pub(super) flush_at: Instant,
     waiters: Vec<oneshot::Sender<()>>,
-    names: Names,
+    pub(super) names: Names,
     /// The checkpoint's watermarks: every live source's latest, and which are not written yet.
-    marks: Marks,
+    pub(super) marks: Marks,
+    /// Background passes (reconcile, anti-entropy, refresh), the watchdog, adopted removes.
+    pub(super) entropy: Entropy,
 }
 
 /// Watermarks of the sources the mirror checkpoints. Only the seq is recorded per message;
@@ -334,6 +345,11 @@ impl Writer {
         shared.healthy.store(true, Ordering::Relaxed);
         shared.dirty.store(true, Ordering::Relaxed);
         let now = Instant::now();
+        let entropy = Entropy::new(EntropySettings {
+            interval: config.anti_entropy_interval,
+            max_commands_per_s: config.anti_entropy_max_commands_per_s,
+            refresh_after_s: config.refresh_after_s,
+        });
         Writer {
             config,
             index,
@@ -350,6 +366,7 @@ impl Writer {
             waiters: Vec::new(),
             names: Names::default(),
             marks: Marks::default(),
+            entropy,
         }
     }
 
@@ -423,7 +440,7 @@ impl Writer {
         loop {
             let wake = if self.dirty {
                 Some(self.retry_at)
-            } else if self.pending.is_empty() && self.marks.unwritten.is_empty() {
+            } else if !self.has_pending() {
                 None
             } else {
                 Some(self.flush_at)
@@ -434,9 +451,10 @@ impl Writer {
                     if self.dirty {
                         self.try_reconcile().await;
                     } else {
-                        self.flush_now().await;
+                        self.flush_all().await;
                     }
                 }
+                () = sleep_until(self.entropy_wake()) => self.entropy_tick().await,
                 msg = rx.recv() => match msg {
                     Some(Msg::Deltas(deltas, checkpoint)) => {
                         self.absorb(deltas, checkpoint);
@@ -448,7 +466,7 @@ impl Writer {
                     Some(Msg::Flush(done)) => {
                         self.waiters.push(done);
                         if !self.dirty {
-                            self.flush_now().await;
+                            self.flush_all().await;
                         }
                         self.answer_waiters();
                     }
@@ -473,7 +491,8 @@ impl Writer {
                 tokio::time::sleep_until(self.retry_at).await;
                 self.try_reconcile().await;
             } else {
-                self.flush_now().await;
+                self.flush_all().await;
+                self.finish_rewrite().await;
                 if !self.dirty {
                     break;
                 }
@@ -484,6 +503,10 @@ impl Writer {
 
     fn absorb(&mut self, deltas: Vec<Delta>, checkpoint: Option<Checkpoint>) {
         for delta in deltas {
+            if matches!(delta, Delta::UnknownRemove { .. }) {
+                self.queue_adopt(delta);
+                continue;
+            }
             let wanted = match &delta {
                 Delta::Mapping { .. } => self.config.mapping_keys,
                 Delta::Engine {
@@ -508,7 +531,7 @@ impl Writer {
                     self.marks.models.remove(&(*pod, *rank));
                     self.config.checkpoint
                 }
-                Delta::Field { .. } => true,
+                Delta::Field { .. } | Delta::UnknownRemove { .. } => true,
             };
             if !wanted {
                 continue;
@@ -533,10 +556,11 @@ impl Writer {
                 self.flush_at = Instant::now() + self.config.flush_interval;
             }
         }
+        self.cap_touched();
     }
 
-    fn answer_waiters(&mut self) {
-        if !self.dirty && self.pending.is_empty() && self.marks.unwritten.is_empty() {
+    pub(super) fn answer_waiters(&mut self) {
+        if !self.dirty && !self.has_pending() && !self.entropy.rewriting() {
             for done in self.waiters.drain(..) {
                 let _ = done.send(());
             }
@@ -588,6 +612,8 @@ impl Writer {
             Delta::Engine { .. } | Delta::SourceGone { .. } => {
                 self.push_commands(pipe, std::iter::once(delta));
             }
+            // Resolved through Redis by the adoption step, never written as such.
+            Delta::UnknownRemove { .. } => {}
         }
     }
 
@@ -697,21 +723,32 @@ impl Writer {
         result
     }
 
-    async fn flush_now(&mut self) {
-        if self.pending.is_empty() && self.marks.unwritten.is_empty() {
+    pub(super) async fn flush_now(&mut self) {
+        if self.pending.is_empty() && !self.watermarks_due() {
             return;
         }
         let batch: Vec<(Key, Delta)> = self.pending.drain().collect();
         self.pending_entries = 0;
         let mut pipe = redis::pipe();
         let mut commands = self.push_commands(&mut pipe, batch.iter().map(|(_, d)| d));
-        let marks: Vec<(PodId, u8)> = self.marks.unwritten.drain().collect();
+        let marks: Vec<(PodId, u8)> = if self.watermarks_due() {
+            self.marks.unwritten.drain().collect()
+        } else {
+            Vec::new()
+        };
         commands += self.push_watermarks(&mut pipe, &marks);
         if let Err(err) = self.send(&pipe, commands).await {
             self.touched.extend(batch.into_iter().map(|(k, _)| k));
             self.marks.unwritten.extend(marks);
             self.go_dirty(&err);
         }
+    }
+
+    /// Whether watermarks wait to be written. Not while a reconcile rewrites Redis (after an
+    /// outage, a restart or a FLUSHALL): the data they cover may not be back yet, and the
+    /// rewrite writes every watermark when it ends.
+    pub(super) fn watermarks_due(&self) -> bool {
+        !self.marks.unwritten.is_empty() && !self.entropy.rewriting()
     }
 
     /// Stops writing until a reconcile succeeds; pending keys join the record. The driver's
@@ -741,16 +778,23 @@ impl Writer {
         self.pending_entries = 0;
         self.touched.extend(keys);
         self.retry_at = Instant::now() + self.backoff;
+        self.on_dirty();
     }
 
-    /// Marks the mirror clean after a reconcile.
+    /// Resumes writing once Redis answers; the reconcile pass itself then runs in the
+    /// background and counts itself when done.
     pub(super) fn go_clean(&mut self) {
         self.dirty = false;
         self.backoff = MIN_BACKOFF;
         self.shared.dirty.store(false, Ordering::Relaxed);
         self.shared.healthy.store(true, Ordering::Relaxed);
-        self.shared.reconciles.fetch_add(1, Ordering::Relaxed);
         self.answer_waiters();
+    }
+
+    /// When the background passes want a tick (never while dirty: the reconcile's retries
+    /// probe Redis then).
+    fn entropy_wake(&self) -> Option<Instant> {
+        (!self.dirty).then(|| self.entropy.wake())
     }
 }
 

@@ -6,6 +6,9 @@
 //! | `mirror.rs` | the writer task: coalescing, one pipeline per flush, outage handling |
 //! | `reconcile.rs` | bringing Redis back in line with the index after an outage |
 //! | `checkpoint.rs` | kvindex's own `kvindex:` keys: watermarks and engine-block state for warm starts |
+//! | `anti_entropy.rs` | background passes: reconcile rewrite, anti-entropy, refresh, watchdog |
+//! | `watchdog.rs` | noticing a Redis restart or FLUSHALL while idle (`run_id`, sentinel key) |
+//! | `adopt.rs` | removes of unknown engine hashes resolved through Redis's mapping keys |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
 //! | `tests.rs` | unit tests of coalescing |
 //!
@@ -15,19 +18,25 @@
 //! The index is the truth. Deltas flow one way into a bounded queue; the writer coalesces
 //! them per flush (last write of a field or mapping key wins, so writes to one key stay in
 //! order) and sends one pipeline. When Redis fails, the writer keeps draining the queue (ingest
-//! never stops), records which keys it could not write, and on reconnect rewrites everything
-//! the index holds and deletes the recorded keys the index no longer holds. It never SCANs.
+//! never stops), records which keys it could not write (at most a cap; past it, a full pass),
+//! and on reconnect rewrites everything the index holds and deletes the recorded keys the
+//! index no longer holds, in chunks between flushes. A rate-bounded anti-entropy pass
+//! compares Redis with the index (SCANning kthena's key prefixes) and refreshes fields
+//! before kthena's GC would drop them; a watchdog notices a Redis restart or FLUSHALL.
 //!
 //! Value format: `tiered` writes `"{ts}|{MEDIUM}"`; kthena routers that predate tier support
 //! parse the value as an integer and keep an unparsable one fresh forever (never garbage
 //! collected), so operators of such routers must choose `timestamp` (bare `"{ts}"`).
 
+mod adopt;
+mod anti_entropy;
 pub mod checkpoint;
 mod dump;
 mod mirror;
 mod reconcile;
 #[cfg(test)]
 mod tests;
+mod watchdog;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -66,6 +75,13 @@ pub struct RedisConfig {
     /// restarted daemon go on where the previous one stopped. On for `serve`, off for
     /// offline tools, whose writes are kthena's layout alone.
     pub checkpoint: bool,
+    /// A periodic anti-entropy pass starts at most this often.
+    pub anti_entropy_interval: Duration,
+    /// Commands per second a periodic anti-entropy pass may send (reads and repairs).
+    pub anti_entropy_max_commands_per_s: u32,
+    /// A resident field is rewritten with the current time before it is this old (seconds),
+    /// and its mapping keys' TTL renewed, so kthena's 24 h GC never drops it.
+    pub refresh_after_s: u32,
 }
 
 impl Default for RedisConfig {
@@ -78,6 +94,9 @@ impl Default for RedisConfig {
             flush_interval: Duration::from_millis(5),
             queue_capacity: 1024,
             checkpoint: false,
+            anti_entropy_interval: Duration::from_secs(60),
+            anti_entropy_max_commands_per_s: 1000,
+            refresh_after_s: 43_200,
         }
     }
 }
@@ -144,6 +163,20 @@ pub struct MirrorStats {
     pub reconciling: bool,
     /// Reconciles completed (the start-up one included).
     pub reconciles: u64,
+    /// Removes of unknown engine hashes resolved through Redis's mapping keys.
+    pub adopted_removes: u64,
+    /// Anti-entropy repairs that deleted a field or mapping key the index does not hold.
+    pub repairs_deleted: u64,
+    /// Anti-entropy repairs that wrote a missing or different field or mapping key.
+    pub repairs_written: u64,
+    /// Fields rewritten with the current time before kthena's GC would drop them.
+    pub refreshed: u64,
+    /// Redis restarts or flushes noticed by the watchdog.
+    pub redis_resets: u64,
+    /// Anti-entropy passes completed.
+    pub anti_entropy_passes: u64,
+    /// Commands sent by the background passes (reconcile, anti-entropy, refresh).
+    pub background_commands: u64,
 }
 
 /// A cloneable handle for ingest tasks to send deltas through.
@@ -213,6 +246,7 @@ impl MirrorHandle {
         weights: TierWeights,
     ) -> Result<MirrorHandle, MirrorError> {
         let shared = Arc::new(Shared::default());
+        crate::metrics::mirror_upkeep_series();
         let mut conn = mirror::connect(&config.url).await?;
         let (restored, marks) = if config.checkpoint {
             let (summary, marks) = checkpoint::restore(&mut conn, &config.url, &index).await?;
@@ -276,6 +310,13 @@ impl MirrorHandle {
             dirty: s.dirty.load(Ordering::Relaxed),
             reconciling: s.reconciling.load(Ordering::Relaxed),
             reconciles: s.reconciles.load(Ordering::Relaxed),
+            adopted_removes: s.entropy.adopted_removes.load(Ordering::Relaxed),
+            repairs_deleted: s.entropy.repairs_deleted.load(Ordering::Relaxed),
+            repairs_written: s.entropy.repairs_written.load(Ordering::Relaxed),
+            refreshed: s.entropy.refreshed.load(Ordering::Relaxed),
+            redis_resets: s.entropy.redis_resets.load(Ordering::Relaxed),
+            anti_entropy_passes: s.entropy.passes.load(Ordering::Relaxed),
+            background_commands: s.entropy.background_commands.load(Ordering::Relaxed),
         }
     }
 
