@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
-use kvindex::index::{DumpEntry, Index};
+use kvindex::index::Index;
 use kvindex::ingest::fixture;
 use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::wire::Engine;
@@ -22,8 +22,11 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 #[path = "common/churn.rs"]
 mod churn;
+#[path = "common/measure.rs"]
+mod measure;
 
 use churn::{message, Rng};
+use measure::{messages_seen, rss_mib, strip};
 
 struct Args {
     duration: Duration,
@@ -48,37 +51,6 @@ fn args() -> Args {
         }
     }
     a
-}
-
-fn rss_mib() -> f64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: f64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0.0);
-    pages * 4096.0 / f64::from(1 << 20)
-}
-
-fn strip(dump: Vec<DumpEntry>) -> Vec<DumpEntry> {
-    let mut d: Vec<DumpEntry> = dump
-        .into_iter()
-        .map(|mut e| {
-            e.stored_at = 0;
-            e
-        })
-        .collect();
-    d.sort();
-    d
-}
-
-fn messages_seen(d: &Daemon) -> u64 {
-    d.supervisor
-        .status()
-        .iter()
-        .flat_map(|t| &t.ranks)
-        .map(|r| r.stats.messages)
-        .sum()
 }
 
 #[tokio::main]

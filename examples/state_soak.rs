@@ -13,6 +13,8 @@
 
 #[path = "common/churn.rs"]
 mod churn;
+#[path = "common/measure.rs"]
+mod measure;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -29,6 +31,7 @@ use kvindex::medium::TierWeights;
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, RedisDump};
 use kvindex::wire::Engine;
+use measure::{messages_seen, rss_mib, strip};
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 const POD: &str = "soak.default";
@@ -58,16 +61,6 @@ fn args() -> Args {
     a
 }
 
-fn rss_mib() -> f64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: f64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0.0);
-    pages * 4096.0 / f64::from(1 << 20)
-}
-
 fn start_redis(port: u16) -> Child {
     let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -95,27 +88,6 @@ async fn start_daemon(text: &str) -> Daemon {
     // The PUB drops what it sends before the subscription arrives (the slow joiner).
     tokio::time::sleep(Duration::from_millis(500)).await;
     daemon
-}
-
-fn messages_seen(d: &Daemon) -> u64 {
-    d.supervisor
-        .status()
-        .iter()
-        .flat_map(|t| &t.ranks)
-        .map(|r| r.stats.messages)
-        .sum()
-}
-
-fn strip(dump: Vec<DumpEntry>) -> Vec<DumpEntry> {
-    let mut d: Vec<DumpEntry> = dump
-        .into_iter()
-        .map(|mut e| {
-            e.stored_at = 0;
-            e
-        })
-        .collect();
-    d.sort();
-    d
 }
 
 /// What Redis must hold for the index, in kthena's layout, timestamps and TTLs aside.

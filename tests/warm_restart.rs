@@ -271,6 +271,22 @@ async fn publish(publisher: &mut FakePub, messages: &[RecordedMessage]) {
     }
 }
 
+/// One kvindex process: starts, waits for its subscription, publishes `messages` and waits
+/// until Redis holds their watermark (`last`); returns it still running.
+async fn run_through(
+    config: &Path,
+    publisher: &mut FakePub,
+    url: &str,
+    messages: &[RecordedMessage],
+    last: u64,
+) -> Kvindex {
+    let kvindex = Kvindex::start(config);
+    kvindex.wait_subscribed(publisher).await;
+    publish(publisher, messages).await;
+    wait_watermark(url, last).await;
+    kvindex
+}
+
 /// Runs the stream's first `half` messages through one kvindex process, stops it with
 /// `signal`, starts a new one and publishes the rest; Redis must equal the whole stream.
 async fn restart_mid_stream(signal: i32) {
@@ -281,16 +297,10 @@ async fn restart_mid_stream(signal: i32) {
     let (mut publisher, port) = FakePub::bind_any().await;
     let config = write_config(dir.path(), &url, port, None);
 
-    let first = Kvindex::start(&config);
-    first.wait_subscribed(&mut publisher).await;
-    publish(&mut publisher, &all[..30]).await;
-    wait_watermark(&url, 29).await;
+    let first = run_through(&config, &mut publisher, &url, &all[..30], 29).await;
     first.stop(signal);
 
-    let second = Kvindex::start(&config);
-    second.wait_subscribed(&mut publisher).await;
-    publish(&mut publisher, &all[30..]).await;
-    wait_watermark(&url, 59).await;
+    let second = run_through(&config, &mut publisher, &url, &all[30..], 59).await;
     let resumed = second
         .metric("kvindex_warm_starts_total", "outcome=\"resumed\"")
         .await;
@@ -319,18 +329,12 @@ async fn messages_published_while_kvindex_was_down_are_replayed_by_the_engine() 
     let (_router, replay_port) = spawn_router(all.clone(), RouterMode::New).await;
     let config = write_config(dir.path(), &url, port, Some(replay_port));
 
-    let first = Kvindex::start(&config);
-    first.wait_subscribed(&mut publisher).await;
-    publish(&mut publisher, &all[..25]).await;
-    wait_watermark(&url, 24).await;
+    let first = run_through(&config, &mut publisher, &url, &all[..25], 24).await;
     first.stop(libc::SIGKILL);
     // Nobody subscribes: the PUB drops these, only the engine's replay buffer keeps them.
     publish(&mut publisher, &all[25..40]).await;
 
-    let second = Kvindex::start(&config);
-    second.wait_subscribed(&mut publisher).await;
-    publish(&mut publisher, &all[40..]).await;
-    wait_watermark(&url, 59).await;
+    let second = run_through(&config, &mut publisher, &url, &all[40..], 59).await;
     let replayed = second
         .metric("kvindex_warm_starts_total", "outcome=\"replayed\"")
         .await;
@@ -349,17 +353,11 @@ async fn a_gap_replay_cannot_fill_drops_the_inherited_blocks_and_leaves_nothing_
     let (_router, replay_port) = spawn_router(all[38..].to_vec(), RouterMode::New).await;
     let config = write_config(dir.path(), &url, port, Some(replay_port));
 
-    let first = Kvindex::start(&config);
-    first.wait_subscribed(&mut publisher).await;
-    publish(&mut publisher, &all[..25]).await;
-    wait_watermark(&url, 24).await;
+    let first = run_through(&config, &mut publisher, &url, &all[..25], 24).await;
     first.stop(libc::SIGKILL);
     publish(&mut publisher, &all[25..40]).await;
 
-    let second = Kvindex::start(&config);
-    second.wait_subscribed(&mut publisher).await;
-    publish(&mut publisher, &all[40..]).await;
-    wait_watermark(&url, 59).await;
+    let second = run_through(&config, &mut publisher, &url, &all[40..], 59).await;
     let reset = second
         .metric("kvindex_warm_starts_total", "outcome=\"reset\"")
         .await;
@@ -384,16 +382,10 @@ async fn an_engine_restarted_while_kvindex_was_down_leaves_none_of_its_old_block
     let (mut publisher, port) = FakePub::bind_any().await;
     let config = write_config(dir.path(), &url, port, None);
 
-    let first = Kvindex::start(&config);
-    first.wait_subscribed(&mut publisher).await;
-    publish(&mut publisher, &old_run).await;
-    wait_watermark(&url, 29).await;
+    let first = run_through(&config, &mut publisher, &url, &old_run, 29).await;
     first.stop(libc::SIGKILL);
 
-    let second = Kvindex::start(&config);
-    second.wait_subscribed(&mut publisher).await;
-    publish(&mut publisher, &new_run).await;
-    wait_watermark(&url, 19).await;
+    let second = run_through(&config, &mut publisher, &url, &new_run, 19).await;
     let restarted = second
         .metric("kvindex_warm_starts_total", "outcome=\"restarted\"")
         .await;

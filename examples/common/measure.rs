@@ -1,0 +1,39 @@
+//! What both soak examples measure and compare: process RSS, dumps without store times,
+//! messages a daemon has seen.
+
+use kvindex::commands::serve::Daemon;
+use kvindex::index::DumpEntry;
+
+/// The process's resident set, MiB.
+pub fn rss_mib() -> f64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: f64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0.0);
+    pages * 4096.0 / f64::from(1 << 20)
+}
+
+/// A dump without store times, sorted, for comparing runs made at different seconds.
+pub fn strip(dump: Vec<DumpEntry>) -> Vec<DumpEntry> {
+    let mut d: Vec<DumpEntry> = dump
+        .into_iter()
+        .map(|mut e| {
+            e.stored_at = 0;
+            e
+        })
+        .collect();
+    d.sort();
+    d
+}
+
+/// Messages the daemon's subscribers have received.
+pub fn messages_seen(d: &Daemon) -> u64 {
+    d.supervisor
+        .status()
+        .iter()
+        .flat_map(|t| &t.ranks)
+        .map(|r| r.stats.messages)
+        .sum()
+}
