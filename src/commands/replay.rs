@@ -215,6 +215,8 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
         url,
         value_format: args.value_format.into(),
         mapping_keys: !args.no_mapping_keys,
+        // A replay's index is not the live pods' truth: it must never delete their fields.
+        verify: false,
         ..RedisConfig::default()
     };
     let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default()).await?;

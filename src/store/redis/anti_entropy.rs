@@ -286,8 +286,10 @@ impl Writer {
         }
         self.entropy.pass = Some(Pass::new(Mode::Rewrite, stale));
         // A verify follows every reconcile; a fast one when the outage record was dropped.
-        let wanted = self.entropy.verify_after.unwrap_or(false) || fast;
-        self.entropy.verify_after = Some(wanted);
+        if self.config.verify {
+            let wanted = self.entropy.verify_after.unwrap_or(false) || fast;
+            self.entropy.verify_after = Some(wanted);
+        }
         self.entropy.next_step = Instant::now();
         self.shared.reconciling.store(true, Ordering::Relaxed);
     }
@@ -346,9 +348,10 @@ impl Writer {
             }
         }
         if self.entropy.pass.is_none() {
-            if let Some(fast) = self.entropy.verify_after.take() {
+            let verify_after = self.entropy.verify_after.take();
+            if let Some(fast) = verify_after.filter(|_| self.config.verify) {
                 self.start_verify(fast);
-            } else if now >= self.entropy.next_verify_at {
+            } else if self.config.verify && now >= self.entropy.next_verify_at {
                 self.start_verify(false);
             }
         }

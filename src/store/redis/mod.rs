@@ -75,6 +75,11 @@ pub struct RedisConfig {
     /// restarted daemon go on where the previous one stopped. On for `serve`, off for
     /// offline tools, whose writes are kthena's layout alone.
     pub checkpoint: bool,
+    /// Run anti-entropy verify passes: compare Redis with the index for the pods of the
+    /// registered sources and delete what the index does not hold. On for `serve`; off for
+    /// offline tools (`replay --redis`), whose short-lived index is not those pods' truth and
+    /// must never delete a live pod's fields.
+    pub verify: bool,
     /// A periodic anti-entropy pass starts at most this often.
     pub anti_entropy_interval: Duration,
     /// Commands per second a periodic anti-entropy pass may send (reads and repairs).
@@ -94,6 +99,7 @@ impl Default for RedisConfig {
             flush_interval: Duration::from_millis(5),
             queue_capacity: 1024,
             checkpoint: false,
+            verify: true,
             anti_entropy_interval: Duration::from_secs(60),
             anti_entropy_max_commands_per_s: 1000,
             refresh_after_s: 43_200,
