@@ -334,6 +334,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 // The engine reused a hash for other content: the old block is gone.
                 self.state.remove(m, hash);
                 self.drop_engine_media(m, old_std, old_media, true);
+                if m != model {
+                    // The checkpoint keys entries by model: the old model's entry goes.
+                    self.out.engine_state(m, hash, None);
+                }
                 self.insert_slot(model, hash, std, media);
                 (model, std, media, true)
             }

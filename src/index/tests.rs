@@ -424,3 +424,42 @@ fn a_hash_stored_under_another_lora_moves_to_it() {
     assert!(index.dump().is_empty());
     assert_eq!(index.live_models(), 1);
 }
+
+/// Found by fuzzing (`decode_apply`): a hash that moved to another LoRA left its checkpoint
+/// entry under the old model behind.
+#[test]
+fn checkpoint_deltas_follow_a_hash_across_loras() {
+    let index = Index::new();
+    let src = index.register_source(&spec("p.ns", 0)).unwrap();
+    let mut deltas: Vec<Delta> = Vec::new();
+    for event in [
+        lora_stored(&[5], 0, "a"),
+        lora_stored(&[5], 0, "b"),
+        lora_stored(&[6], 0, "a"),
+    ] {
+        index
+            .apply(src, &batch(vec![event]), 10, &mut deltas)
+            .unwrap();
+    }
+    let mut entries = std::collections::BTreeMap::new();
+    for delta in deltas {
+        if let Delta::Engine {
+            model,
+            engine_hash,
+            state,
+            ..
+        } = delta
+        {
+            match state {
+                Some(s) => entries.insert((model, engine_hash.to_string()), s.std_hash),
+                None => entries.remove(&(model, engine_hash.to_string())),
+            };
+        }
+    }
+    let mut held = std::collections::BTreeMap::new();
+    index.for_each_engine_state(|_, _, model, hash, s| {
+        held.insert((model, hash.to_string()), s.std_hash);
+    });
+    assert_eq!(entries, held);
+    assert_eq!(held.len(), 2);
+}
