@@ -209,14 +209,8 @@ impl Index {
     /// of the pod holds it: a pod-level mapping key may only go when this is `None`.
     pub fn pod_engine_std(&self, pod: PodId, engine_hash: &crate::wire::BlockHash) -> Option<u64> {
         let ids = self.inner.pod_sources.read().get(&pod.0).cloned()?;
-        ids.into_iter().find_map(|id| {
-            let state = self.source(id).ok()?;
-            let mut state = state.lock();
-            let base = state.base_model;
-            state
-                .find_mut(engine_hash, base)
-                .map(|(_, slot)| slot.std())
-        })
+        ids.into_iter()
+            .find_map(|id| self.source(id).ok()?.lock().std_of(engine_hash))
     }
 
     /// The registered source of `(pod, rank)`, if any.

@@ -341,26 +341,7 @@ impl SourceState {
 
     /// Every (engine hash, slot), rebuilding the hash exactly as it was sent.
     pub(crate) fn entries(&self) -> impl Iterator<Item = (BlockHash, HeldSlot)> + '_ {
-        let base = self.base_model;
-        let held = move |slot: &EngineSlot| HeldSlot {
-            slot: *slot,
-            model: base,
-        };
-        let int_hash = |k: &IntKey, s: &HeldSlot| {
-            let bits = int_bits(k);
-            if s.slot.negative() {
-                BlockHash::Neg(bits as i64)
-            } else {
-                BlockHash::Int(bits)
-            }
-        };
-        let ints = self.ints.iter().map(move |(k, s)| (k, held(s)));
-        let ints = ints.chain(self.lora_ints.iter().map(|(k, s)| (k, *s)));
-        let ints = ints.map(move |(k, s)| (int_hash(k, &s), s));
-        let bytes = self.bytes.iter().map(move |(k, s)| (k, held(s)));
-        let bytes = bytes.chain(self.lora_bytes.iter().map(|(k, s)| (k, *s)));
-        let bytes = bytes.map(|(k, s)| (BlockHash::Bytes(k.clone()), s));
-        ints.chain(bytes)
+        self.entries_where(|_| true, |_| true)
     }
 
     /// The entries of one partition of the source (see `walk.rs`): keys are filtered before
@@ -370,30 +351,40 @@ impl SourceState {
         partition: u32,
         partitions: u32,
     ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + '_ {
+        self.entries_where(
+            move |bits| partition_of_bits(bits, partitions) == partition,
+            move |bytes| partition_of_bytes(bytes, partitions) == partition,
+        )
+    }
+
+    /// The entries whose key passes `keep_int` (int hashes, by their 64 bits) or
+    /// `keep_bytes` (byte-string hashes); only those hashes are rebuilt.
+    fn entries_where<'a>(
+        &'a self,
+        keep_int: impl Fn(u64) -> bool + 'a,
+        keep_bytes: impl Fn(&[u8]) -> bool + 'a,
+    ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + 'a {
         let base = self.base_model;
         let held = move |slot: &EngineSlot| HeldSlot {
             slot: *slot,
             model: base,
         };
-        let in_ints = move |k: &&IntKey| partition_of_bits(int_bits(k), partitions) == partition;
-        let in_bytes = move |k: &[u8]| partition_of_bytes(k, partitions) == partition;
-        let int_hash = |k: &IntKey, s: &HeldSlot| {
-            let bits = int_bits(k);
+        let int_hash = |bits: u64, s: &HeldSlot| {
             if s.slot.negative() {
                 BlockHash::Neg(bits as i64)
             } else {
                 BlockHash::Int(bits)
             }
         };
-        let ints = self.ints.iter().map(move |(k, s)| (k, held(s)));
-        let ints = ints.chain(self.lora_ints.iter().map(|(k, s)| (k, *s)));
+        let ints = self.ints.iter().map(move |(k, s)| (int_bits(k), held(s)));
+        let ints = ints.chain(self.lora_ints.iter().map(|(k, s)| (int_bits(k), *s)));
         let ints = ints
-            .filter(move |(k, _)| in_ints(k))
-            .map(move |(k, s)| (int_hash(k, &s), s));
+            .filter(move |(bits, _)| keep_int(*bits))
+            .map(move |(bits, s)| (int_hash(bits, &s), s));
         let bytes = self.bytes.iter().map(move |(k, s)| (k, held(s)));
         let bytes = bytes.chain(self.lora_bytes.iter().map(|(k, s)| (k, *s)));
         let bytes = bytes
-            .filter(move |(k, _)| in_bytes(k.as_ref()))
+            .filter(move |(k, _)| keep_bytes(k))
             .map(|(k, s)| (BlockHash::Bytes(k.clone()), s));
         ints.chain(bytes)
     }

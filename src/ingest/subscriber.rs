@@ -162,10 +162,10 @@ async fn run_inner(spec: SubscriberSpec, ctx: SubscriberCtx) {
     let mut pipeline = SourcePipeline::new(source, spec.replay_endpoint.is_some())
         .with_max_frame_bytes(spec.max_frame_bytes);
     let mut observer = Observer::new(spec.engine);
-    if restarted_while_away(&spec, &ctx, source, &mut observer).await {
-        ctx.index.take_resume_seq(source);
-    }
-    if let Some(seq) = ctx.index.take_resume_seq(source) {
+    let watermark = ctx.index.take_resume_seq(source);
+    // A checkpoint from another run of the engine is dropped, and with it its watermark.
+    let restarted = restarted_while_away(&spec, &ctx, source, &mut observer).await;
+    if let Some(seq) = watermark.filter(|_| !restarted) {
         info!(seq, "Resuming from the checkpoint's watermark.");
         pipeline.resume(seq);
     }

@@ -125,15 +125,13 @@ impl Supervisor {
     async fn forget_orphans(&self, orphans: Vec<(String, u8)>) {
         let mut deltas: Vec<Delta> = Vec::new();
         for (pod, rank) in &orphans {
-            for source in self.index.sources_of_pod(pod) {
-                let rank_matches = self
-                    .index
-                    .source_spec(source)
-                    .is_some_and(|s| s.dp_rank == *rank);
-                if rank_matches {
-                    // Gone already is as good as removed.
-                    let _ = self.index.remove_source(source, &mut deltas);
-                }
+            let source = self
+                .index
+                .pod_id(pod)
+                .and_then(|p| self.index.source_of(p, *rank));
+            if let Some(source) = source {
+                // Gone already is as good as removed.
+                let _ = self.index.remove_source(source, &mut deltas);
             }
             info!(pod = %pod, rank, "Forgot a source restored from the checkpoint that no target claims.");
         }

@@ -509,22 +509,7 @@ impl Writer {
             }
             let wanted = match &delta {
                 Delta::Mapping { .. } => self.config.mapping_keys,
-                Delta::Engine {
-                    pod,
-                    rank,
-                    model,
-                    state,
-                    ..
-                } => {
-                    if state.is_some() && self.config.checkpoint {
-                        self.marks
-                            .models
-                            .entry((*pod, *rank))
-                            .or_default()
-                            .insert(*model);
-                    }
-                    self.config.checkpoint
-                }
+                Delta::Engine { .. } => self.config.checkpoint,
                 Delta::SourceGone { pod, rank } => {
                     self.marks.unwritten.remove(&(*pod, *rank));
                     self.marks.latest.remove(&(*pod, *rank));
@@ -651,6 +636,11 @@ impl Writer {
             }
         }
         for ((pod, rank, model), ops) in states {
+            if !ops.set.is_empty() {
+                // Once per state key and flush: the watermark lists every state key.
+                let models = self.marks.models.entry((pod, rank)).or_default();
+                models.insert(model);
+            }
             let key = state_key(
                 &self.names.pod(&self.index, pod),
                 rank,
