@@ -11,29 +11,12 @@ use std::time::Duration;
 use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
 use rmpv::Value as V;
+use util::vllm_frames::{self, message};
 use util::*;
-
-/// One vLLM 0.14 batch of `events`, seq `seq`.
-fn message(seq: u64, events: Vec<V>) -> Vec<Vec<u8>> {
-    let batch = V::Array(vec![V::F64(1.0), V::Array(events)]);
-    let mut payload = Vec::new();
-    rmpv::encode::write_value(&mut payload, &batch).unwrap();
-    vec![b"kv".to_vec(), seq.to_be_bytes().to_vec(), payload]
-}
 
 /// A store of one 16-token block with engine hash `hash` on `medium`.
 fn store(hash: u64, medium: &str) -> V {
-    let tokens: Vec<V> = (0..16).map(|t| V::from(hash * 100 + t)).collect();
-    V::Array(vec![
-        V::from("BlockStored"),
-        V::Array(vec![V::from(hash)]),
-        V::Nil,
-        V::Array(tokens),
-        V::from(16),
-        V::Nil,
-        V::from(medium),
-        V::Nil,
-    ])
+    vllm_frames::store_one(hash, medium, None)
 }
 
 /// A remove of `hashes` from every medium.

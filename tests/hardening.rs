@@ -42,28 +42,13 @@ async fn closed_within(stream: &mut TcpStream, timeout: Duration) -> bool {
     }
 }
 
-/// A vLLM 0.14 batch of `BlockStored` events, one per hash: a 16-token block stored under
-/// LoRA `lora-{hash}`.
+/// A batch of `BlockStored` events, one per hash: a 16-token block stored under LoRA
+/// `lora-{hash}`.
 fn lora_stores(seq: u64, hashes: std::ops::Range<u64>) -> Vec<Vec<u8>> {
-    use rmpv::Value as V;
-    let event = |hash: u64| {
-        let tokens: Vec<V> = (0..16).map(|t| V::from(hash * 100 + t)).collect();
-        V::Array(vec![
-            V::from("BlockStored"),
-            V::Array(vec![V::from(hash)]),
-            V::Nil,
-            V::Array(tokens),
-            V::from(16),
-            V::Nil,
-            V::from("GPU"),
-            V::from(format!("lora-{hash}")),
-        ])
-    };
-    let events = hashes.map(event).collect();
-    let batch = V::Array(vec![V::F64(1.0), V::Array(events)]);
-    let mut payload = Vec::new();
-    rmpv::encode::write_value(&mut payload, &batch).unwrap();
-    vec![b"kv".to_vec(), seq.to_be_bytes().to_vec(), payload]
+    let events = hashes
+        .map(|h| vllm_frames::store_one(h, "GPU", Some(format!("lora-{h}"))))
+        .collect();
+    vllm_frames::message(seq, events)
 }
 
 /// A config file in a temporary directory (kept alive by the returned guard).

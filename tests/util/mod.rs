@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod own_redis;
+pub mod vllm_frames;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
