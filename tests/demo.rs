@@ -1,9 +1,10 @@
 //! `kvindex demo` as a new user runs it: the binary on free ports, its printed `curl` lines
 //! pasted into a shell, their answers compared with the printed expectations, then Ctrl-C.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+mod util;
+
+use std::io::{Read, Write};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Runs one printed `curl` line: through a shell when curl is installed (exactly as pasted),
@@ -35,31 +36,7 @@ fn run_curl(line: &str) -> String {
 
 #[test]
 fn the_printed_queries_get_the_printed_answers_and_ctrl_c_exits_cleanly() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
-        .args([
-            "demo",
-            "--api-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--engine-port",
-            "0",
-            "--duration",
-            "120",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let (mut child, rx) = util::spawn_demo();
     let mut printed = Vec::new();
     let end = Instant::now() + Duration::from_secs(60);
     while Instant::now() < end {

@@ -2,9 +2,9 @@
 //! the screen is read with `capture-pane`. Skipped, with a message, where tmux is missing
 //! (`.ci/run` installs it).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+mod util;
+
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 /// A private tmux server (its own socket), killed when dropped.
@@ -50,29 +50,7 @@ impl Drop for Tmux {
 
 /// The demo on free ports; returns it and its (metrics, API) URLs once its queries print.
 fn start_demo() -> (Child, String, String) {
-    let mut demo = Command::new(env!("CARGO_BIN_EXE_kvindex"))
-        .args([
-            "demo",
-            "--api-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--engine-port",
-            "0",
-            "--duration",
-            "120",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stdout = demo.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let (mut demo, rx) = util::spawn_demo();
     let (mut metrics, mut api) = (String::new(), String::new());
     let end = Instant::now() + Duration::from_secs(60);
     while Instant::now() < end {

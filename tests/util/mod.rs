@@ -381,3 +381,36 @@ pub async fn http_request(
         .unwrap_or(0);
     (code, out)
 }
+
+/// `kvindex demo` on free ports (API, metrics, engines) for at most two minutes, with its
+/// stdout lines arriving on the returned channel.
+pub fn spawn_demo() -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut demo = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        .args([
+            "demo",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--engine-port", "0", "--duration", "120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = demo.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (demo, rx)
+}
