@@ -17,20 +17,33 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// Watches `path` and SIGHUP until cancelled; an invalid new config is logged, counted
 /// (`kvindex_reloads_refused_total`) and ignored (the running targets stay).
-pub async fn reload_loop(path: PathBuf, supervisor: Arc<Supervisor>, cancel: CancellationToken) {
+///
+/// The file watch and the SIGHUP handler are in place when this returns, before the caller
+/// announces that it started: a change made right after "started" is never missed (the
+/// returned future only waits and reloads).
+pub fn reload_loop(
+    path: PathBuf,
+    supervisor: Arc<Supervisor>,
+    cancel: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
-    let _watcher = watch_file(&path, tx.clone());
+    let watcher = watch_file(&path, tx.clone());
     #[cfg(unix)]
-    tokio::spawn(forward_sighup(tx.clone(), cancel.clone()));
+    let hup = forward_sighup(tx.clone(), cancel.clone());
     drop(tx);
-    loop {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return,
-            got = rx.recv() => if got.is_none() { return },
+    async move {
+        let _watcher = watcher;
+        #[cfg(unix)]
+        tokio::spawn(hup);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                got = rx.recv() => if got.is_none() { return },
+            }
+            debounce(&mut rx).await;
+            reload(&path, &supervisor).await;
         }
-        debounce(&mut rx).await;
-        reload(&path, &supervisor).await;
     }
 }
 
@@ -67,21 +80,29 @@ fn watch_file(path: &Path, tx: Sender<()>) -> Option<notify::RecommendedWatcher>
     Some(watcher)
 }
 
-/// Turns every SIGHUP into a reload request until cancelled.
+/// Turns every SIGHUP into a reload request until cancelled. The handler is registered
+/// here, synchronously (a SIGHUP right after start-up reloads rather than killing the
+/// process); the returned future forwards the signals.
 #[cfg(unix)]
-async fn forward_sighup(tx: Sender<()>, cancel: CancellationToken) {
+fn forward_sighup(
+    tx: Sender<()>,
+    cancel: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        return;
-    };
-    loop {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return,
-            got = hup.recv() => {
-                if got.is_none() { return; }
-                info!("SIGHUP: reloading the config.");
-                let _ = tx.try_send(());
+    let hup = signal(SignalKind::hangup())
+        .inspect_err(|err| warn!(error = %err, "Cannot handle SIGHUP; only file changes reload."))
+        .ok();
+    async move {
+        let Some(mut hup) = hup else { return };
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                got = hup.recv() => {
+                    if got.is_none() { return; }
+                    info!("SIGHUP: reloading the config.");
+                    let _ = tx.try_send(());
+                }
             }
         }
     }

@@ -1,7 +1,7 @@
 //! The daemon with a `redis:` section: what it ingests reaches Redis in kthena's layout.
 //! Needs a Redis on 127.0.0.1:6379 (CI starts one).
 
-mod util;
+use crate::util;
 
 use std::time::Duration;
 

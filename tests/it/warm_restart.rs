@@ -4,7 +4,7 @@
 //! vLLM stream byte for byte, and compares Redis with an offline replay of what the engine
 //! really holds, timestamps aside.
 
-mod util;
+use crate::util;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

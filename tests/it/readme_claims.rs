@@ -2,7 +2,7 @@
 //! (issue 15's audit): the CLI surface, exit codes, environment overrides, `replay --dump`,
 //! `decode` error lines, and `/readyz` with Redis gone.
 
-mod util;
+use crate::util;
 
 use std::collections::HashMap;
 use std::process::{Command, Output};

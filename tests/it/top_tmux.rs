@@ -2,7 +2,7 @@
 //! the screen is read with `capture-pane`. Skipped, with a message, where tmux is missing
 //! (`.ci/run` installs it).
 
-mod util;
+use crate::util;
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};

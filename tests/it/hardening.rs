@@ -2,7 +2,7 @@
 //! names, HTTP connection limits and timeouts, frame size caps and true gauges — each on
 //! the built binary or the daemon, over real sockets on 127.0.0.1.
 
-mod util;
+use crate::util;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

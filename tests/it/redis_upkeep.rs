@@ -4,7 +4,7 @@
 //! directions for owned pods only, and the refresh before kthena's GC. Every test runs its
 //! own `redis-server` on a free port.
 
-mod util;
+use crate::util;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The daemon over real ZMQ sockets on 127.0.0.1: fixture streams in, index out, and every
 //! seq fault of DESIGN.md §4 (restart, gaps with and without replay, bad replays, bad frames).
 
-mod util;
+use crate::util;
 
 use std::time::Duration;
 
@@ -102,8 +102,10 @@ async fn publisher_restart_drops_old_blocks_and_indexes_new() {
     daemon.shutdown(Duration::from_secs(5)).await;
 }
 
-/// Publishes rank 0 of E03 skipping seqs 2 and 3; returns the daemon after it saw the rest.
-async fn gap_run(mode: Option<RouterMode>) -> kvindex::commands::serve::Daemon {
+/// Publishes rank 0 of E03 skipping seqs 2 and 3; returns the daemon after it saw the rest,
+/// and the publisher, still bound: dropping it would disconnect the subscriber, and a test
+/// that checks the link is still up after a failed replay would then race the disconnect.
+async fn gap_run(mode: Option<RouterMode>) -> (kvindex::commands::serve::Daemon, FakePub) {
     let (mut publisher, port) = FakePub::bind_any().await;
     let stream = messages(E03, Some(0));
     let router = match mode {
@@ -131,13 +133,13 @@ async fn gap_run(mode: Option<RouterMode>) -> kvindex::commands::serve::Daemon {
         })
         .await
     );
-    daemon
+    (daemon, publisher)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gap_is_filled_by_replay_of_either_shape() {
     for mode in [RouterMode::Old, RouterMode::New] {
-        let daemon = gap_run(Some(mode)).await;
+        let (daemon, _publisher) = gap_run(Some(mode)).await;
         let st = rank(&daemon, "g.test", 0).unwrap();
         assert_eq!(st.stats.seq_gaps, 1, "{mode:?}");
         assert_eq!(
@@ -158,7 +160,7 @@ async fn gap_is_filled_by_replay_of_either_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gap_without_replay_endpoint_resets_the_source() {
-    let daemon = gap_run(None).await;
+    let (daemon, _publisher) = gap_run(None).await;
     let st = rank(&daemon, "g.test", 0).unwrap();
     assert_eq!((st.stats.seq_gaps, st.stats.source_resets), (1, 1));
     assert_eq!(st.stats.replays_requested, 0);
@@ -168,7 +170,7 @@ async fn gap_without_replay_endpoint_resets_the_source() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_replay_routers_reset_and_the_daemon_keeps_serving() {
     for mode in [RouterMode::NoEndMarker, RouterMode::Holes] {
-        let daemon = gap_run(Some(mode)).await;
+        let (daemon, _publisher) = gap_run(Some(mode)).await;
         let st = rank(&daemon, "g.test", 0).unwrap();
         assert_eq!(
             (st.stats.replays_failed, st.stats.source_resets),

@@ -1,7 +1,7 @@
 //! `kvindex demo` as a new user runs it: the binary on free ports, its printed `curl` lines
 //! pasted into a shell, their answers compared with the printed expectations, then Ctrl-C.
 
-mod util;
+use crate::util;
 
 use std::io::{Read, Write};
 use std::process::Command;
