@@ -1,0 +1,973 @@
+//! kvindex's index against NVIDIA Dynamo's KV-router indexes (`dynamo-kv-router` 1.6.1:
+//! `RadixTree` and `ConcurrentRadixTreeCompressed`, "CRTC") on one seeded workload, in one
+//! process, so the ratios hold whatever else the machine is doing.
+//!
+//! Workload (fixed seed): 64 pods; 1,024 prompts of 128 blocks × 16 tokens, organised as
+//! 32 system prompts (32 blocks) → 8 conversations each (64 blocks) → 4 turns each (32
+//! blocks). Every pod stores 128 prompts, as an engine does: only the blocks it does not hold
+//! yet, with the parent hash of the block before. Then ~30 % of each pod's blocks are removed
+//! (chain tails, deepest first, and some single mid-chain blocks) and 4 pods clear.
+//!
+//! Figures: throughput in M blocks/s from process CPU time (best of 5 runs, a fresh index
+//! each), live heap bytes per resident (block, pod) entry from a counting allocator, and
+//! per-query latency (p50/p99 of wall time over every query of 5 rounds) for a 128-block
+//! prompt against all 64 pods: full hit, half hit (a held conversation, then a new turn),
+//! miss, and the three mixed. Queries take precomputed block hashes on both sides.
+//!
+//! A cross-check follows the table: on natural prompts each index's matched length per pod
+//! against the truth computed from the workload; on "spliced" prompts (system prompt A, then
+//! a conversation of system prompt B) the chain truth (what a pod can reuse) and the
+//! content-only truth (kthena's std hash semantics).
+//!
+//! Run: `cd benches/peers/dynamo && cargo run --release` (about a minute on 2 cores).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dynamo_kv_router::indexer::{SyncIndexer, WorkerTask};
+use dynamo_kv_router::protocols::{
+    compute_block_hash_for_seq, BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent,
+    KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData, LocalBlockHash,
+    RouterEvent,
+};
+use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
+use kvindex::index::{Discard, Index, SourceId, SourceSpec};
+use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
+use kvindex::{Medium, TierWeights};
+
+// ---------------------------------------------------------------------------------------
+// Live heap bytes, for bytes per resident entry.
+// ---------------------------------------------------------------------------------------
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+struct Counting;
+
+// SAFETY: every call is forwarded to `System` unchanged; only the byte count is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc(layout);
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc_zeroed(layout);
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = System.realloc(ptr, layout, new_size);
+        if !p.is_null() {
+            LIVE.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// CPU time of the whole process (CRTC applies on a worker thread of its own).
+fn cpu_now() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux knows.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime failed");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+// ---------------------------------------------------------------------------------------
+// The workload.
+// ---------------------------------------------------------------------------------------
+
+const SEED: u64 = 0x6b76_696e_6465_7821;
+const BLOCK: usize = 16;
+const SYSTEMS: usize = 32;
+const CONVS: usize = 8;
+const TURNS: usize = 4;
+const SYS_BLOCKS: usize = 32;
+const CONV_BLOCKS: usize = 64;
+const TURN_BLOCKS: usize = 32;
+const PROMPT_BLOCKS: usize = SYS_BLOCKS + CONV_BLOCKS + TURN_BLOCKS;
+const PODS: usize = 64;
+const PROMPTS_PER_POD: usize = 128;
+const CLEARED_PODS: usize = 4;
+const QUERIES: usize = 200;
+const RUNS: usize = 5;
+const MODEL: &str = "m";
+
+/// One chain block: its tokens and every hash either side needs, computed once.
+struct Node {
+    tokens: [u32; BLOCK],
+    /// The engine's (chained) block hash, as an engine would publish it.
+    engine: u64,
+    /// Dynamo's content hash of the block (XXH3 of the tokens).
+    local: LocalBlockHash,
+    /// kthena's std hash of the block (SHA-256 of the tokens).
+    std: u64,
+}
+
+/// A store, remove or clear of one pod, in engine-hash terms (node ids).
+enum Op {
+    Store {
+        pod: usize,
+        parent: Option<usize>,
+        nodes: Vec<usize>,
+    },
+    Remove {
+        pod: usize,
+        nodes: Vec<usize>,
+    },
+    Clear {
+        pod: usize,
+    },
+}
+
+struct Workload {
+    nodes: Vec<Node>,
+    prompts: Vec<Vec<usize>>,
+    /// What each pod holds after the store phase (node ids).
+    held: Vec<HashSet<usize>>,
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+fn new_node(nodes: &mut Vec<Node>, rng: &mut fastrand::Rng, parent: Option<usize>) -> usize {
+    let mut tokens = [0u32; BLOCK];
+    for t in &mut tokens {
+        *t = rng.u32(..50_000);
+    }
+    node_with(nodes, tokens, parent)
+}
+
+fn node_with(nodes: &mut Vec<Node>, tokens: [u32; BLOCK], parent: Option<usize>) -> usize {
+    let id = nodes.len();
+    let parent_engine = parent.map_or(0, |p| nodes[p].engine);
+    let engine = splitmix(parent_engine ^ splitmix(SEED ^ id as u64));
+    let local = compute_block_hash_for_seq(&tokens, BLOCK as u32, BlockHashOptions::default())[0];
+    let std = kvindex::std_hash(&tokens);
+    nodes.push(Node {
+        tokens,
+        engine,
+        local,
+        std,
+    });
+    id
+}
+
+/// A chain of `n` fresh blocks after `parent`.
+fn chain(
+    nodes: &mut Vec<Node>,
+    rng: &mut fastrand::Rng,
+    mut parent: Option<usize>,
+    n: usize,
+) -> Vec<usize> {
+    (0..n)
+        .map(|_| {
+            let id = new_node(nodes, rng, parent);
+            parent = Some(id);
+            id
+        })
+        .collect()
+}
+
+impl Workload {
+    fn new(rng: &mut fastrand::Rng) -> Workload {
+        let mut nodes = Vec::new();
+        let mut prompts = Vec::new();
+        for _ in 0..SYSTEMS {
+            let system = chain(&mut nodes, rng, None, SYS_BLOCKS);
+            for _ in 0..CONVS {
+                let conv = chain(&mut nodes, rng, system.last().copied(), CONV_BLOCKS);
+                for _ in 0..TURNS {
+                    let turn = chain(&mut nodes, rng, conv.last().copied(), TURN_BLOCKS);
+                    prompts.push([system.as_slice(), &conv, &turn].concat());
+                }
+            }
+        }
+        Workload {
+            nodes,
+            prompts,
+            held: vec![HashSet::new(); PODS],
+        }
+    }
+
+    /// Every pod stores `PROMPTS_PER_POD` prompts, in rounds across pods, `per_event` blocks
+    /// an event.
+    fn stores(&mut self, rng: &mut fastrand::Rng, per_event: usize) -> Vec<Op> {
+        let picks: Vec<Vec<usize>> = (0..PODS)
+            .map(|_| {
+                let mut all: Vec<usize> = (0..self.prompts.len()).collect();
+                rng.shuffle(&mut all);
+                all.truncate(PROMPTS_PER_POD);
+                all
+            })
+            .collect();
+        let mut held = vec![HashSet::new(); PODS];
+        let mut ops = Vec::new();
+        for round in 0..PROMPTS_PER_POD {
+            for (pod, picked) in picks.iter().enumerate() {
+                let prompt = &self.prompts[picked[round]];
+                let first_new = prompt
+                    .iter()
+                    .position(|n| !held[pod].contains(n))
+                    .unwrap_or(prompt.len());
+                let mut parent = first_new.checked_sub(1).map(|i| prompt[i]);
+                for chunk in prompt[first_new..].chunks(per_event) {
+                    held[pod].extend(chunk.iter().copied());
+                    ops.push(Op::Store {
+                        pod,
+                        parent,
+                        nodes: chunk.to_vec(),
+                    });
+                    parent = chunk.last().copied();
+                }
+            }
+        }
+        self.held = held;
+        ops
+    }
+
+    /// About 30 % of each pod's blocks: turn tails of whole prompts (deepest first, 8 a
+    /// message) and single mid-chain turn blocks of other prompts.
+    fn removes(&self, rng: &mut fastrand::Rng) -> Vec<Op> {
+        let mut ops = Vec::new();
+        for pod in 0..PODS {
+            let mut prompts: Vec<&Vec<usize>> = self
+                .prompts
+                .iter()
+                .filter(|p| self.held[pod].contains(p.last().unwrap()))
+                .collect();
+            rng.shuffle(&mut prompts);
+            let target = self.held[pod].len() * 3 / 10;
+            let mut removed = 0;
+            let mut rest = prompts.into_iter();
+            for prompt in rest.by_ref() {
+                if removed >= target * 9 / 10 {
+                    break;
+                }
+                let tail: Vec<usize> = prompt[PROMPT_BLOCKS - 24..].iter().rev().copied().collect();
+                removed += tail.len();
+                for chunk in tail.chunks(8) {
+                    ops.push(Op::Remove {
+                        pod,
+                        nodes: chunk.to_vec(),
+                    });
+                }
+            }
+            for prompt in rest {
+                if removed >= target {
+                    break;
+                }
+                let mid = prompt[SYS_BLOCKS + CONV_BLOCKS + 4];
+                ops.push(Op::Remove {
+                    pod,
+                    nodes: vec![mid],
+                });
+                removed += 1;
+            }
+        }
+        ops
+    }
+
+    fn resident_entries(&self) -> usize {
+        self.held.iter().map(HashSet::len).sum()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The two sides' event forms, built before the clock starts.
+// ---------------------------------------------------------------------------------------
+
+/// Dynamo's events for `ops`, each with its blocks' tokens (for the rows that hash).
+fn dynamo_events(w: &Workload, ops: &[Op]) -> Vec<(RouterEvent, Vec<u32>)> {
+    ops.iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let tokens = match op {
+                Op::Store { nodes, .. } => nodes.iter().flat_map(|&n| w.nodes[n].tokens).collect(),
+                _ => Vec::new(),
+            };
+            (dynamo_event(w, op, i as u64), tokens)
+        })
+        .collect()
+}
+
+/// Recomputes a store's content hashes from its tokens, as a router that receives tokens
+/// must.
+fn rehash(event: &mut RouterEvent, tokens: &[u32]) {
+    if let KvCacheEventData::Stored(store) = &mut event.event.data {
+        let locals = compute_block_hash_for_seq(tokens, BLOCK as u32, BlockHashOptions::default());
+        for (block, local) in store.blocks.iter_mut().zip(locals) {
+            block.tokens_hash = local;
+        }
+    }
+}
+
+fn dynamo_event(w: &Workload, op: &Op, id: u64) -> RouterEvent {
+    let (pod, data) = match op {
+        Op::Store { pod, parent, nodes } => {
+            let locals: Vec<LocalBlockHash> = nodes.iter().map(|&n| w.nodes[n].local).collect();
+            let blocks = nodes
+                .iter()
+                .zip(locals)
+                .map(|(&n, local)| KvCacheStoredBlockData {
+                    block_hash: ExternalSequenceBlockHash(w.nodes[n].engine),
+                    tokens_hash: local,
+                    mm_extra_info: None,
+                })
+                .collect();
+            let data = KvCacheStoreData {
+                parent_hash: parent.map(|p| ExternalSequenceBlockHash(w.nodes[p].engine)),
+                start_position: None,
+                blocks,
+            };
+            (*pod, KvCacheEventData::Stored(data))
+        }
+        Op::Remove { pod, nodes } => {
+            let block_hashes = nodes
+                .iter()
+                .map(|&n| ExternalSequenceBlockHash(w.nodes[n].engine))
+                .collect();
+            (
+                *pod,
+                KvCacheEventData::Removed(KvCacheRemoveData { block_hashes }),
+            )
+        }
+        Op::Clear { pod } => (*pod, KvCacheEventData::Cleared),
+    };
+    RouterEvent::new(
+        pod as u64,
+        KvCacheEvent {
+            event_id: id,
+            data,
+            dp_rank: 0,
+        },
+    )
+}
+
+fn kvindex_batch(w: &Workload, op: &Op) -> (usize, EngineBatch) {
+    let engine = |n: usize| BlockHash::Int(w.nodes[n].engine);
+    match op {
+        Op::Store { pod, parent, nodes } => {
+            let tokens: Vec<u32> = nodes.iter().flat_map(|&n| w.nodes[n].tokens).collect();
+            let mut stored = BlockStored::new(
+                nodes.iter().map(|&n| engine(n)).collect(),
+                tokens,
+                BLOCK as u32,
+                Medium::GPU,
+            );
+            stored.parent_block_hash = parent.map(engine);
+            (*pod, EngineBatch::of(vec![Event::BlockStored(stored)]))
+        }
+        Op::Remove { pod, nodes } => {
+            let removed =
+                BlockRemoved::new(nodes.iter().map(|&n| engine(n)).collect(), Medium::NONE);
+            (*pod, EngineBatch::of(vec![Event::BlockRemoved(removed)]))
+        }
+        Op::Clear { pod } => (*pod, EngineBatch::of(vec![Event::AllBlocksCleared])),
+    }
+}
+
+fn pod_name(pod: usize) -> String {
+    format!("pod-{pod}.bench")
+}
+
+// ---------------------------------------------------------------------------------------
+// The three indexes behind one face.
+// ---------------------------------------------------------------------------------------
+
+trait Peer {
+    fn name(&self) -> &'static str;
+    /// Applies `ops`; returns how many events were refused and the CPU time of applying
+    /// them. Events are built before the clock starts; with `hashed`, the clock also covers
+    /// hashing each block's tokens (Dynamo's XXH3 content hash, kvindex's std hash).
+    fn apply(&mut self, ops: &[Op], w: &Workload, hashed: bool) -> (usize, Duration);
+    /// Matched blocks per pod for one prompt.
+    fn matched(&self, prompt: &[usize], w: &Workload) -> Vec<u32>;
+    /// One query, timed on its own.
+    fn query_time(&self, prompt: &[usize], w: &Workload) -> Duration;
+}
+
+struct Dynamo {
+    tree: RadixTree,
+}
+
+impl Peer for Dynamo {
+    fn name(&self) -> &'static str {
+        "Dynamo RadixTree"
+    }
+    fn apply(&mut self, ops: &[Op], w: &Workload, hashed: bool) -> (usize, Duration) {
+        let events = dynamo_events(w, ops);
+        let start = cpu_now();
+        let mut refused = 0;
+        for (mut event, tokens) in events {
+            if hashed {
+                rehash(&mut event, &tokens);
+            }
+            refused += usize::from(self.tree.apply_event(event).is_err());
+        }
+        (refused, cpu_now() - start)
+    }
+    fn matched(&self, prompt: &[usize], w: &Workload) -> Vec<u32> {
+        let seq = prompt.iter().map(|&n| w.nodes[n].local).collect();
+        let scores = self.tree.find_matches(seq, false);
+        let mut out = vec![0; PODS];
+        for (worker, score) in scores.scores {
+            out[worker.worker_id as usize] = score;
+        }
+        out
+    }
+    fn query_time(&self, prompt: &[usize], w: &Workload) -> Duration {
+        let seq: Vec<LocalBlockHash> = prompt.iter().map(|&n| w.nodes[n].local).collect();
+        let start = Instant::now();
+        let scores = self.tree.find_matches(seq, false);
+        let took = start.elapsed();
+        std::hint::black_box(scores);
+        took
+    }
+}
+
+/// CRTC applies events on a worker thread fed through a channel, as Dynamo runs it; the
+/// clock (process CPU) covers both threads.
+struct Crtc {
+    tree: Arc<ConcurrentRadixTreeCompressed>,
+    tx: Option<flume::Sender<WorkerTask>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Crtc {
+    fn new() -> Crtc {
+        let tree = Arc::new(ConcurrentRadixTreeCompressed::new());
+        let (tx, rx) = flume::unbounded();
+        let worker_tree = tree.clone();
+        let worker = std::thread::spawn(move || {
+            let _ = worker_tree.worker(rx, None);
+        });
+        Crtc {
+            tree,
+            tx: Some(tx),
+            worker: Some(worker),
+        }
+    }
+}
+
+impl Drop for Crtc {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Peer for Crtc {
+    fn name(&self) -> &'static str {
+        "Dynamo CRTC"
+    }
+    fn apply(&mut self, ops: &[Op], w: &Workload, hashed: bool) -> (usize, Duration) {
+        let tx = self.tx.as_ref().expect("worker running");
+        let events = dynamo_events(w, ops);
+        let start = cpu_now();
+        let mut refused = 0;
+        let n = events.len();
+        for (i, (mut event, tokens)) in events.into_iter().enumerate() {
+            if hashed {
+                rehash(&mut event, &tokens);
+            }
+            if i + 1 == n {
+                let (resp, done) = tokio::sync::oneshot::channel();
+                tx.send(WorkerTask::EventWithAck { event, resp })
+                    .expect("worker alive");
+                refused += usize::from(!done.blocking_recv().unwrap_or(false));
+            } else {
+                tx.send(WorkerTask::Event(event)).expect("worker alive");
+            }
+        }
+        (refused, cpu_now() - start)
+    }
+    fn matched(&self, prompt: &[usize], w: &Workload) -> Vec<u32> {
+        let seq: Vec<LocalBlockHash> = prompt.iter().map(|&n| w.nodes[n].local).collect();
+        let scores = self.tree.find_matches(&seq, false);
+        let mut out = vec![0; PODS];
+        for (worker, score) in scores.scores {
+            out[worker.worker_id as usize] = score;
+        }
+        out
+    }
+    fn query_time(&self, prompt: &[usize], w: &Workload) -> Duration {
+        let seq: Vec<LocalBlockHash> = prompt.iter().map(|&n| w.nodes[n].local).collect();
+        let start = Instant::now();
+        let scores = self.tree.find_matches(&seq, false);
+        let took = start.elapsed();
+        std::hint::black_box(scores);
+        took
+    }
+}
+
+struct Kvindex {
+    index: Index,
+    sources: Vec<SourceId>,
+    pods: Vec<String>,
+    weights: TierWeights,
+}
+
+impl Kvindex {
+    fn new() -> Kvindex {
+        let index = Index::new();
+        let pods: Vec<String> = (0..PODS).map(pod_name).collect();
+        let sources = pods
+            .iter()
+            .map(|pod| {
+                index
+                    .register_source(&SourceSpec {
+                        pod: pod.clone(),
+                        model: MODEL.to_owned(),
+                        engine: Engine::Vllm,
+                        dp_rank: 0,
+                    })
+                    .expect("64 pods fit")
+            })
+            .collect();
+        Kvindex {
+            index,
+            sources,
+            pods,
+            weights: TierWeights::default(),
+        }
+    }
+
+    fn scores(&self, hashes: &[u64]) -> kvindex::PrefixScores {
+        kvindex::score_index(&self.index, MODEL, hashes, &self.pods, &self.weights, &[])
+    }
+}
+
+impl Peer for Kvindex {
+    fn name(&self) -> &'static str {
+        "kvindex"
+    }
+    fn apply(&mut self, ops: &[Op], w: &Workload, _hashed: bool) -> (usize, Duration) {
+        // kvindex hashes inside `apply` (the std hash of each block's tokens) either way.
+        let batches: Vec<(usize, EngineBatch)> =
+            ops.iter().map(|op| kvindex_batch(w, op)).collect();
+        let start = cpu_now();
+        let mut refused = 0;
+        for (pod, batch) in &batches {
+            refused += usize::from(
+                self.index
+                    .apply(self.sources[*pod], batch, 0, &mut Discard)
+                    .is_err(),
+            );
+        }
+        (refused, cpu_now() - start)
+    }
+    fn matched(&self, prompt: &[usize], w: &Workload) -> Vec<u32> {
+        let hashes: Vec<u64> = prompt.iter().map(|&n| w.nodes[n].std).collect();
+        let mut out = vec![0; PODS];
+        for s in self.scores(&hashes).scores {
+            let pod: usize = s.pod["pod-".len()..s.pod.len() - ".bench".len()]
+                .parse()
+                .expect("our pod names");
+            out[pod] = s.matched_blocks;
+        }
+        out
+    }
+    fn query_time(&self, prompt: &[usize], w: &Workload) -> Duration {
+        let hashes: Vec<u64> = prompt.iter().map(|&n| w.nodes[n].std).collect();
+        let start = Instant::now();
+        let scores = self.scores(&hashes);
+        let took = start.elapsed();
+        std::hint::black_box(scores);
+        took
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Measuring.
+// ---------------------------------------------------------------------------------------
+
+fn blocks_in(ops: &[Op]) -> usize {
+    ops.iter()
+        .map(|op| match op {
+            Op::Store { nodes, .. } | Op::Remove { nodes, .. } => nodes.len(),
+            Op::Clear { .. } => 0,
+        })
+        .sum()
+}
+
+/// Best-of-`RUNS` M blocks/s of applying `ops` to a fresh peer (after `before`, untimed).
+fn throughput(
+    make: &dyn Fn() -> Box<dyn Peer>,
+    w: &Workload,
+    before: &[&[Op]],
+    ops: &[Op],
+    blocks: usize,
+    hashed: bool,
+) -> (f64, usize) {
+    let mut best = Duration::MAX;
+    let mut refused = 0;
+    for _ in 0..RUNS {
+        let mut peer = make();
+        for ops in before {
+            peer.apply(ops, w, hashed);
+        }
+        let took;
+        (refused, took) = peer.apply(ops, w, hashed);
+        best = best.min(took);
+    }
+    (blocks as f64 / best.as_secs_f64() / 1e6, refused)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+struct Latency {
+    p50: f64,
+    p99: f64,
+}
+
+fn latency(peer: &dyn Peer, prompts: &[Vec<usize>], w: &Workload) -> Latency {
+    let mut times = Vec::with_capacity(prompts.len() * RUNS);
+    for _ in 0..RUNS {
+        for p in prompts {
+            times.push(peer.query_time(p, w));
+        }
+    }
+    times.sort();
+    Latency {
+        p50: percentile(&times, 0.5),
+        p99: percentile(&times, 0.99),
+    }
+}
+
+struct Column {
+    store_1: f64,
+    store_8: f64,
+    store_8_nohash: f64,
+    remove: f64,
+    clear: f64,
+    bytes_per_entry: f64,
+    queries: Vec<Latency>,
+    refused: usize,
+}
+
+struct QuerySets {
+    names: [&'static str; 4],
+    sets: [Vec<Vec<usize>>; 4],
+}
+
+fn query_sets(w: &mut Workload, rng: &mut fastrand::Rng) -> QuerySets {
+    let held_prompts: Vec<usize> = (0..w.prompts.len())
+        .filter(|&p| {
+            w.held
+                .iter()
+                .any(|h| h.contains(w.prompts[p].last().unwrap()))
+        })
+        .collect();
+    let full: Vec<Vec<usize>> = (0..QUERIES)
+        .map(|_| w.prompts[held_prompts[rng.usize(..held_prompts.len())]].clone())
+        .collect();
+    let half: Vec<Vec<usize>> = (0..QUERIES)
+        .map(|_| {
+            let base = w.prompts[held_prompts[rng.usize(..held_prompts.len())]].clone();
+            let head = &base[..PROMPT_BLOCKS / 2];
+            let tail = chain(&mut w.nodes, rng, head.last().copied(), PROMPT_BLOCKS / 2);
+            [head, &tail].concat()
+        })
+        .collect();
+    let miss: Vec<Vec<usize>> = (0..QUERIES)
+        .map(|_| chain(&mut w.nodes, rng, None, PROMPT_BLOCKS))
+        .collect();
+    let mut mixed: Vec<Vec<usize>> = full
+        .iter()
+        .chain(&half)
+        .chain(&miss)
+        .step_by(3)
+        .cloned()
+        .collect();
+    rng.shuffle(&mut mixed);
+    QuerySets {
+        names: ["full hit", "half hit", "miss", "mixed"],
+        sets: [full, half, miss, mixed],
+    }
+}
+
+fn measure(
+    make: &dyn Fn() -> Box<dyn Peer>,
+    w: &Workload,
+    stores_1: &[Op],
+    stores_8: &[Op],
+    removes: &[Op],
+    clears: &[Op],
+    queries: &QuerySets,
+    cleared_entries: usize,
+) -> Column {
+    let blocks = blocks_in(stores_8);
+    let (store_1, r1) = throughput(make, w, &[], stores_1, blocks, true);
+    let (store_8, r8) = throughput(make, w, &[], stores_8, blocks, true);
+    let (store_8_nohash, _) = throughput(make, w, &[], stores_8, blocks, false);
+    let (remove, rr) = throughput(make, w, &[stores_8], removes, blocks_in(removes), false);
+    let (clear, rc) = throughput(
+        make,
+        w,
+        &[stores_8, removes],
+        clears,
+        cleared_entries,
+        false,
+    );
+
+    let before = live();
+    let mut peer = make();
+    peer.apply(stores_8, w, false);
+    let bytes_per_entry = (live() - before) as f64 / w.resident_entries() as f64;
+    let queries = queries
+        .sets
+        .iter()
+        .map(|set| latency(peer.as_ref(), set, w))
+        .collect();
+    Column {
+        store_1,
+        store_8,
+        store_8_nohash,
+        remove,
+        clear,
+        bytes_per_entry,
+        queries,
+        refused: r1 + r8 + rr + rc,
+    }
+}
+
+/// Matched blocks per pod that a chain-verified index must report: the longest prefix of
+/// `prompt` the pod holds as one chain.
+fn chain_truth(held: &[HashSet<usize>], prompt: &[usize]) -> Vec<u32> {
+    held.iter()
+        .map(|h| prompt.iter().take_while(|n| h.contains(n)).count() as u32)
+        .collect()
+}
+
+/// Each pod's held blocks as content (std hashes): what kthena's layout can express.
+fn contents(w: &Workload, held: &[HashSet<usize>]) -> Vec<HashSet<u64>> {
+    held.iter()
+        .map(|h| h.iter().map(|&n| w.nodes[n].std).collect())
+        .collect()
+}
+
+/// Matched blocks per pod under kthena's content-only std hashes.
+fn content_truth(w: &Workload, contents: &[HashSet<u64>], prompt: &[usize]) -> Vec<u32> {
+    contents
+        .iter()
+        .map(|c| {
+            prompt
+                .iter()
+                .take_while(|&&n| c.contains(&w.nodes[n].std))
+                .count() as u32
+        })
+        .collect()
+}
+
+/// System prompt A, then a conversation and turn of system prompt B (same tokens, new
+/// chain): a pod holding B's prompt can reuse A's system blocks only.
+fn spliced(w: &mut Workload, rng: &mut fastrand::Rng) -> Vec<Vec<usize>> {
+    (0..250)
+        .map(|_| {
+            let a = rng.usize(..SYSTEMS);
+            let b = (a + 1 + rng.usize(..SYSTEMS - 1)) % SYSTEMS;
+            let of_b = &w.prompts[b * CONVS * TURNS + rng.usize(..CONVS * TURNS)];
+            let mut prompt = w.prompts[a * CONVS * TURNS][..SYS_BLOCKS].to_vec();
+            let mut parent = prompt.last().copied();
+            for &n in &of_b[SYS_BLOCKS..].to_vec() {
+                let tokens = w.nodes[n].tokens;
+                let id = node_with(&mut w.nodes, tokens, parent);
+                prompt.push(id);
+                parent = Some(id);
+            }
+            prompt
+        })
+        .collect()
+}
+
+fn mismatches(
+    peer: &dyn Peer,
+    w: &Workload,
+    prompts: &[Vec<usize>],
+    truth: &dyn Fn(&[usize]) -> Vec<u32>,
+) -> (usize, usize) {
+    let mut wrong = 0;
+    let mut checks = 0;
+    for p in prompts {
+        let got = peer.matched(p, w);
+        let want = truth(p);
+        checks += PODS;
+        wrong += got.iter().zip(&want).filter(|(g, t)| g != t).count();
+    }
+    (wrong, checks)
+}
+
+fn main() {
+    let mut rng = fastrand::Rng::with_seed(SEED);
+    let mut w = Workload::new(&mut rng);
+    let stores_8 = w.stores(&mut fastrand::Rng::with_seed(SEED + 1), 8);
+    let stores_1 = w.stores(&mut fastrand::Rng::with_seed(SEED + 1), 1);
+    let removes = w.removes(&mut rng);
+    let clears: Vec<Op> = (0..CLEARED_PODS).map(|pod| Op::Clear { pod }).collect();
+    // What the cleared pods hold after the removes.
+    let mut after_removes = w.held.clone();
+    for op in &removes {
+        if let Op::Remove { pod, nodes } = op {
+            for n in nodes {
+                after_removes[*pod].remove(n);
+            }
+        }
+    }
+    let cleared_entries: usize = after_removes[..CLEARED_PODS].iter().map(HashSet::len).sum();
+    let queries = query_sets(&mut w, &mut rng);
+    let splices = spliced(&mut w, &mut rng);
+
+    println!(
+        "workload: {PODS} pods, {} prompts × {PROMPT_BLOCKS} blocks × {BLOCK} tokens, {} resident (block, pod) entries, {} store events of 1 block / {} of 8, {} blocks removed, {} cleared",
+        w.prompts.len(),
+        w.resident_entries(),
+        stores_1.len(),
+        stores_8.len(),
+        blocks_in(&removes),
+        cleared_entries,
+    );
+
+    let peers: [(&str, Box<dyn Fn() -> Box<dyn Peer>>); 3] = [
+        (
+            "radix",
+            Box::new(|| {
+                Box::new(Dynamo {
+                    tree: RadixTree::new(),
+                }) as Box<dyn Peer>
+            }),
+        ),
+        ("crtc", Box::new(|| Box::new(Crtc::new()) as Box<dyn Peer>)),
+        (
+            "kvindex",
+            Box::new(|| Box::new(Kvindex::new()) as Box<dyn Peer>),
+        ),
+    ];
+    let columns: Vec<Column> = peers
+        .iter()
+        .map(|(_, make)| {
+            measure(
+                make.as_ref(),
+                &w,
+                &stores_1,
+                &stores_8,
+                &removes,
+                &clears,
+                &queries,
+                cleared_entries,
+            )
+        })
+        .collect();
+    print_table(&columns, &queries);
+
+    println!("\ncross-check (matched blocks per pod; mismatching pod checks / all):");
+    let natural = &queries.sets[0];
+    let held_contents = contents(&w, &w.held);
+    for (_, make) in &peers {
+        let mut peer = make();
+        peer.apply(&stores_8, &w, false);
+        let chain = |p: &[usize]| chain_truth(&w.held, p);
+        let content = |p: &[usize]| content_truth(&w, &held_contents, p);
+        let (n_wrong, n_all) = mismatches(peer.as_ref(), &w, natural, &chain);
+        let (s_chain, s_all) = mismatches(peer.as_ref(), &w, &splices, &chain);
+        let (s_content, _) = mismatches(peer.as_ref(), &w, &splices, &content);
+        println!(
+            "  {:<17} natural vs chain truth {n_wrong}/{n_all}; spliced vs chain truth {s_chain}/{s_all}, vs content truth {s_content}/{s_all}",
+            peer.name()
+        );
+    }
+}
+
+fn print_table(c: &[Column], q: &QuerySets) {
+    let [radix, crtc, kv] = [&c[0], &c[1], &c[2]];
+    println!("\n| figure | Dynamo RadixTree | Dynamo CRTC | kvindex | kvindex ÷ RadixTree |");
+    println!("|---|---|---|---|---|");
+    let row = |name: &str, r: f64, t: Option<f64>, k: f64, higher_better: bool| {
+        let ratio = if higher_better { k / r } else { r / k };
+        let t = t.map_or("–".to_owned(), |t| format!("{t:.2}"));
+        println!("| {name} | {r:.2} | {t} | {k:.2} | {ratio:.2}× |");
+    };
+    row(
+        "store, 1-block events, with hashing (M blocks/s)",
+        radix.store_1,
+        None,
+        kv.store_1,
+        true,
+    );
+    row(
+        "store, 8-block events, with hashing",
+        radix.store_8,
+        None,
+        kv.store_8,
+        true,
+    );
+    row(
+        "store, 8-block, no hashing",
+        radix.store_8_nohash,
+        Some(crtc.store_8_nohash),
+        kv.store_8_nohash,
+        true,
+    );
+    row("remove", radix.remove, Some(crtc.remove), kv.remove, true);
+    row("clear", radix.clear, Some(crtc.clear), kv.clear, true);
+    row(
+        "memory after store (B per resident entry; ratio: RadixTree ÷ kvindex)",
+        radix.bytes_per_entry,
+        Some(crtc.bytes_per_entry),
+        kv.bytes_per_entry,
+        false,
+    );
+    for (i, name) in q.names.iter().enumerate() {
+        row(
+            &format!("query 128 blocks × 64 pods, {name}, p50 (µs; ratio: RadixTree ÷ kvindex)"),
+            radix.queries[i].p50,
+            Some(crtc.queries[i].p50),
+            kv.queries[i].p50,
+            false,
+        );
+        row(
+            &format!("same, {name}, p99 (µs)"),
+            radix.queries[i].p99,
+            Some(crtc.queries[i].p99),
+            kv.queries[i].p99,
+            false,
+        );
+    }
+    println!(
+        "events refused: RadixTree {}, CRTC {}, kvindex {}",
+        radix.refused, crtc.refused, kv.refused
+    );
+}
