@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::store::redis::checkpoint;
-use kvindex::store::redis::{MirrorHandle, RedisConfig};
+use kvindex::store::redis::{MirrorHandle, RedisConfig, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
 const BLOCKS_PER_EVENT: u64 = 8;
@@ -70,7 +70,7 @@ fn event(source: u64, first: u64) -> Event {
 /// Fills `index` through the mirror with the checkpoint on; returns the wall time.
 async fn fill(args: &Args, index: &Index) -> Duration {
     let config = RedisConfig {
-        url: args.redis.clone(),
+        target: RedisTarget::Single(args.redis.clone()),
         checkpoint: true,
         ..RedisConfig::default()
     };
