@@ -461,7 +461,11 @@ fn validate_redis_target(
         return None;
     }
     if nodes.value.is_empty() {
-        issues.add("redis.cluster_nodes", line, "must list at least one node URL");
+        issues.add(
+            "redis.cluster_nodes",
+            line,
+            "must list at least one node URL",
+        );
         return None;
     }
     let mut ok = true;

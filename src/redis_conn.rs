@@ -34,8 +34,8 @@ use redis::{Arg, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisRe
 
 use crate::redis_layout::{redact_url, scrub_secrets};
 
-/// Where Redis is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where Redis is. `Debug` and `Display` show the URLs without their passwords.
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     /// One server: `redis://[user:pass@]host:port/db` or `rediss://…`.
     Single(String),
@@ -73,6 +73,12 @@ impl RedisTarget {
         self.urls()
             .iter()
             .fold(message.to_owned(), |text, url| scrub_secrets(url, &text))
+    }
+}
+
+impl fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown())
     }
 }
 
@@ -142,7 +148,8 @@ impl RedisConn {
 
     /// One key per master, so something can be kept on every master (the watchdog's
     /// sentinels): `base` itself on a single Redis, `{base}:{n}` with a hash tag `n` that
-    /// lands on each master's slots on a cluster (from the slot map [`Self::masters`] read).
+    /// lands on each master's slots on a cluster (from the slot map the last
+    /// [`Self::masters`] read).
     pub fn key_per_master(&self, base: &str) -> Vec<String> {
         match self {
             RedisConn::Single(_) => vec![base.to_owned()],
@@ -344,8 +351,7 @@ impl ClusterConn {
         for wave in [groups, commit.into_iter().collect()] {
             let sends = wave.into_iter().map(|(slot, positions, sub)| {
                 let mut inner = self.inner.clone();
-                let route =
-                    SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
                 async move {
                     let n = positions.len();
                     let values = inner.route_pipeline(sub, 0, n, route).await?;
@@ -392,7 +398,11 @@ impl ClusterConn {
 
     /// Sends again, one by one and in order, the commands answered with `MOVED`, `ASK` or a
     /// transient cluster error; the client follows the redirect (or waits out the failover).
-    async fn resend_redirected(&mut self, pipeline: &Pipeline, out: &mut [Value]) -> RedisResult<()> {
+    async fn resend_redirected(
+        &mut self,
+        pipeline: &Pipeline,
+        out: &mut [Value],
+    ) -> RedisResult<()> {
         let mut moved = false;
         for (at, cmd) in pipeline.cmd_iter().enumerate() {
             let retry = matches!(&out[at], Value::ServerError(e) if is_redirect(e.kind()));
@@ -456,7 +466,10 @@ impl ConnectionLike for ClusterConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         let fut: BoxFuture<'a, RedisResult<Vec<Value>>> = async move {
             if pipeline.is_transaction() {
-                return self.inner.req_packed_commands(pipeline, offset, count).await;
+                return self
+                    .inner
+                    .req_packed_commands(pipeline, offset, count)
+                    .await;
             }
             let mut all = self.split_pipeline(pipeline).await?;
             Ok(all.drain(..).skip(offset).take(count).collect())
@@ -510,7 +523,10 @@ mod tests {
         };
         assert_eq!((port(0), port(5460), port(5461)), (7000, 7000, 7001));
         assert_eq!((port(10922), port(10923), port(16383)), (7001, 7002, 7002));
-        let targets = RedisTarget::Cluster(vec!["redis://:s3cret@h:1".into(), "redis://:s3cret@h:2".into()]);
+        let targets = RedisTarget::Cluster(vec![
+            "redis://:s3cret@h:1".into(),
+            "redis://:s3cret@h:2".into(),
+        ]);
         assert!(!targets.shown().contains("s3cret"));
         assert!(!targets.scrub("auth s3cret failed").contains("s3cret"));
     }

@@ -310,8 +310,16 @@ async fn scores_from_a_cluster_equal_scores_from_a_single_redis() {
     let file = file.display().to_string();
     let score = |flag: &str, value: &str| {
         let out = kvindex(&[
-            "score", "--model", "m", "--tokens", &file, "--pods", "a.ns,b.ns,c.ns,d.ns", flag,
-            value, "--json",
+            "score",
+            "--model",
+            "m",
+            "--tokens",
+            &file,
+            "--pods",
+            "a.ns,b.ns,c.ns,d.ns",
+            flag,
+            value,
+            "--json",
         ]);
         assert!(out.status.success(), "{out:?}");
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
@@ -322,7 +330,9 @@ async fn scores_from_a_cluster_equal_scores_from_a_single_redis() {
     let scores = from_single["scores"].as_array().unwrap();
     assert_eq!(scores[0]["pod"], "a.ns");
     assert_eq!(scores[0]["matched_blocks"], 64);
-    assert!(scores.iter().any(|s| s["pod"] == "b.ns" && s["matched_blocks"] == 32));
+    assert!(scores
+        .iter()
+        .any(|s| s["pod"] == "b.ns" && s["matched_blocks"] == 32));
 }
 
 /// Message `i` of a churning vLLM stream: stores two blocks, removes one stored three
@@ -432,6 +442,23 @@ async fn a_failed_over_master_is_reconciled_by_the_running_mirror() {
     assert!(!cluster.urls().contains(&victim));
     let want = expected(dir.path(), &msgs, POD, MODEL);
     let diff = wait_equal(&cluster, &want).await;
-    assert!(diff.is_none(), "after the failover: {diff:?}\nwant {want:?}");
+    assert!(
+        diff.is_none(),
+        "after the failover: {diff:?}\nwant {want:?}"
+    );
+    // The watchdog saw the master set change (a promoted replica may lack acknowledged
+    // writes) and had the mirror rewritten and verified.
+    let resets = || async {
+        let (_, text) = util::http_get(daemon.metrics_addr, "/metrics").await;
+        text.lines()
+            .filter(|l| l.starts_with("kvindex_redis_resets_detected_total{kind=\"restart\"}"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let end = Instant::now() + WAIT;
+    while resets().await < 1.0 {
+        assert!(Instant::now() < end, "no failover was detected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     daemon.shutdown(Duration::from_secs(5)).await;
 }

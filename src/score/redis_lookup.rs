@@ -12,9 +12,9 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 
 use super::lookup::{Lookup, Owner};
-use crate::redis_conn::{ClusterConn, ClusterSettings, RedisTarget};
 use crate::hash::StdHash;
 use crate::medium::TierWeights;
+use crate::redis_conn::{ClusterConn, ClusterSettings, RedisTarget};
 use crate::redis_layout::{
     block_key, parse_field_value, push_block_key, redact_url, scrub_secrets,
 };

@@ -40,14 +40,14 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::mirror::{Key, Writer};
-use crate::redis_conn::Master;
 use crate::index::{
     Delta, EngineState, FieldValue, Index, ModelId, OwnedPods, PodId, WalkCursor, WalkEntry,
 };
 use crate::metrics::{self, RepairDirection};
+use crate::redis_conn::Master;
 use crate::redis_layout::{
-    block_key, field_value, mapping_key, mapping_prefix, mapping_value,
-    split_block_key, MAPPING_TTL_SECS,
+    block_key, field_value, mapping_key, mapping_prefix, mapping_value, split_block_key,
+    MAPPING_TTL_SECS,
 };
 use crate::wire::{BlockHash, Engine};
 

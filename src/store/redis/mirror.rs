@@ -16,12 +16,10 @@ use super::checkpoint::{
     engine_field, engine_value, source_field, state_key, Watermark, WATERMARKS_KEY,
 };
 use super::{MirrorError, RedisConfig};
-use crate::redis_conn::{ClusterConn, ClusterSettings, RedisConn, RedisTarget};
 use crate::index::{Checkpoint, Delta, EngineState, Index, ModelId, PodId, SourceId};
 use crate::medium::TierWeights;
-use crate::redis_layout::{
-    block_key, field_value, mapping_key, mapping_value, MAPPING_TTL_SECS,
-};
+use crate::redis_conn::{ClusterConn, ClusterSettings, RedisConn, RedisTarget};
+use crate::redis_layout::{block_key, field_value, mapping_key, mapping_value, MAPPING_TTL_SECS};
 use crate::wire::{BlockHash, Engine};
 
 /// First retry after a failure; doubles up to [`MAX_BACKOFF`].
@@ -271,7 +269,11 @@ pub(super) async fn connect(target: &RedisTarget) -> Result<RedisConn, MirrorErr
                 retries: CLUSTER_RETRIES,
                 commit_key: Some(WATERMARKS_KEY.to_owned()),
             };
-            RedisConn::Cluster(ClusterConn::connect(urls, settings).await.map_err(classify)?)
+            RedisConn::Cluster(
+                ClusterConn::connect(urls, settings)
+                    .await
+                    .map_err(classify)?,
+            )
         }
     };
     redis::cmd("PING")

@@ -13,7 +13,8 @@
 //! | `tests.rs` | unit tests of coalescing |
 //!
 //! Key and value spellings and URL redaction live in [`crate::redis_layout`], shared with the
-//! Redis scoring backend.
+//! Redis scoring backend; the connection ([`RedisConn`]: a single Redis or a Redis Cluster,
+//! pipelines split per master) in [`crate::redis_conn`].
 //!
 //! The index is the truth. Deltas flow one way into a bounded queue; the writer coalesces
 //! them per flush (last write of a field or mapping key wins, so writes to one key stay in
