@@ -1,7 +1,8 @@
 //! Redis Cluster (issue 10): a real cluster of `redis-server --cluster-enabled yes` nodes on
 //! free 127.0.0.1 ports, created by `redis-cli --cluster create`, holds exactly what a single
-//! Redis holds after the same replay, scores the same, and is reconciled by the mirror after
-//! a master is killed and its replica takes over. Every server is killed on drop.
+//! Redis holds after the same replay, scores the same, is reconciled by the mirror after a
+//! master is killed and its replica takes over, and holds a checkpoint a restart warm-starts
+//! from. Every server is killed on drop.
 
 mod util;
 
@@ -460,5 +461,13 @@ async fn a_failed_over_master_is_reconciled_by_the_running_mirror() {
         assert!(Instant::now() < end, "no failover was detected");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A restart warm-starts from the checkpoint spread over the cluster.
+    let before = util::strip(daemon.index.dump());
     daemon.shutdown(Duration::from_secs(5)).await;
+    let config = Config::from_str(&text).unwrap();
+    let again = kvindex::commands::serve::Daemon::start(config, None, util::test_limits())
+        .await
+        .unwrap();
+    assert_eq!(util::strip(again.index.dump()), before);
+    again.shutdown(Duration::from_secs(5)).await;
 }
