@@ -9,7 +9,8 @@
 //! shared Redis on 6379. Rounds alternate single and cluster so drift on a shared machine
 //! hits both; the median of the rounds is printed.
 //!
-//! Run: `cargo run --release --example cluster_ingest -- [--blocks N] [--rounds R]`
+//! Run: `cargo run --release --example cluster_ingest -- [--blocks N] [--rounds R]
+//! [--flush-max COMMANDS]` (`redis.flush_max_commands`, default 1000).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -126,6 +127,7 @@ fn event(first_hash: u64, blocks: u64) -> Event {
 async fn ingest(target: RedisTarget, blocks: u64, per_event: u64, salt: u64) -> f64 {
     let config = RedisConfig {
         target,
+        flush_max_commands: arg("--flush-max", 1000) as usize,
         verify: false,
         anti_entropy_max_commands_per_s: 1,
         anti_entropy_interval: Duration::from_secs(86_400),
