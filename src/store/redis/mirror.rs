@@ -30,9 +30,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// A connection attempt that takes longer than this counts as Redis being down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Retries of one cluster request through redirects and a failover: with the client's
-/// backoff, enough to outlast a replica's promotion (about twice `cluster-node-timeout`).
-const CLUSTER_RETRIES: u32 = 16;
+/// Retries of one cluster request by the client: enough to follow a `MOVED` and an `ASK`,
+/// few enough that a dead master makes the mirror dirty at once (ingest goes on, and the
+/// reconcile after the failover rewrites what failed) rather than stalling the writer while
+/// a replica is promoted.
+const CLUSTER_RETRIES: u32 = 3;
 /// Flush latencies kept for the percentiles.
 const LATENCY_SAMPLES: usize = 4096;
 
