@@ -28,38 +28,59 @@ const WAIT: Duration = Duration::from_secs(30);
 /// A Redis Cluster of test-owned servers.
 struct Cluster {
     nodes: Vec<Option<OwnRedis>>,
+    /// `requirepass` (and `masterauth`) of every node.
+    password: Option<String>,
     _dir: tempfile::TempDir,
 }
 
 impl Cluster {
     /// `masters` masters with `replicas` replicas each; a node is failed after 1 s of silence.
     fn start(masters: usize, replicas: usize) -> Cluster {
+        Cluster::start_with(masters, replicas, None)
+    }
+
+    /// The same, every node requiring `password`.
+    fn start_with(masters: usize, replicas: usize, password: Option<&str>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let dir_arg = dir.path().display().to_string();
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
             let (port, bus) = (unbound_port(), unbound_port());
             let conf = format!("nodes-{port}.conf");
-            let extra = [
+            let bus = bus.to_string();
+            let mut extra = vec![
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
                 &conf,
                 "--cluster-port",
-                &bus.to_string(),
+                &bus,
                 "--cluster-node-timeout",
                 "1000",
                 "--dir",
                 &dir_arg,
             ];
+            if let Some(pw) = password {
+                extra.extend(["--requirepass", pw, "--masterauth", pw]);
+            }
             nodes.push(Some(OwnRedis::start(Some(port), &extra)));
         }
-        let cluster = Cluster { nodes, _dir: dir };
+        let password = password.map(str::to_owned);
+        let cluster = Cluster {
+            nodes,
+            password,
+            _dir: dir,
+        };
         let addrs: Vec<String> = cluster
             .live()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
+        let auth: Vec<&str> = match &cluster.password {
+            Some(pw) => vec!["-a", pw, "--no-auth-warning"],
+            None => Vec::new(),
+        };
         let out = Command::new("redis-cli")
+            .args(&auth)
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
@@ -74,9 +95,17 @@ impl Cluster {
         self.nodes.iter().flatten()
     }
 
+    /// A node's URL, with the password when there is one.
+    fn url(&self, node: &OwnRedis) -> String {
+        match &self.password {
+            Some(pw) => format!("redis://:{pw}@127.0.0.1:{}/0", node.port),
+            None => node.url(),
+        }
+    }
+
     /// Seed URLs of the live nodes.
     fn urls(&self) -> Vec<String> {
-        self.live().map(OwnRedis::url).collect()
+        self.live().map(|n| self.url(n)).collect()
     }
 
     fn target(&self) -> RedisTarget {
@@ -89,9 +118,10 @@ impl Cluster {
         let end = Instant::now() + WAIT;
         loop {
             let ready = self.live().all(|n| {
-                let info = query::<String>(&n.url(), redis::cmd("CLUSTER").arg("INFO"));
+                let url = self.url(n);
+                let info = query::<String>(&url, redis::cmd("CLUSTER").arg("INFO"));
                 let ok = info.is_some_and(|i| i.contains("cluster_state:ok"));
-                ok && roles(&n.url()) == Some((masters, replicas)) && synced(&n.url())
+                ok && roles(&url) == Some((masters, replicas)) && synced(&url)
             });
             if ready {
                 return;
@@ -104,7 +134,7 @@ impl Cluster {
     /// The live masters' URLs.
     fn masters(&self) -> Vec<String> {
         self.live()
-            .map(OwnRedis::url)
+            .map(|n| self.url(n))
             .filter(|u| role(u).as_deref() == Some("master"))
             .collect()
     }
@@ -126,12 +156,12 @@ impl Cluster {
     /// Kills (SIGKILL) a live master; returns its URL.
     fn kill_master(&mut self) -> String {
         let victim = self.masters()[0].clone();
-        for slot in &mut self.nodes {
-            if slot.as_ref().is_some_and(|n| n.url() == victim) {
-                if let Some(mut node) = slot.take() {
-                    node.kill();
-                }
-            }
+        let at = self
+            .nodes
+            .iter()
+            .position(|n| n.as_ref().is_some_and(|n| self.url(n) == victim));
+        if let Some(mut node) = at.and_then(|i| self.nodes[i].take()) {
+            node.kill();
         }
         victim
     }
@@ -490,4 +520,28 @@ async fn a_failed_over_master_is_reconciled_by_the_running_mirror() {
         .unwrap();
     assert_eq!(util::strip(again.index.dump()), before);
     again.shutdown(Duration::from_secs(5)).await;
+}
+
+#[test]
+fn a_cluster_with_auth_is_written_and_a_wrong_password_is_never_shown() {
+    let cluster = Cluster::start_with(3, 0, Some("s3cret-pw"));
+    let fixture = util::fixtures()
+        .join("vllm-e01-0.9.0.jsonl")
+        .display()
+        .to_string();
+    let seeds = cluster.urls().join(",");
+    let common = ["replay", &fixture, "--pod", "p.ns", "--model", "m"];
+    let out = kvindex(&[&common[..], &["--redis-cluster", &seeds]].concat());
+    assert!(out.status.success(), "{out:?}");
+    assert!(!redis_dump("--redis-cluster", &seeds).blocks.is_empty());
+
+    let wrong = seeds.replace("s3cret-pw", "wrong-pw");
+    let out = kvindex(&[&common[..], &["--redis-cluster", &wrong]].concat());
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("redis://:***@127.0.0.1"), "{stderr}");
+    assert!(
+        !stderr.contains("wrong-pw") && !stderr.contains("s3cret"),
+        "{stderr}"
+    );
 }
