@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::store::redis::{MirrorHandle, RedisConfig};
+use kvindex::store::redis::{MirrorHandle, RedisConfig, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
 const BLOCKS_PER_ITER: u64 = 20_000;
@@ -97,7 +97,7 @@ impl Variant {
 
     fn config(self) -> RedisConfig {
         let mut config = RedisConfig {
-            url: BENCH_DB.to_owned(),
+            target: RedisTarget::Single(BENCH_DB.to_owned()),
             checkpoint: self != Variant::Kthena,
             ..RedisConfig::default()
         };

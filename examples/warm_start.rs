@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::store::redis::checkpoint;
-use kvindex::store::redis::{MirrorHandle, RedisConfig};
+use kvindex::store::redis::{MirrorHandle, RedisConfig, RedisConn, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
 const BLOCKS_PER_EVENT: u64 = 8;
@@ -70,7 +70,7 @@ fn event(source: u64, first: u64) -> Event {
 /// Fills `index` through the mirror with the checkpoint on; returns the wall time.
 async fn fill(args: &Args, index: &Index) -> Duration {
     let config = RedisConfig {
-        url: args.redis.clone(),
+        target: RedisTarget::Single(args.redis.clone()),
         checkpoint: true,
         ..RedisConfig::default()
     };
@@ -122,9 +122,10 @@ async fn main() {
 
     let restored = Index::new();
     let client = redis::Client::open(args.redis.as_str()).expect("Redis URL");
-    let mut conn = client.get_connection_manager().await.expect("Redis");
+    let mut conn = RedisConn::Single(client.get_connection_manager().await.expect("Redis"));
+    let target = RedisTarget::Single(args.redis.clone());
     let started = Instant::now();
-    let (summary, _) = checkpoint::restore(&mut conn, &args.redis, &restored)
+    let (summary, _) = checkpoint::restore(&mut conn, &target, &restored)
         .await
         .expect("restore");
     let took = started.elapsed();

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use crate::medium::{TierWeights, WeightError};
-use crate::store::redis::{RedisConfig, ValueFormat};
+use crate::store::redis::{RedisConfig, RedisTarget, ValueFormat};
 use crate::wire::Engine;
 
 pub use crate::ingest::{Target, TcpEndpoint, MAX_DP_RANKS};
@@ -71,6 +71,8 @@ pub struct RawIngest {
 pub struct RawRedis {
     /// `redis://host:port/db` or `rediss://…`.
     pub url: Option<Spanned<String>>,
+    /// Seed URLs of a Redis Cluster (instead of `url`): same credentials and TLS for all.
+    pub cluster_nodes: Option<Spanned<Vec<String>>>,
     /// `tiered` (default) or `timestamp` (for kthena routers that predate tiers).
     pub value_format: Option<ValueFormat>,
     /// Write kthena's engine-hash mapping keys (default true).
@@ -399,11 +401,9 @@ fn validate_redis(
     }
     let section = section.unwrap_or_default();
     let mut c = RedisConfig::default();
-    let (url, line) = env_file_or(env_url, section.url.as_ref(), c.url.clone());
-    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-        issues.add("redis.url", line, "must start with redis:// or rediss://");
+    if let Some(target) = validate_redis_target(&section, env_url, issues) {
+        c.target = target;
     }
-    c.url = url;
     if let Some(v) = section.value_format {
         c.value_format = v;
     }
@@ -434,6 +434,49 @@ fn validate_redis(
     );
     validate_upkeep(upkeep, &mut c, issues);
     Some(c)
+}
+
+/// `redis.url` (or `KVINDEX_REDIS_URL`) or `redis.cluster_nodes`, never both.
+fn validate_redis_target(
+    section: &RawRedis,
+    env_url: Option<String>,
+    issues: &mut Issues,
+) -> Option<RedisTarget> {
+    let is_url = |u: &str| u.starts_with("redis://") || u.starts_with("rediss://");
+    let Some(nodes) = &section.cluster_nodes else {
+        let default = RedisConfig::default().target.urls()[0].clone();
+        let (url, line) = env_file_or(env_url, section.url.as_ref(), default);
+        if !is_url(&url) {
+            issues.add("redis.url", line, "must start with redis:// or rediss://");
+        }
+        return Some(RedisTarget::Single(url));
+    };
+    let line = line_of(nodes);
+    if section.url.is_some() || env_url.is_some() {
+        issues.add(
+            "redis.cluster_nodes",
+            line,
+            "cannot be combined with redis.url (or KVINDEX_REDIS_URL): give one or the other",
+        );
+        return None;
+    }
+    if nodes.value.is_empty() {
+        issues.add(
+            "redis.cluster_nodes",
+            line,
+            "must list at least one node URL",
+        );
+        return None;
+    }
+    let mut ok = true;
+    for (i, url) in nodes.value.iter().enumerate() {
+        if !is_url(url) {
+            let field = format!("redis.cluster_nodes[{i}]");
+            issues.add(field, line, "must start with redis:// or rediss://");
+            ok = false;
+        }
+    }
+    ok.then(|| RedisTarget::Cluster(nodes.value.clone()))
 }
 
 /// `anti_entropy_interval_s`, `anti_entropy_max_commands_per_s`, `refresh_after_s`.
@@ -804,7 +847,11 @@ impl Config {
     pub fn to_json(&self) -> serde_json::Value {
         let redis = self.redis.as_ref().map(|r| {
             serde_json::json!({
-                "url": crate::redis_layout::redact_url(&r.url),
+                "url": (!r.target.is_cluster()).then(|| r.target.shown()),
+                "cluster_nodes": match &r.target {
+                    RedisTarget::Cluster(urls) => Some(urls.iter().map(|u| crate::redis_layout::redact_url(u)).collect::<Vec<_>>()),
+                    RedisTarget::Single(_) => None,
+                },
                 "value_format": r.value_format,
                 "mapping_keys": r.mapping_keys,
                 "flush_max_commands": r.flush_max_commands,
@@ -935,7 +982,10 @@ targets:
         ]
         .into();
         let c = Config::from_str_with_env(ISSUE_SHAPE, &env).unwrap();
-        assert_eq!(c.redis.unwrap().url, "redis://127.0.0.1:6380/2");
+        assert_eq!(
+            c.redis.unwrap().target,
+            RedisTarget::Single("redis://127.0.0.1:6380/2".into())
+        );
         assert_eq!(c.metrics_listen.port(), 0);
     }
 

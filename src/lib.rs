@@ -18,6 +18,7 @@
 //! | [`medium`] | storage media, media bitsets, tier weights |
 //! | [`index`] | in-memory residency index, emits deltas |
 //! | [`redis_layout`] | kthena's Redis keys and values, written by `store`, read by `score`; URL redaction |
+//! | [`redis_conn`] | one connection type for a single Redis or a Redis Cluster, shared by `store` and `score` |
 //! | [`store`] | Redis mirror of the index (kthena layout) |
 //! | [`ingest`] | ZMQ subscribers, sequence tracking, replay, fixtures, targets, Kubernetes discovery |
 //! | [`score`] | longest-prefix scoring, PD pairing |
@@ -41,6 +42,7 @@ pub mod index;
 pub mod ingest;
 pub mod medium;
 pub mod metrics;
+pub mod redis_conn;
 pub mod redis_layout;
 pub mod score;
 pub mod sim;
@@ -52,6 +54,7 @@ pub use daemon::{Daemon, DaemonError};
 pub use hash::{prompt_block_hashes, std_hash, StdHash};
 pub use index::{Delta, DeltaSink, DumpEntry, Index, IndexStats};
 pub use medium::{MediaSet, Medium, TierWeights, WeightError};
+pub use redis_conn::{RedisConn, RedisTarget};
 pub use score::{
     schedule, score_index, score_prefix, DecodeCandidate, IndexLookup, Lookup, Pair, PodScore,
     PrefixScores, PromptSettings,

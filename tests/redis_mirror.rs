@@ -13,7 +13,7 @@ use kvindex::index::{Delta, Index, SourceId, SourceSpec};
 use kvindex::ingest::{load_files, unix_now, OfflineReplay};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
-use kvindex::store::redis::{dump, MirrorError, MirrorHandle, RedisConfig, RedisDump};
+use kvindex::store::redis::{dump, MirrorError, MirrorHandle, RedisConfig, RedisDump, RedisTarget};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 
 use util::own_redis::OwnRedis;
@@ -35,7 +35,7 @@ fn unique(name: &str) -> String {
 
 fn config(url: &str, format: ValueFormat) -> RedisConfig {
     RedisConfig {
-        url: url.to_owned(),
+        target: RedisTarget::Single(url.to_owned()),
         value_format: format,
         ..RedisConfig::default()
     }

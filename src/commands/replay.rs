@@ -10,7 +10,7 @@ use super::EngineArg;
 use crate::index::{Discard, Index, IndexStats};
 use crate::ingest::{load_files, IngestStats, LoadedFile, OfflineReplay};
 use crate::medium::TierWeights;
-use crate::store::redis::{MirrorHandle, MirrorStats, RedisConfig, ValueFormat};
+use crate::store::redis::{MirrorHandle, MirrorStats, RedisConfig, RedisTarget, ValueFormat};
 
 /// How long the end of a replay waits for Redis to take the last writes.
 const REDIS_DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -38,8 +38,11 @@ pub struct ReplayArgs {
     pub json: bool,
     /// Also mirror into Redis at this URL (`redis://[user:pass@]host:port/db`, `rediss://…`)
     /// and wait until everything is written.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "redis_cluster")]
     pub redis: Option<String>,
+    /// Mirror into a Redis Cluster instead, through these seed node URLs (comma-separated).
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub redis_cluster: Vec<String>,
     /// Field value format in Redis: `tiered` (`ts|MEDIUM`) or `timestamp` (bare `ts`, for
     /// kthena routers that predate tier support).
     #[arg(long, value_enum, default_value_t = ValueFormatArg::Tiered)]
@@ -47,6 +50,17 @@ pub struct ReplayArgs {
     /// Do not write the engine-hash mapping keys.
     #[arg(long)]
     pub no_mapping_keys: bool,
+}
+
+impl ReplayArgs {
+    /// The Redis to mirror into: `--redis` or `--redis-cluster`, if either was given.
+    pub fn redis_target(&self) -> Option<RedisTarget> {
+        match (&self.redis, self.redis_cluster.is_empty()) {
+            (Some(url), _) => Some(RedisTarget::Single(url.clone())),
+            (None, false) => Some(RedisTarget::Cluster(self.redis_cluster.clone())),
+            (None, true) => None,
+        }
+    }
 }
 
 /// `--value-format`: the CLI's spelling of the store's [`ValueFormat`], kept at the edge so
@@ -204,15 +218,14 @@ pub fn replay_into_index(args: &ReplayArgs) -> anyhow::Result<(Index, ReplaySumm
 /// # Errors
 /// When a file cannot be read, the mirror cannot start, or the dump cannot be written.
 pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, ReplaySummary)> {
-    let url = args
-        .redis
-        .clone()
-        .context("replay into Redis needs a --redis URL")?;
+    let target = args
+        .redis_target()
+        .context("replay into Redis needs --redis URL or --redis-cluster URL,…")?;
     let started = Instant::now();
     let engine = args.engine.resolve(&args.files[0]);
     let index = Index::new();
     let config = RedisConfig {
-        url,
+        target,
         value_format: args.value_format.into(),
         mapping_keys: !args.no_mapping_keys,
         // A replay's index is not the live pods' truth: it must never delete their fields.
@@ -293,7 +306,7 @@ fn progress_bar(total: u64) -> indicatif::ProgressBar {
 /// # Errors
 /// When a file cannot be read or the dump cannot be written.
 pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
-    let (_, summary) = if args.redis.is_some() {
+    let (_, summary) = if args.redis_target().is_some() {
         replay_into_redis(&args).await?
     } else {
         replay_into_index(&args)?

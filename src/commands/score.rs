@@ -1,7 +1,7 @@
 //! `kvindex score`: scores candidate pods for a prompt, from Redis or from recorded streams.
 //!
-//! With `--redis URL` the command reads kthena's block keys, exactly as a router would (the
-//! same library path as a router-side user). With `--replay FILE…` it builds an in-memory
+//! With `--redis URL` (or `--redis-cluster URL,…`) the command reads kthena's block keys,
+//! exactly as a router would (the same library path as a router-side user). With `--replay FILE…` it builds an in-memory
 //! index from recorded engine streams first, which is how operators check what a capture
 //! would have scored without any Redis.
 
@@ -33,8 +33,12 @@ pub struct ScoreArgs {
     #[arg(long, value_delimiter = ',', required = true)]
     pub pods: Vec<String>,
     /// Read kthena's block keys from this Redis (`redis://host:port/db`).
-    #[arg(long, conflicts_with = "replay")]
+    #[arg(long, conflicts_with_all = ["replay", "redis_cluster"])]
     pub redis: Option<String>,
+    /// Read kthena's block keys from a Redis Cluster, through these seed node URLs
+    /// (comma-separated): one pipelined round trip per master involved.
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "replay")]
+    pub redis_cluster: Vec<String>,
     /// Build the index from these recorded streams instead of reading Redis.
     #[arg(long, num_args = 1..)]
     pub replay: Vec<PathBuf>,
@@ -132,18 +136,30 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
     let started_at = parse_started_at(args)?;
     let tokens = read_tokens(&args.tokens)?;
     let blocks = prompt.hash(&tokens);
-    if let Some(url) = &args.redis {
-        let mut conn = RedisLookup::connect(url).await.map_err(|e| match e {
-            RedisLookupError::BadUrl { .. } => UsageError(format!("--redis: {e}")).into(),
-            e => anyhow::Error::new(e),
-        })?;
-        let mut owners =
-            RedisLookup::fetch(&mut conn, &args.model, &blocks, &args.pods, &weights).await?;
+    let usage = |flag: &str, e: RedisLookupError| match e {
+        RedisLookupError::BadUrl { .. } => UsageError(format!("{flag}: {e}")).into(),
+        e => anyhow::Error::new(e),
+    };
+    let owners = if let Some(url) = &args.redis {
+        let mut conn = RedisLookup::connect(url)
+            .await
+            .map_err(|e| usage("--redis", e))?;
+        Some(RedisLookup::fetch(&mut conn, &args.model, &blocks, &args.pods, &weights).await?)
+    } else if !args.redis_cluster.is_empty() {
+        let mut conn = RedisLookup::connect_cluster(&args.redis_cluster)
+            .await
+            .map_err(|e| usage("--redis-cluster", e))?;
+        Some(RedisLookup::fetch(&mut conn, &args.model, &blocks, &args.pods, &weights).await?)
+    } else {
+        None
+    };
+    if let Some(mut owners) = owners {
         let slots = score_prefix(&mut owners, args.pods.len(), &started_at);
         return Ok(PrefixScores::from_slots(blocks.len(), &args.pods, &slots));
     }
     if args.replay.is_empty() {
-        return Err(UsageError("give --redis URL or --replay FILE… to score from".into()).into());
+        let what = "give --redis URL, --redis-cluster URL,… or --replay FILE… to score from";
+        return Err(UsageError(what.into()).into());
     }
     let engine = args.engine.resolve(&args.replay[0]);
     let replay = replay_files(

@@ -287,7 +287,7 @@ fn log_started(config: &Config, metrics: SocketAddr, api: Option<SocketAddr>) {
     let api = api.map_or_else(|| "off".to_owned(), |a| format!("http://{a}"));
     let redis = config.redis.as_ref().map_or_else(
         || "off (in-memory index only)".to_owned(),
-        |r| crate::redis_layout::redact_url(&r.url),
+        |r| r.target.shown(),
     );
     info!(
         api = %api,

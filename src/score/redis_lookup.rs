@@ -1,4 +1,5 @@
-//! The Redis backend: kthena's block keys, read with one pipeline per prompt.
+//! The Redis backend: kthena's block keys, read with one pipeline per prompt (on a Redis
+//! Cluster, one sub-pipeline per master holding some of the prompt's keys, concurrently).
 //!
 //! Key `matrix:kv:block:{model}@{std_hash}` is a hash whose fields are pod identifiers and
 //! whose values are `"{unix_seconds}"` or `"{unix_seconds}|{MEDIUM}"` (DESIGN.md §6). Every
@@ -13,6 +14,7 @@ use redis::Value;
 use super::lookup::{Lookup, Owner};
 use crate::hash::StdHash;
 use crate::medium::TierWeights;
+use crate::redis_conn::{ClusterConn, ClusterSettings, RedisTarget};
 use crate::redis_layout::{
     block_key, parse_field_value, push_block_key, redact_url, scrub_secrets,
 };
@@ -53,6 +55,11 @@ pub enum RedisLookupError {
     },
 }
 
+/// A cluster connection attempt or request gives up after this long.
+const CLUSTER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// Retries of a cluster request through redirects (few: a caller decides how to retry).
+const CLUSTER_RETRIES: u32 = 3;
+
 /// Entry point of the Redis backend.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RedisLookup;
@@ -77,6 +84,30 @@ impl RedisLookup {
                 url: redact_url(url),
                 reason: scrub(e),
             })
+    }
+
+    /// Opens a Redis Cluster connection through its seed URLs (pipelines split per master,
+    /// redirects and a failover followed by the client: see [`crate::redis_conn`]).
+    ///
+    /// # Errors
+    /// [`RedisLookupError::BadUrl`] or [`RedisLookupError::Connect`], naming the URLs without
+    /// their passwords.
+    pub async fn connect_cluster(urls: &[String]) -> Result<ClusterConn, RedisLookupError> {
+        let target = RedisTarget::Cluster(urls.to_vec());
+        let settings = ClusterSettings {
+            connect_timeout: CLUSTER_TIMEOUT,
+            response_timeout: CLUSTER_TIMEOUT,
+            retries: CLUSTER_RETRIES,
+            commit_key: None,
+        };
+        ClusterConn::connect(urls, settings).await.map_err(|e| {
+            let (url, reason) = (target.shown(), target.scrub(&e.to_string()));
+            if e.kind() == redis::ErrorKind::InvalidClientConfig {
+                RedisLookupError::BadUrl { url, reason }
+            } else {
+                RedisLookupError::Connect { url, reason }
+            }
+        })
     }
 
     /// Fetches every block of the prompt in one pipeline and keeps the owners among

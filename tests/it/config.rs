@@ -180,3 +180,27 @@ fn background_pass_settings_are_taken_as_written_with_defaults() {
     assert_eq!(redis.anti_entropy_max_commands_per_s, 1000);
     assert_eq!(redis.refresh_after_s, 43_200);
 }
+
+#[test]
+fn cluster_nodes_make_a_cluster_target_and_exclude_a_url() {
+    let text = "redis:\n  cluster_nodes: [redis://h:1, 'redis://:pw@h:2']\n";
+    let redis = Config::from_str(text).unwrap().redis.unwrap();
+    assert_eq!(
+        redis.target,
+        kvindex::RedisTarget::Cluster(vec!["redis://h:1".into(), "redis://:pw@h:2".into()])
+    );
+    assert!(!redis.target.shown().contains("pw"), "{}", redis.target);
+
+    let found = issues("redis:\n  url: redis://h:1/0\n  cluster_nodes: [redis://h:2]\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].field.as_str(), found[0].line),
+        ("redis.cluster_nodes", Some(3))
+    );
+    assert!(found[0].what.contains("redis.url"), "{}", found[0]);
+
+    let found = issues("redis:\n  cluster_nodes: []\n");
+    assert_eq!(found[0].field, "redis.cluster_nodes");
+    let found = issues("redis:\n  cluster_nodes: [redis://h:1, http://h:2]\n");
+    assert_eq!(found[0].field, "redis.cluster_nodes[1]");
+}

@@ -132,7 +132,7 @@ fn the_five_environment_overrides_win_over_the_file() {
     ]));
     let c = Config::from_str_with_env(file, &env).unwrap();
     let redis = c.redis.unwrap();
-    assert_eq!(redis.url, "redis://127.0.0.1:6380/2");
+    assert_eq!(redis.target.urls(), ["redis://127.0.0.1:6380/2"]);
     assert_eq!(redis.value_format, kvindex::ValueFormat::Timestamp);
     let api = c.api.unwrap();
     assert_eq!(api.listen.port(), 18080);
@@ -367,7 +367,7 @@ fn rediss_and_password_urls_are_accepted() {
         "redis://user:secret@127.0.0.1:6379/3",
     ] {
         let c = Config::from_str(&format!("redis:\n  url: {url}\n")).unwrap();
-        assert_eq!(c.redis.unwrap().url, url);
+        assert_eq!(c.redis.unwrap().target.urls(), [url.to_owned()]);
     }
 }
 

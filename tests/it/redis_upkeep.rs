@@ -12,7 +12,9 @@ use kvindex::index::{Delta, Index, SourceId, SourceSpec};
 use kvindex::ingest::unix_now;
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
-use kvindex::store::redis::{dump, MappingEntry, MirrorHandle, RedisConfig, RedisDump};
+use kvindex::store::redis::{
+    dump, MappingEntry, MirrorHandle, RedisConfig, RedisDump, RedisTarget,
+};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 use util::own_redis::OwnRedis;
 
@@ -60,7 +62,7 @@ impl Rig {
             })
             .unwrap();
         let mut config = RedisConfig {
-            url: url.to_owned(),
+            target: RedisTarget::Single(url.to_owned()),
             ..RedisConfig::default()
         };
         tune(&mut config);

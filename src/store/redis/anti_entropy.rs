@@ -15,8 +15,8 @@
 //!    time in the index and is rewritten with its mapping key (`SET EX` renews the TTL). A
 //!    reconcile rewrites every field and mapping key; anti-entropy reads them (pipelined
 //!    `HGET` + `GET`) and writes only the missing or different ones.
-//! 3. `Scan` (anti-entropy only): `SCAN MATCH *:kv:block:*` with a cursor kept across
-//!    ticks; for block keys, one pipelined `HMGET` of the owned pods' fields, and fields the
+//! 3. `Scan` (anti-entropy only): `SCAN MATCH *:kv:block:*` on every master in turn (one
+//!    for a single Redis, each master of a Redis Cluster) with a cursor kept across ticks; for block keys, one pipelined `HMGET` of the owned pods' fields, and fields the
 //!    index does not hold are deleted; mapping keys of owned pods whose engine hash no source
 //!    of the pod holds are deleted. Only owned pods (pods of registered sources) are touched.
 //!
@@ -44,9 +44,10 @@ use crate::index::{
     Delta, EngineState, FieldValue, Index, ModelId, OwnedPods, PodId, WalkCursor, WalkEntry,
 };
 use crate::metrics::{self, RepairDirection};
+use crate::redis_conn::Master;
 use crate::redis_layout::{
-    block_key, field_value, mapping_key, mapping_prefix, mapping_value, redact_url,
-    split_block_key, MAPPING_TTL_SECS,
+    block_key, field_value, mapping_key, mapping_prefix, mapping_value, split_block_key,
+    MAPPING_TTL_SECS,
 };
 use crate::wire::{BlockHash, Engine};
 
@@ -94,7 +95,19 @@ enum Mode {
 enum Phase {
     Stale(Vec<Key>),
     Index,
-    Scan(u64),
+    Scan(ScanCursor),
+}
+
+/// Where the SCAN phase stands: every master is scanned in turn (one master for a single
+/// Redis; every master of a cluster, each holding its own share of the keys).
+#[derive(Debug, Clone, Default)]
+struct ScanCursor {
+    /// The masters, read when the phase starts (empty until then).
+    masters: Vec<Master>,
+    /// The master being scanned.
+    at: usize,
+    /// Its SCAN cursor.
+    cursor: u64,
 }
 
 struct Pass {
@@ -176,7 +189,8 @@ pub(super) struct Entropy {
     pub(super) verify_after: Option<bool>,
     next_verify_at: Instant,
     watchdog_at: Instant,
-    pub(super) run_id: Option<String>,
+    /// Each master's `run_id` as last read.
+    pub(super) run_id: Option<super::watchdog::RunIds>,
     /// `INFO` refused (ACL): only the sentinel is checked.
     pub(super) info_allowed: bool,
     pub(super) sentinel: String,
@@ -394,7 +408,7 @@ impl Writer {
                 .await
                 .map(|n| (n, keys.is_empty())),
             Phase::Index => self.index_step(&mut pass, budget).await,
-            Phase::Scan(cursor) => self.scan_step(&mut pass, cursor, budget).await,
+            Phase::Scan(_) => self.scan_step(&mut pass, budget).await,
         };
         match result {
             Ok((spent, phase_done)) => {
@@ -412,7 +426,7 @@ impl Writer {
                         (Mode::Verify { .. }, Phase::Index)
                             if !self.index.owned_pods().is_empty() =>
                         {
-                            Some(Phase::Scan(0))
+                            Some(Phase::Scan(ScanCursor::default()))
                         }
                         _ => None,
                     };
@@ -449,7 +463,7 @@ impl Writer {
 
     fn end_pass(&mut self, pass: Pass) {
         let took = pass.started.elapsed();
-        let url = redact_url(&self.config.url);
+        let url = self.config.target.shown();
         match pass.mode {
             Mode::Rewrite => {
                 self.shared.reconciling.store(false, Ordering::Relaxed);
@@ -639,26 +653,35 @@ impl Writer {
         }
     }
 
-    /// One SCAN call and the repairs of what it returned.
+    /// One SCAN call on one master and the repairs of what it returned.
     async fn scan_step(
         &mut self,
         pass: &mut Pass,
-        cursor: u64,
         budget: usize,
     ) -> Result<(usize, bool), redis::RedisError> {
+        let Phase::Scan(scan) = &pass.phase else {
+            return Ok((1, true));
+        };
+        let mut scan = scan.clone();
+        let mut spent = 1;
+        if scan.masters.is_empty() {
+            scan.masters = self.conn.masters().await?;
+            spent += 1;
+        }
+        let Some(master) = scan.masters.get(scan.at).cloned() else {
+            return Ok((spent, true));
+        };
         let count = budget.clamp(SCAN_COUNT_MIN, SCAN_COUNT_MAX);
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(scan.cursor)
             .arg("MATCH")
             .arg("*:kv:block:*")
             .arg("COUNT")
-            .arg(count)
-            .query_async(&mut self.conn)
-            .await?;
+            .arg(count);
+        let (next, keys): (u64, Vec<String>) = self.conn.query_on(&master, &cmd).await?;
         let owned = self.index.owned_pods();
         let mut names: Vec<(PodId, Arc<str>)> = Vec::new();
         self.owned_names(&owned, &mut names);
-        let mut spent = 1;
         let mut writes = redis::pipe();
         let mut writes_n = 0;
         let mut blocks: Vec<(&str, Option<ModelId>, u64)> = Vec::new();
@@ -693,8 +716,13 @@ impl Writer {
         if writes_n > 0 {
             self.send_background(&writes).await?;
         }
-        pass.phase = Phase::Scan(next);
-        Ok((spent + writes_n, next == 0))
+        if next == 0 {
+            scan.at += 1;
+        }
+        scan.cursor = next;
+        let done = scan.at >= scan.masters.len();
+        pass.phase = Phase::Scan(scan);
+        Ok((spent + writes_n, done))
     }
 
     /// Whether `key` is a mapping key of an owned pod whose engine hash no source of the pod

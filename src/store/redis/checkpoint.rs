@@ -16,14 +16,13 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use super::MirrorError;
 use crate::index::{EngineState, Index, SourceId, SourceSpec};
 use crate::medium::{MediaSet, Medium};
-use crate::redis_layout::{redact_url, scrub_secrets};
+use crate::redis_conn::{RedisConn, RedisTarget};
 use crate::wire::{BlockHash, Engine};
 
 /// The hash of every source's watermark.
@@ -165,14 +164,14 @@ impl RestoreSummary {
 /// # Errors
 /// [`MirrorError::Command`] when Redis fails mid-way (the caller starts cold instead).
 pub async fn restore(
-    conn: &mut ConnectionManager,
-    url: &str,
+    conn: &mut RedisConn,
+    target: &RedisTarget,
     index: &Index,
 ) -> Result<(RestoreSummary, Vec<(SourceId, Watermark)>), MirrorError> {
     let started = Instant::now();
     let failed = |e: redis::RedisError| MirrorError::Command {
-        url: redact_url(url),
-        reason: scrub_secrets(url, &e.to_string()),
+        url: target.shown(),
+        reason: target.scrub(&e.to_string()),
     };
     let entries: Vec<(String, String)> = conn.hgetall(WATERMARKS_KEY).await.map_err(failed)?;
     let mut summary = RestoreSummary::default();
@@ -211,7 +210,7 @@ pub async fn restore(
 }
 
 async fn restore_state_key(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     key: &str,
     index: &Index,
     source: SourceId,

@@ -7,9 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::mirror::connect;
 use super::MirrorError;
-use crate::redis_layout::{
-    block_key_pattern, mapping_key_pattern, redact_url, scrub_secrets, split_block_key,
-};
+use crate::redis_conn::{RedisConn, RedisTarget};
+use crate::redis_layout::{block_key_pattern, mapping_key_pattern, split_block_key};
 use crate::wire::Engine;
 
 /// Keys fetched per pipeline.
@@ -33,8 +32,7 @@ pub struct RedisDump {
     pub mappings: BTreeMap<String, MappingEntry>,
 }
 
-/// Reads kvindex's keys. `model` keeps block keys of that model (and mapping keys pointing at
-/// their hashes); `pod` keeps that pod's fields and mapping keys.
+/// [`dump_target`] of a single Redis at `url`.
 ///
 /// # Errors
 /// [`MirrorError`] when Redis cannot be reached or a command fails.
@@ -43,10 +41,23 @@ pub async fn dump(
     model: Option<&str>,
     pod: Option<&str>,
 ) -> Result<RedisDump, MirrorError> {
-    let mut conn = connect(url).await?;
+    dump_target(&RedisTarget::Single(url.to_owned()), model, pod).await
+}
+
+/// Reads kvindex's keys (on a Redis Cluster, from every master). `model` keeps block keys of that model (and mapping keys pointing at
+/// their hashes); `pod` keeps that pod's fields and mapping keys.
+///
+/// # Errors
+/// [`MirrorError`] when Redis cannot be reached or a command fails.
+pub async fn dump_target(
+    target: &RedisTarget,
+    model: Option<&str>,
+    pod: Option<&str>,
+) -> Result<RedisDump, MirrorError> {
+    let mut conn = connect(target).await?;
     let failed = |e: redis::RedisError| MirrorError::Command {
-        url: redact_url(url),
-        reason: scrub_secrets(url, &e.to_string()),
+        url: target.shown(),
+        reason: target.scrub(&e.to_string()),
     };
     let block_keys = scan(&mut conn, &block_key_pattern(model))
         .await
@@ -116,26 +127,25 @@ pub async fn dump(
     Ok(out)
 }
 
-async fn scan(
-    conn: &mut redis::aio::ConnectionManager,
-    pattern: &str,
-) -> Result<Vec<String>, redis::RedisError> {
+/// Every key matching `pattern` on every master, sorted.
+async fn scan(conn: &mut RedisConn, pattern: &str) -> Result<Vec<String>, redis::RedisError> {
     let mut keys = BTreeSet::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await?;
-        keys.extend(batch);
-        if next == 0 {
-            break;
+    for master in conn.masters().await? {
+        let mut cursor: u64 = 0;
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let (next, batch): (u64, Vec<String>) = conn.query_on(&master, &cmd).await?;
+            keys.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        cursor = next;
     }
     Ok(keys.into_iter().collect())
 }

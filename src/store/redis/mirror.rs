@@ -18,9 +18,8 @@ use super::checkpoint::{
 use super::{MirrorError, RedisConfig};
 use crate::index::{Checkpoint, Delta, EngineState, Index, ModelId, PodId, SourceId};
 use crate::medium::TierWeights;
-use crate::redis_layout::{
-    block_key, field_value, mapping_key, mapping_value, redact_url, scrub_secrets, MAPPING_TTL_SECS,
-};
+use crate::redis_conn::{ClusterConn, ClusterSettings, RedisConn, RedisTarget};
+use crate::redis_layout::{block_key, field_value, mapping_key, mapping_value, MAPPING_TTL_SECS};
 use crate::wire::{BlockHash, Engine};
 
 /// First retry after a failure; doubles up to [`MAX_BACKOFF`].
@@ -31,6 +30,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// A connection attempt that takes longer than this counts as Redis being down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Retries of one cluster request by the client: enough to follow a `MOVED` and an `ASK`,
+/// few enough that a dead master makes the mirror dirty at once (ingest goes on, and the
+/// reconcile after the failover rewrites what failed) rather than stalling the writer while
+/// a replica is promoted.
+const CLUSTER_RETRIES: u32 = 3;
 /// Flush latencies kept for the percentiles.
 const LATENCY_SAMPLES: usize = 4096;
 
@@ -214,29 +218,23 @@ impl Shared {
     }
 }
 
-/// Opens a managed connection and checks it with a PING, so a bad URL, refused connection
-/// or failed auth is a start-up error.
+/// Opens a managed connection (or a cluster connection) and checks it with a PING, so a bad
+/// URL, refused connection or failed auth is a start-up error.
 ///
 /// # Errors
 /// [`MirrorError`] naming the URL without its password.
-pub(super) async fn connect(url: &str) -> Result<ConnectionManager, MirrorError> {
-    let shown = redact_url(url);
-    let scrub = |e: &redis::RedisError| scrub_secrets(url, &e.to_string());
-    let client = redis::Client::open(url).map_err(|e| MirrorError::BadUrl {
-        url: shown.clone(),
-        reason: scrub(&e),
-    })?;
-    // No push sender: it needs RESP3, and kthena's Redis may speak only RESP2. A dropped
-    // connection shows up as a failed command instead, which makes the mirror dirty.
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
-        .set_number_of_retries(1)
-        .set_max_delay(MAX_BACKOFF);
+pub(super) async fn connect(target: &RedisTarget) -> Result<RedisConn, MirrorError> {
+    let shown = target.shown();
+    let scrub = |e: &redis::RedisError| target.scrub(&e.to_string());
     let classify = |e: redis::RedisError| {
         let reason = scrub(&e);
         if is_auth_error(&e) {
             MirrorError::Auth {
+                url: shown.clone(),
+                reason,
+            }
+        } else if e.kind() == redis::ErrorKind::InvalidClientConfig {
+            MirrorError::BadUrl {
                 url: shown.clone(),
                 reason,
             }
@@ -247,9 +245,39 @@ pub(super) async fn connect(url: &str) -> Result<ConnectionManager, MirrorError>
             }
         }
     };
-    let mut conn = ConnectionManager::new_with_config(client, config)
-        .await
-        .map_err(classify)?;
+    let mut conn = match target {
+        RedisTarget::Single(url) => {
+            let client = redis::Client::open(url.as_str()).map_err(|e| MirrorError::BadUrl {
+                url: shown.clone(),
+                reason: scrub(&e),
+            })?;
+            // No push sender: it needs RESP3, and kthena's Redis may speak only RESP2. A
+            // dropped connection shows up as a failed command instead, which makes the
+            // mirror dirty.
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                .set_number_of_retries(1)
+                .set_max_delay(MAX_BACKOFF);
+            let manager = ConnectionManager::new_with_config(client, config)
+                .await
+                .map_err(classify)?;
+            RedisConn::Single(manager)
+        }
+        RedisTarget::Cluster(urls) => {
+            let settings = ClusterSettings {
+                connect_timeout: CONNECT_TIMEOUT,
+                response_timeout: RESPONSE_TIMEOUT,
+                retries: CLUSTER_RETRIES,
+                commit_key: Some(WATERMARKS_KEY.to_owned()),
+            };
+            RedisConn::Cluster(
+                ClusterConn::connect(urls, settings)
+                    .await
+                    .map_err(classify)?,
+            )
+        }
+    };
     redis::cmd("PING")
         .query_async::<()>(&mut conn)
         .await
@@ -272,7 +300,7 @@ pub(super) struct Writer {
     pub(super) config: RedisConfig,
     pub(super) index: Index,
     pub(super) weights: TierWeights,
-    pub(super) conn: ConnectionManager,
+    pub(super) conn: RedisConn,
     pub(super) shared: Arc<Shared>,
     /// Wanted state per key since the last flush (coalescing: the last delta wins).
     pub(super) pending: HashMap<Key, Delta>,
@@ -339,7 +367,7 @@ impl Writer {
         config: RedisConfig,
         index: Index,
         weights: TierWeights,
-        conn: ConnectionManager,
+        conn: RedisConn,
         shared: Arc<Shared>,
     ) -> Writer {
         shared.healthy.store(true, Ordering::Relaxed);
@@ -744,18 +772,18 @@ impl Writer {
     /// Stops writing until a reconcile succeeds; pending keys join the record. The driver's
     /// message is logged without the URL's password.
     pub(super) fn go_dirty(&mut self, err: &redis::RedisError) {
-        let reason = scrub_secrets(&self.config.url, &err.to_string());
+        let reason = self.config.target.scrub(&err.to_string());
         if self.dirty {
             self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
             tracing::debug!(
-                url = %redact_url(&self.config.url),
+                url = %self.config.target,
                 reason = %reason,
                 backoff_ms = self.backoff.as_millis() as u64,
                 "Redis still fails; the mirror retries its reconcile after the backoff."
             );
         } else {
             tracing::warn!(
-                url = %redact_url(&self.config.url),
+                url = %self.config.target,
                 reason = %reason,
                 "Redis writes failed; the mirror pauses and will reconcile from the index once Redis answers."
             );

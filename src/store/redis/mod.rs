@@ -13,7 +13,8 @@
 //! | `tests.rs` | unit tests of coalescing |
 //!
 //! Key and value spellings and URL redaction live in [`crate::redis_layout`], shared with the
-//! Redis scoring backend.
+//! Redis scoring backend; the connection ([`RedisConn`]: a single Redis or a Redis Cluster,
+//! pipelines split per master) in [`crate::redis_conn`].
 //!
 //! The index is the truth. Deltas flow one way into a bounded queue; the writer coalesces
 //! them per flush (last write of a field or mapping key wins, so writes to one key stay in
@@ -48,18 +49,19 @@ use tokio::task::JoinHandle;
 
 use crate::index::{Checkpoint, Delta, Index};
 use crate::medium::TierWeights;
-use crate::redis_layout::redact_url;
+pub use crate::redis_conn::{RedisConn, RedisTarget};
 
 /// The field value format is part of kthena's layout; re-exported as [`RedisConfig`] uses it.
 pub use crate::redis_layout::ValueFormat;
-pub use dump::{dump, MappingEntry, RedisDump};
+pub use dump::{dump, dump_target, MappingEntry, RedisDump};
 use mirror::{Msg, Shared};
 
 /// Settings of the mirror.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisConfig {
-    /// `redis://[user:pass@]host:port/db` or `rediss://…` for TLS.
-    pub url: String,
+    /// Where Redis is: one server (`redis://[user:pass@]host:port/db`, `rediss://…` for
+    /// TLS) or a Redis Cluster's seed URLs.
+    pub target: RedisTarget,
     /// Field value format.
     pub value_format: ValueFormat,
     /// Write the engine-hash mapping keys (kthena compatibility; default on).
@@ -92,7 +94,7 @@ pub struct RedisConfig {
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
-            url: "redis://127.0.0.1:6379/0".to_owned(),
+            target: RedisTarget::Single("redis://127.0.0.1:6379/0".to_owned()),
             value_format: ValueFormat::Tiered,
             mapping_keys: true,
             flush_max_commands: 1000,
@@ -253,15 +255,15 @@ impl MirrorHandle {
     ) -> Result<MirrorHandle, MirrorError> {
         let shared = Arc::new(Shared::default());
         crate::metrics::mirror_upkeep_series();
-        let mut conn = mirror::connect(&config.url).await?;
+        let mut conn = mirror::connect(&config.target).await?;
         let (restored, marks) = if config.checkpoint {
-            let (summary, marks) = checkpoint::restore(&mut conn, &config.url, &index).await?;
+            let (summary, marks) = checkpoint::restore(&mut conn, &config.target, &index).await?;
             (Some(summary), marks)
         } else {
             (None, Vec::new())
         };
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
-        let url = redact_url(&config.url);
+        let url = config.target.shown();
         let mut writer = mirror::Writer::new(config, index, weights, conn, Arc::clone(&shared));
         writer.seed_marks(marks);
         let task = tokio::spawn(writer.run(rx));

@@ -27,7 +27,7 @@ impl Writer {
     /// by itself only after I/O errors, so once its credentials were refused (a password
     /// rotated and back) it would keep answering with that refusal forever.
     async fn renew_connection(&mut self) {
-        match connect(&self.config().url).await {
+        match connect(&self.config().target).await {
             Ok(conn) => self.conn = conn,
             Err(err) => {
                 tracing::debug!(error = %err, "Could not open a fresh Redis connection; retrying after the backoff.")

@@ -1,0 +1,234 @@
+//! Mirror throughput into a 3-master Redis Cluster against a single Redis, measured in the
+//! same run on the same machine: blocks per second through the mirror (index + coalescing +
+//! pipelines + Redis, kthena's layout, mapping keys on: 2 commands per block) with 1-block
+//! and 8-block `BlockStored` events, and `redis-benchmark -P 64 -t hset` against each as the
+//! servers' own pipelined limit.
+//!
+//! Every server is started here (`redis-server` on free 127.0.0.1 ports, no persistence; the
+//! cluster made by `redis-cli --cluster create`) and killed at the end; nothing touches the
+//! shared Redis on 6379. Rounds alternate single and cluster so drift on a shared machine
+//! hits both; the median of the rounds is printed.
+//!
+//! Run: `cargo run --release --example cluster_ingest -- [--blocks N] [--rounds R]
+//! [--flush-max COMMANDS]` (`redis.flush_max_commands`, default 1000).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvindex::index::{Delta, Index, SourceSpec};
+use kvindex::medium::{Medium, TierWeights};
+use kvindex::store::redis::{MirrorHandle, RedisConfig, RedisTarget};
+use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
+
+const BLOCK_SIZE: u32 = 16;
+
+/// A `redis-server` child, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(dir: &std::path::Path, cluster: bool) -> Server {
+        let port = free_port();
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir);
+        if cluster {
+            let conf = format!("nodes-{port}.conf");
+            let bus = free_port().to_string();
+            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file", &conf]);
+            cmd.args(["--cluster-port", &bus]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address").port()
+}
+
+fn cli(args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(args)
+        .output()
+        .expect("redis-cli on PATH");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Three masters in one cluster, ready (`cluster_state:ok` on every node).
+fn cluster(dir: &std::path::Path) -> Vec<Server> {
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start(dir, true)).collect();
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let mut args = vec!["--cluster", "create"];
+    args.extend(addrs.iter().map(String::as_str));
+    args.push("--cluster-yes");
+    cli(&args);
+    let started = Instant::now();
+    while !nodes
+        .iter()
+        .all(|n| cli(&["-p", &n.port.to_string(), "cluster", "info"]).contains("cluster_state:ok"))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "cluster not ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    nodes
+}
+
+fn event(first_hash: u64, blocks: u64) -> Event {
+    let block_hashes = (0..blocks)
+        .map(|i| BlockHash::Int(first_hash + i))
+        .collect();
+    let token_ids = (0..blocks * u64::from(BLOCK_SIZE))
+        .map(|t| (t ^ (first_hash * 31)) as u32)
+        .collect();
+    Event::BlockStored(BlockStored::new(
+        block_hashes,
+        token_ids,
+        BLOCK_SIZE,
+        Medium::GPU,
+    ))
+}
+
+/// Blocks per second of `blocks` fresh blocks in `per_event`-block events through the mirror.
+async fn ingest(target: RedisTarget, blocks: u64, per_event: u64, salt: u64) -> f64 {
+    let config = RedisConfig {
+        target,
+        flush_max_commands: arg("--flush-max", 1000) as usize,
+        verify: false,
+        anti_entropy_max_commands_per_s: 1,
+        anti_entropy_interval: Duration::from_secs(86_400),
+        ..RedisConfig::default()
+    };
+    let index = Index::new();
+    let source = index
+        .register_source(&SourceSpec {
+            pod: format!("bench-{salt}.bench"),
+            model: "bench-model".to_owned(),
+            engine: Engine::Vllm,
+            dp_rank: 0,
+        })
+        .expect("register");
+    let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default())
+        .await
+        .expect("mirror");
+    mirror.flush().await.expect("start-up reconcile");
+    let sender = mirror.sender();
+    let first = salt * 1_000_000_000;
+    let batches: Vec<EngineBatch> = (0..blocks / per_event)
+        .map(|i| EngineBatch::of(vec![event(first + i * per_event, per_event)]))
+        .collect();
+    let started = Instant::now();
+    for batch in &batches {
+        let mut deltas: Vec<Delta> = Vec::new();
+        let _ = index.apply(source, batch, 1_700_000_000, &mut deltas);
+        sender.send(deltas, None).await;
+    }
+    mirror.flush().await.expect("flush");
+    let took = started.elapsed();
+    mirror.shutdown(Duration::from_secs(30)).await;
+    blocks as f64 / took.as_secs_f64()
+}
+
+/// `redis-benchmark -P 64 -t hset` requests per second (`--cluster` for a cluster).
+fn redis_benchmark(port: u16, cluster: bool) -> f64 {
+    let port = port.to_string();
+    let mut args = vec!["-p", &port, "-P", "64", "-t", "hset", "-n", "500000", "-q"];
+    if cluster {
+        args.push("--cluster");
+    }
+    let out = Command::new("redis-benchmark")
+        .args(&args)
+        .output()
+        .expect("redis-benchmark");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .zip(text.split_whitespace().skip(1))
+        .find_map(|(n, unit)| {
+            unit.starts_with("requests")
+                .then(|| n.parse().ok())
+                .flatten()
+        })
+        .unwrap_or(0.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() {
+    let blocks = arg("--blocks", 200_000);
+    let rounds = arg("--rounds", 3);
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let single = Server::start(dir.path(), false);
+    let nodes = cluster(dir.path());
+    let single_target = RedisTarget::Single(single.url());
+    let cluster_target = RedisTarget::Cluster(nodes.iter().map(Server::url).collect());
+    println!("blocks per case: {blocks}, rounds: {rounds} (median shown)");
+    let mut salt = 1;
+    for per_event in [1u64, 8] {
+        let (mut s, mut c) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            s.push(ingest(single_target.clone(), blocks, per_event, salt).await);
+            c.push(ingest(cluster_target.clone(), blocks, per_event, salt + 1).await);
+            salt += 2;
+            for port in std::iter::once(single.port).chain(nodes.iter().map(|n| n.port)) {
+                cli(&["-p", &port.to_string(), "flushall"]);
+            }
+        }
+        let (s, c) = (median(s), median(c));
+        println!(
+            "{per_event}-block events: single {s:.0} blocks/s, cluster (3 masters) {c:.0} blocks/s, cluster/single {:.2}",
+            c / s
+        );
+    }
+    let rs = redis_benchmark(single.port, false);
+    let rc = redis_benchmark(nodes[0].port, true);
+    println!(
+        "redis-benchmark -P 64 -t hset: single {rs:.0}/s, cluster {rc:.0}/s, cluster/single {:.2}",
+        rc / rs.max(1.0)
+    );
+}
