@@ -25,6 +25,7 @@
 //! | [`config`] | the YAML config file |
 //! | [`metrics`] | Prometheus metrics |
 //! | [`daemon`] | the running service: composition root, health server, shutdown |
+//! | [`shard`] | which replica owns a pod: rendezvous hashing of `{pod}.{namespace}` |
 //! | [`sim`] | simulated engines (PUB + replay ROUTER) for `kvindex demo` and tests |
 //! | [`commands`] | the CLI commands, callable as library functions |
 //!
@@ -43,6 +44,7 @@ pub mod medium;
 pub mod metrics;
 pub mod redis_layout;
 pub mod score;
+pub mod shard;
 pub mod sim;
 pub mod store;
 pub mod wire;
@@ -52,6 +54,7 @@ pub use daemon::{Daemon, DaemonError};
 pub use hash::{prompt_block_hashes, std_hash, StdHash};
 pub use index::{Delta, DeltaSink, DumpEntry, Index, IndexStats};
 pub use medium::{MediaSet, Medium, TierWeights, WeightError};
+pub use shard::Shard;
 pub use score::{
     schedule, score_index, score_prefix, DecodeCandidate, IndexLookup, Lookup, Pair, PodScore,
     PrefixScores, PromptSettings,
