@@ -381,7 +381,8 @@ async fn sharded_replicas_split_the_pods_write_what_one_daemon_writes_and_grow_w
         .collect();
     let before = check_ownership(&replicas).await;
     for replica in &replicas {
-        wait_subscribed(replica, &mut pubs, &all).await;
+        let own = replica.own_pods().await;
+        wait_subscribed(replica, &mut pubs, &own).await;
     }
     wait_subscribed(&reference, &mut pubs, &all).await;
     publish(&mut pubs, 0..12).await;
