@@ -124,9 +124,10 @@ async fn main() {
     let client = redis::Client::open(args.redis.as_str()).expect("Redis URL");
     let mut conn = client.get_connection_manager().await.expect("Redis");
     let started = Instant::now();
-    let (summary, _) = checkpoint::restore(&mut conn, &args.redis, &restored)
-        .await
-        .expect("restore");
+    let (summary, _) =
+        checkpoint::restore(&mut conn, &args.redis, &restored, kvindex::Shard::SINGLE)
+            .await
+            .expect("restore");
     let took = started.elapsed();
     let got = restored.stats();
     println!(

@@ -621,7 +621,10 @@ impl ShardValue {
         let text = text.trim();
         let ordinal = || {
             let (name, n) = text.rsplit_once('-')?;
-            (!name.is_empty() && var == SHARD_INDEX_VAR).then_some(n)?.parse().ok()
+            (!name.is_empty() && var == SHARD_INDEX_VAR)
+                .then_some(n)?
+                .parse()
+                .ok()
         };
         let Some(value) = text.parse::<u32>().ok().or_else(ordinal) else {
             let what = if var == SHARD_INDEX_VAR {
@@ -1120,19 +1123,46 @@ targets:
                 .to_string()
         };
         let got = issue("redis: {}\nshard: {index: 3, count: 3}\n", &[]);
-        assert!(got.contains("shard.index (line 2): 3 must be below shard.count (3)"), "{got}");
+        assert!(
+            got.contains("shard.index (line 2): 3 must be below shard.count (3)"),
+            "{got}"
+        );
         let got = issue("redis: {}\nshard:\n  count: 0\n", &[]);
-        assert!(got.contains("shard.count (line 3): must lie in 1..=1024"), "{got}");
+        assert!(
+            got.contains("shard.count (line 3): must lie in 1..=1024"),
+            "{got}"
+        );
         let got = issue("redis: {}\nshard: {count: 2}\n", &[]);
-        assert!(got.contains("shard.index: is required when shard.count is 2"), "{got}");
+        assert!(
+            got.contains("shard.index: is required when shard.count is 2"),
+            "{got}"
+        );
         let got = issue("shard: {index: 0, count: 2}\n", &[]);
-        assert!(got.contains("shard.count (line 1): more than one replica needs `redis:`"), "{got}");
+        assert!(
+            got.contains("shard.count (line 1): more than one replica needs `redis:`"),
+            "{got}"
+        );
         let got = issue("redis: {}\n", &[("KVINDEX_SHARD_COUNT", "three")]);
-        assert!(got.contains("KVINDEX_SHARD_COUNT: `three` is not a number"), "{got}");
-        let got = issue("redis: {}\nshard: {count: 4}\n", &[("KVINDEX_SHARD_INDEX", "4")]);
-        assert!(got.contains("KVINDEX_SHARD_INDEX: 4 must be below shard.count (4)"), "{got}");
-        let got = issue("redis: {}\nshard: {count: 4}\n", &[("KVINDEX_SHARD_INDEX", "kvindex-x")]);
-        assert!(got.contains("KVINDEX_SHARD_INDEX: `kvindex-x` is neither a number"), "{got}");
+        assert!(
+            got.contains("KVINDEX_SHARD_COUNT: `three` is not a number"),
+            "{got}"
+        );
+        let got = issue(
+            "redis: {}\nshard: {count: 4}\n",
+            &[("KVINDEX_SHARD_INDEX", "4")],
+        );
+        assert!(
+            got.contains("KVINDEX_SHARD_INDEX: 4 must be below shard.count (4)"),
+            "{got}"
+        );
+        let got = issue(
+            "redis: {}\nshard: {count: 4}\n",
+            &[("KVINDEX_SHARD_INDEX", "kvindex-x")],
+        );
+        assert!(
+            got.contains("KVINDEX_SHARD_INDEX: `kvindex-x` is neither a number"),
+            "{got}"
+        );
         let got = issue("redis: {}\nshard: {index: 0, count: 1, size: 2}\n", &[]);
         assert!(got.contains("size"), "{got}");
     }
@@ -1140,7 +1170,10 @@ targets:
     #[test]
     fn the_environment_sets_the_shard_and_takes_a_statefulset_pod_name() {
         let file = "redis: {}\nshard: {index: 0, count: 2}\n";
-        let vars = env(&[("KVINDEX_SHARD_INDEX", "kvindex-2"), ("KVINDEX_SHARD_COUNT", "3")]);
+        let vars = env(&[
+            ("KVINDEX_SHARD_INDEX", "kvindex-2"),
+            ("KVINDEX_SHARD_COUNT", "3"),
+        ]);
         let c = Config::from_str_with_env(file, &vars).unwrap();
         assert_eq!(c.shard, Shard { index: 2, count: 3 });
         let vars = env(&[("KVINDEX_SHARD_INDEX", "1"), ("KVINDEX_SHARD_COUNT", "2")]);

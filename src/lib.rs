@@ -54,11 +54,11 @@ pub use daemon::{Daemon, DaemonError};
 pub use hash::{prompt_block_hashes, std_hash, StdHash};
 pub use index::{Delta, DeltaSink, DumpEntry, Index, IndexStats};
 pub use medium::{MediaSet, Medium, TierWeights, WeightError};
-pub use shard::Shard;
 pub use score::{
     schedule, score_index, score_prefix, DecodeCandidate, IndexLookup, Lookup, Pair, PodScore,
     PrefixScores, PromptSettings,
 };
+pub use shard::Shard;
 pub use store::redis::{MirrorError, MirrorHandle, MirrorStop, RedisConfig, ValueFormat};
 pub use wire::{
     decode_batch, decode_message, BlockHash, DecodeError, DecodeOptions, Engine, EngineBatch, Event,

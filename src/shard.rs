@@ -108,8 +108,12 @@ mod tests {
     /// Python's hashlib from the rule in the module header.
     #[test]
     fn owners_of_the_integration_pods_are_pinned() {
-        let by_3: Vec<u32> = (0..12).map(|i| owner(&format!("engine-{i}.team-a"), 3)).collect();
-        let by_4: Vec<u32> = (0..12).map(|i| owner(&format!("engine-{i}.team-a"), 4)).collect();
+        let by_3: Vec<u32> = (0..12)
+            .map(|i| owner(&format!("engine-{i}.team-a"), 3))
+            .collect();
+        let by_4: Vec<u32> = (0..12)
+            .map(|i| owner(&format!("engine-{i}.team-a"), 4))
+            .collect();
         assert_eq!(by_3, [2, 1, 2, 0, 2, 1, 0, 2, 2, 2, 1, 1]);
         assert_eq!(by_4, [2, 1, 3, 0, 2, 1, 0, 2, 3, 3, 3, 1]);
     }
@@ -142,7 +146,10 @@ mod tests {
             let fair = pods.len() / count as usize;
             for n in per {
                 // Binomial spread: ±10 % of a fair share is > 5 sigma at these sizes.
-                assert!(n.abs_diff(fair) * 10 < fair, "{count} shards: {n} vs {fair}");
+                assert!(
+                    n.abs_diff(fair) * 10 < fair,
+                    "{count} shards: {n} vs {fair}"
+                );
             }
         }
     }
@@ -160,7 +167,11 @@ mod tests {
             }
             let want = pods.len() as f64 / f64::from(n + 1);
             let got = moved.len() as f64;
-            assert!((got - want).abs() < want * 0.1, "{n}→{}: {got} moved, ~{want} expected", n + 1);
+            assert!(
+                (got - want).abs() < want * 0.1,
+                "{n}→{}: {got} moved, ~{want} expected",
+                n + 1
+            );
         }
     }
 

@@ -90,7 +90,11 @@ impl Kvindex {
             }
         });
         match listeners(&rx) {
-            Some((metrics, api)) => Kvindex { child, metrics, api },
+            Some((metrics, api)) => Kvindex {
+                child,
+                metrics,
+                api,
+            },
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -286,7 +290,10 @@ async fn wait_watermarks(url: &str, last: u64) {
         if marks.len() == PODS && marks.values().all(|s| *s == last) {
             return;
         }
-        assert!(Instant::now() < end, "watermarks never reached {last}: {marks:?}");
+        assert!(
+            Instant::now() < end,
+            "watermarks never reached {last}: {marks:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -336,7 +343,10 @@ async fn check_ownership(replicas: &[Kvindex]) -> BTreeMap<String, u32> {
         }
         sum
     };
-    assert_eq!(owned, PODS as f64, "kvindex_shard_owned_targets over the replicas");
+    assert_eq!(
+        owned, PODS as f64,
+        "kvindex_shard_owned_targets over the replicas"
+    );
     owners
 }
 
@@ -352,6 +362,40 @@ async fn check_scores(replicas: &[Kvindex], reference: &Kvindex, seq: u64) {
             assert_eq!(replica.score(&tokens).await, want, "replica {r}, pod {i}");
         }
     }
+}
+
+/// Fails with the keys that differ (a whole dump is too long to read).
+fn assert_same(got: &RedisDump, want: &RedisDump, what: &str) {
+    if got == want {
+        return;
+    }
+    let differ = |a: &BTreeMap<String, BTreeMap<String, String>>,
+                  b: &BTreeMap<String, BTreeMap<String, String>>| {
+        a.iter()
+            .filter(|(k, v)| b.get(*k) != Some(*v))
+            .map(|(k, v)| format!("{k}={v:?}"))
+            .take(5)
+            .collect::<Vec<_>>()
+    };
+    let mappings = |a: &RedisDump, b: &RedisDump| {
+        a.mappings
+            .keys()
+            .filter(|k| !b.mappings.contains_key(*k))
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    panic!(
+        "{what}: {} vs {} block keys, {} vs {} mapping keys; only in the replicas' Redis: {:?} {:?}; only in the reference: {:?} {:?}",
+        got.blocks.len(),
+        want.blocks.len(),
+        got.mappings.len(),
+        want.mappings.len(),
+        differ(&got.blocks, &want.blocks),
+        mappings(got, want),
+        differ(&want.blocks, &got.blocks),
+        mappings(want, got),
+    );
 }
 
 async fn checkpoint_sources(url: &str) -> BTreeSet<String> {
@@ -389,8 +433,16 @@ async fn sharded_replicas_split_the_pods_write_what_one_daemon_writes_and_grow_w
     wait_watermarks(&shared.url(), 11).await;
     wait_watermarks(&single.url(), 11).await;
     let got = redis_now(&shared.url()).await;
-    assert!(got.blocks.len() > PODS * 10, "{} block keys", got.blocks.len());
-    assert_eq!(got, redis_now(&single.url()).await, "3 replicas vs one daemon");
+    assert!(
+        got.blocks.len() > PODS * 10,
+        "{} block keys",
+        got.blocks.len()
+    );
+    assert_same(
+        &got,
+        &redis_now(&single.url()).await,
+        "3 replicas vs one daemon",
+    );
     assert_eq!(
         checkpoint_sources(&shared.url()).await,
         checkpoint_sources(&single.url()).await
@@ -405,13 +457,20 @@ async fn sharded_replicas_split_the_pods_write_what_one_daemon_writes_and_grow_w
         .cloned()
         .collect();
     assert!(!moved.is_empty() && moved.len() < PODS / 2, "{moved:?}");
-    assert_eq!(newcomer.own_pods().await, moved, "the newcomer takes the moved pods");
+    assert_eq!(
+        newcomer.own_pods().await,
+        moved,
+        "the newcomer takes the moved pods"
+    );
     wait_subscribed(&newcomer, &mut pubs, &moved).await;
     let restored = newcomer
         .metric("kvindex_warm_start_engine_blocks", "")
         .await
         .unwrap_or(0.0);
-    assert!(restored > 0.0, "the newcomer restored the moved pods' checkpoint");
+    assert!(
+        restored > 0.0,
+        "the newcomer restored the moved pods' checkpoint"
+    );
     // Moved pods have two owners for now: both write the same stream.
     publish(&mut pubs, 12..18).await;
     wait_watermarks(&shared.url(), 17).await;
@@ -421,7 +480,11 @@ async fn sharded_replicas_split_the_pods_write_what_one_daemon_writes_and_grow_w
         let old = replicas.remove(r);
         old.stop();
         let new = Kvindex::start(&sharded_config, &shard_env(r as u32, 4));
-        let own: BTreeSet<String> = all.iter().filter(|p| owner(p, 4) == r as u32).cloned().collect();
+        let own: BTreeSet<String> = all
+            .iter()
+            .filter(|p| owner(p, 4) == r as u32)
+            .cloned()
+            .collect();
         assert_eq!(new.own_pods().await, own, "replica {r} with 4 shards");
         wait_subscribed(&new, &mut pubs, &own).await;
         replicas.insert(r, new);
@@ -446,7 +509,10 @@ async fn sharded_replicas_split_the_pods_write_what_one_daemon_writes_and_grow_w
             .await
             .is_none()
         {
-            assert!(Instant::now() < end, "replica {r} never finished an anti-entropy pass");
+            assert!(
+                Instant::now() < end,
+                "replica {r} never finished an anti-entropy pass"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -458,14 +524,25 @@ async fn sharded_replicas_split_the_pods_write_what_one_daemon_writes_and_grow_w
     // newer write before applying the same message itself, a transient repair both ways.
     for (r, replica) in replicas.iter().enumerate().take(3) {
         let deleted = replica
-            .metric("kvindex_anti_entropy_repairs_total", "direction=\"deleted\"")
+            .metric(
+                "kvindex_anti_entropy_repairs_total",
+                "direction=\"deleted\"",
+            )
             .await;
-        assert_eq!(deleted, Some(0.0), "replica {r} deleted keys by anti-entropy");
+        assert_eq!(
+            deleted,
+            Some(0.0),
+            "replica {r} deleted keys by anti-entropy"
+        );
     }
     // The moved pods' keys written by their new owner are all there: the union still equals
     // the single daemon's, the moved pods included.
     let got = redis_now(&shared.url()).await;
-    assert_eq!(got, redis_now(&single.url()).await, "4 replicas vs one daemon");
+    assert_same(
+        &got,
+        &redis_now(&single.url()).await,
+        "4 replicas vs one daemon",
+    );
     for p in &moved {
         let i: usize = p
             .trim_start_matches("engine-")
@@ -477,7 +554,10 @@ async fn sharded_replicas_split_the_pods_write_what_one_daemon_writes_and_grow_w
             p,
             &kvindex::wire::BlockHash::Int(engine_hash(i, 23, 0)),
         );
-        assert!(got.mappings.contains_key(&key), "{key} written by the new owner");
+        assert!(
+            got.mappings.contains_key(&key),
+            "{key} written by the new owner"
+        );
     }
     check_scores(&replicas, &reference, 23).await;
     for replica in replicas {

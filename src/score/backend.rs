@@ -75,14 +75,9 @@ impl ScoreBackend {
         weights: &TierWeights,
     ) -> Result<PrefixScores, RedisLookupError> {
         match self {
-            ScoreBackend::Index(index) => Ok(score_index(
-                index,
-                model,
-                blocks,
-                candidates,
-                weights,
-                &[],
-            )),
+            ScoreBackend::Index(index) => {
+                Ok(score_index(index, model, blocks, candidates, weights, &[]))
+            }
             ScoreBackend::Redis(conn) => {
                 let mut conn = conn.clone();
                 let mut owners =

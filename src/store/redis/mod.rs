@@ -260,7 +260,8 @@ impl MirrorHandle {
         crate::metrics::mirror_upkeep_series();
         let mut conn = mirror::connect(&config.url).await?;
         let (restored, marks) = if config.checkpoint {
-            let (summary, marks) = checkpoint::restore(&mut conn, &config.url, &index, config.shard).await?;
+            let (summary, marks) =
+                checkpoint::restore(&mut conn, &config.url, &index, config.shard).await?;
             (Some(summary), marks)
         } else {
             (None, Vec::new())
