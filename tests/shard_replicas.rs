@@ -350,9 +350,45 @@ async fn check_ownership(replicas: &[Kvindex]) -> BTreeMap<String, u32> {
     owners
 }
 
+/// `POST /v1/pd/schedule` of a prompt of pod `i`'s blocks: every pod a decode, the prefill
+/// groups by pod number modulo 3; the body's `pairs`.
+async fn pd_pairs(process: &Kvindex, i: usize, seq: u64) -> serde_json::Value {
+    let mut tokens = block_tokens(i, seq, 0);
+    tokens.extend(block_tokens(i, seq, 1));
+    let decode: Vec<serde_json::Value> = (0..PODS)
+        .map(|d| serde_json::json!({"pod": pod_id(d), "group": format!("g{}", d % 3)}))
+        .collect();
+    let prefill: BTreeMap<String, Vec<String>> = (0..3)
+        .map(|g| {
+            let pods = (0..PODS).filter(|p| p % 3 == g).map(pod_id).collect();
+            (format!("g{g}"), pods)
+        })
+        .collect();
+    let body =
+        serde_json::json!({"model": MODEL, "tokens": tokens, "decode": decode, "prefill": prefill});
+    let (code, reply) =
+        http_request(process.api, "POST", "/v1/pd/schedule", &body.to_string()).await;
+    assert_eq!(code, 200, "{reply}");
+    let body: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap();
+    body["pairs"].clone()
+}
+
 /// Scores of one block of every pod, from every replica and the reference: all equal, and
-/// each prompt scores its pod 100 (the replicas read Redis, the reference its index).
+/// each prompt scores its pod 100 (the replicas read Redis, the reference its index). The
+/// PD route likewise pairs as the reference does.
 async fn check_scores(replicas: &[Kvindex], reference: &Kvindex, seq: u64) {
+    for i in [1, 5] {
+        let want = pd_pairs(reference, i, seq).await;
+        let first = &want[0];
+        assert_eq!(first["decode"], pod_id(i), "{want}");
+        for (r, replica) in replicas.iter().enumerate() {
+            assert_eq!(
+                pd_pairs(replica, i, seq).await,
+                want,
+                "replica {r}, pod {i}"
+            );
+        }
+    }
     for i in 0..PODS {
         let tokens = block_tokens(i, seq, 0);
         let want = reference.score(&tokens).await;
