@@ -77,6 +77,8 @@ impl Kvindex {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
             .args(["--log-format", "json", "--log", "info", "serve", "--config"])
             .arg(config)
+            .env_remove("KVINDEX_SHARD_INDEX")
+            .env_remove("KVINDEX_SHARD_COUNT")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -374,6 +374,56 @@ impl Supervisor {
 }
 
 impl Supervisor {
+    /// The targets this replica runs, as `GET /v1/pods` lists them.
+    fn own_pods(&self) -> Vec<PodStatus> {
+        let shard = self.shard().index;
+        self.status()
+            .into_iter()
+            .map(|t| {
+                let state = if t.ranks.iter().all(|r| r.state == LinkState::Connected) {
+                    LinkState::Connected
+                } else if t.ranks.iter().any(|r| r.state == LinkState::Disconnected) {
+                    LinkState::Disconnected
+                } else if t.ranks.iter().all(|r| r.state == LinkState::Stopped) {
+                    LinkState::Stopped
+                } else {
+                    LinkState::Connecting
+                };
+                let age = t
+                    .ranks
+                    .iter()
+                    .filter_map(|r| r.last_message)
+                    .map(|i| i.elapsed().as_secs_f64())
+                    .reduce(f64::min);
+                let pod = t.target.pod_id();
+                let resident = resident_blocks(&self.index, &pod);
+                let mut counters = PodCounters::default();
+                t.ranks.iter().for_each(|r| counters.add(&r.stats));
+                let last_error = t
+                    .ranks
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, r)| r.last_error.as_ref().map(|e| format!("rank {i}: {e}")));
+                let connected = t.ranks.iter().filter(|r| r.state == LinkState::Connected);
+                PodStatus {
+                    pod,
+                    model: t.target.model.clone(),
+                    engine: t.target.engine.as_str().to_owned(),
+                    endpoint: t.target.endpoint.to_string(),
+                    dp_ranks: t.target.dp_ranks,
+                    source: t.source.as_str().to_owned(),
+                    state: state.as_str().to_owned(),
+                    last_message_age_seconds: age,
+                    resident_blocks: resident,
+                    ranks_connected: connected.count() as u32,
+                    last_error,
+                    counters,
+                    shard,
+                }
+            })
+            .collect()
+    }
+
     /// The targets other shards own, as `GET /v1/pods` lists them: known from the config or
     /// discovery, not connected here.
     fn other_shards_pods(&self) -> Vec<PodStatus> {
@@ -401,52 +451,7 @@ const OTHER_SHARD: &str = "other_shard";
 
 impl PodsView for Supervisor {
     fn pods(&self) -> Vec<PodStatus> {
-        let shard = self.shard().index;
-        let mut pods: Vec<PodStatus> =
-            self.status()
-                .into_iter()
-                .map(|t| {
-                    let state = if t.ranks.iter().all(|r| r.state == LinkState::Connected) {
-                        LinkState::Connected
-                    } else if t.ranks.iter().any(|r| r.state == LinkState::Disconnected) {
-                        LinkState::Disconnected
-                    } else if t.ranks.iter().all(|r| r.state == LinkState::Stopped) {
-                        LinkState::Stopped
-                    } else {
-                        LinkState::Connecting
-                    };
-                    let age = t
-                        .ranks
-                        .iter()
-                        .filter_map(|r| r.last_message)
-                        .map(|i| i.elapsed().as_secs_f64())
-                        .reduce(f64::min);
-                    let pod = t.target.pod_id();
-                    let resident = resident_blocks(&self.index, &pod);
-                    let mut counters = PodCounters::default();
-                    t.ranks.iter().for_each(|r| counters.add(&r.stats));
-                    let last_error =
-                        t.ranks.iter().enumerate().find_map(|(i, r)| {
-                            r.last_error.as_ref().map(|e| format!("rank {i}: {e}"))
-                        });
-                    let connected = t.ranks.iter().filter(|r| r.state == LinkState::Connected);
-                    PodStatus {
-                        pod,
-                        model: t.target.model.clone(),
-                        engine: t.target.engine.as_str().to_owned(),
-                        endpoint: t.target.endpoint.to_string(),
-                        dp_ranks: t.target.dp_ranks,
-                        source: t.source.as_str().to_owned(),
-                        state: state.as_str().to_owned(),
-                        last_message_age_seconds: age,
-                        resident_blocks: resident,
-                        ranks_connected: connected.count() as u32,
-                        last_error,
-                        counters,
-                        shard,
-                    }
-                })
-                .collect();
+        let mut pods = self.own_pods();
         pods.extend(self.other_shards_pods());
         pods.sort_by(|a, b| a.pod.cmp(&b.pod));
         pods
