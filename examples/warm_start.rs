@@ -125,7 +125,7 @@ async fn main() {
     let mut conn = RedisConn::Single(client.get_connection_manager().await.expect("Redis"));
     let target = RedisTarget::Single(args.redis.clone());
     let started = Instant::now();
-    let (summary, _) = checkpoint::restore(&mut conn, &target, &restored)
+    let (summary, _) = checkpoint::restore(&mut conn, &target, &restored, kvindex::Shard::SINGLE)
         .await
         .expect("restore");
     let took = started.elapsed();

@@ -3,8 +3,8 @@
 //! Every problem is collected and reported at once, each naming the field and its line,
 //! before anything is bound. Environment variables override the common fields
 //! (`KVINDEX_REDIS_URL`, `KVINDEX_REDIS_VALUE_FORMAT`, `KVINDEX_API_LISTEN`,
-//! `KVINDEX_API_TOKEN`, `KVINDEX_METRICS_LISTEN`), read through [`Env`] so tests need no
-//! real environment.
+//! `KVINDEX_API_TOKEN`, `KVINDEX_METRICS_LISTEN`, `KVINDEX_SHARD_INDEX`,
+//! `KVINDEX_SHARD_COUNT`), read through [`Env`] so tests need no real environment.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use crate::medium::{TierWeights, WeightError};
+use crate::shard::{Shard, MAX_SHARDS};
 use crate::store::redis::{RedisConfig, RedisTarget, ValueFormat};
 use crate::wire::Engine;
 
@@ -53,6 +54,20 @@ pub struct RawConfig {
     /// Limits on what engines may send (every target).
     #[serde(default)]
     pub ingest: Option<RawIngest>,
+    /// This replica's share of the targets (sharded replicas); absent = it owns them all.
+    #[serde(default)]
+    pub shard: Option<RawShard>,
+}
+
+/// `shard:` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawShard {
+    /// This replica's shard number, `0..count` (env `KVINDEX_SHARD_INDEX`, which also takes
+    /// a StatefulSet pod name such as `kvindex-2`).
+    pub index: Option<Spanned<u32>>,
+    /// Replicas sharing the targets, at least 1 (env `KVINDEX_SHARD_COUNT`).
+    pub count: Option<Spanned<u32>>,
 }
 
 /// `ingest:` as written.
@@ -154,6 +169,8 @@ pub struct Config {
     pub discovery: Option<KubernetesConfig>,
     /// Limits on what engines may send.
     pub ingest: IngestLimits,
+    /// This replica's shard: it owns the targets that rendezvous hashing maps to it.
+    pub shard: Shard,
 }
 
 /// Limits on what engines may send, applied to every target.
@@ -374,6 +391,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
         .and_then(|d| d.kubernetes)
         .and_then(|k| validate_kubernetes(k, env, &mut issues));
     let ingest = validate_ingest(raw.ingest.unwrap_or_default(), &mut issues);
+    let shard = validate_shard(raw.shard, env, redis.is_some(), &mut issues);
     if issues.0.is_empty() {
         Ok(Config {
             redis,
@@ -383,6 +401,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
             targets,
             discovery,
             ingest,
+            shard,
         })
     } else {
         Err(ConfigError::Invalid(issues.0))
@@ -571,6 +590,104 @@ fn validate_api(section: Option<RawApi>, env: &impl Env, issues: &mut Issues) ->
         header_read_timeout,
         max_connections,
     })
+}
+
+/// The variable that overrides `shard.index`.
+const SHARD_INDEX_VAR: &str = "KVINDEX_SHARD_INDEX";
+/// The variable that overrides `shard.count`.
+const SHARD_COUNT_VAR: &str = "KVINDEX_SHARD_COUNT";
+
+/// `shard:` with its environment overrides: `count` in `1..=MAX_SHARDS`, `index < count`,
+/// an explicit index whenever `count > 1` (a default of 0 on every replica would leave the
+/// other shards' pods unowned), and Redis, which sharded replicas share.
+fn validate_shard(
+    section: Option<RawShard>,
+    env: &impl Env,
+    redis: bool,
+    issues: &mut Issues,
+) -> Shard {
+    let section = section.unwrap_or_default();
+    let count = ShardValue::read(SHARD_COUNT_VAR, "shard.count", section.count, env, issues);
+    let index = ShardValue::read(SHARD_INDEX_VAR, "shard.index", section.index, env, issues);
+    let (Some(count), Some(index)) = (count, index) else {
+        return Shard::SINGLE;
+    };
+    let n = count.value.unwrap_or(1);
+    if n == 0 || n > MAX_SHARDS {
+        count.refuse(issues, format!("must lie in 1..={MAX_SHARDS}"));
+        return Shard::SINGLE;
+    }
+    let i = match index.value {
+        Some(i) => i,
+        None if n > 1 => {
+            let what = format!("is required when shard.count is {n} (or set {SHARD_INDEX_VAR})");
+            index.refuse(issues, what);
+            return Shard::SINGLE;
+        }
+        None => 0,
+    };
+    if i >= n {
+        index.refuse(issues, format!("{i} must be below shard.count ({n})"));
+        return Shard::SINGLE;
+    }
+    if n > 1 && !redis {
+        let what = "more than one replica needs `redis:` (the replicas share it, and the API scores from it)";
+        count.refuse(issues, what);
+    }
+    Shard { index: i, count: n }
+}
+
+/// One `shard:` number and where it was given (the variable, or the field and its line).
+struct ShardValue {
+    value: Option<u32>,
+    field: String,
+    line: Option<u64>,
+}
+
+impl ShardValue {
+    /// The number from `var` (for the index also a pod name ending in `-N`, a StatefulSet
+    /// ordinal), else from the file; `None` when the variable is not a number.
+    fn read(
+        var: &str,
+        field: &str,
+        file: Option<Spanned<u32>>,
+        env: &impl Env,
+        issues: &mut Issues,
+    ) -> Option<ShardValue> {
+        let Some(text) = env.get(var) else {
+            return Some(ShardValue {
+                value: file.as_ref().map(|s| s.value),
+                field: field.to_owned(),
+                line: file.as_ref().and_then(line_of),
+            });
+        };
+        let text = text.trim();
+        let ordinal = || {
+            let (name, n) = text.rsplit_once('-')?;
+            (!name.is_empty() && var == SHARD_INDEX_VAR)
+                .then_some(n)?
+                .parse()
+                .ok()
+        };
+        let Some(value) = text.parse::<u32>().ok().or_else(ordinal) else {
+            let what = if var == SHARD_INDEX_VAR {
+                "is neither a number nor a pod name ending in -N (a StatefulSet ordinal)"
+            } else {
+                "is not a number"
+            };
+            issues.add(var, None, format!("`{text}` {what}; it overrides {field}"));
+            return None;
+        };
+        Some(ShardValue {
+            value: Some(value),
+            field: var.to_owned(),
+            line: None,
+        })
+    }
+
+    fn refuse(&self, issues: &mut Issues, what: impl Into<String>) {
+        issues.add(self.field.clone(), self.line, what);
+    }
 }
 
 /// `ingest:`: every limit at least 1.
@@ -886,11 +1003,17 @@ impl Config {
                 "replay_endpoints": t.replay_endpoint.as_ref().map(|e| (0..t.dp_ranks).filter_map(|r| e.for_rank(r)).collect::<Vec<_>>()),
                 "topic": t.topic,
                 "dp_ranks": t.dp_ranks,
+                "shard": self.shard.owner_of(&t.pod_id()),
             })).collect::<Vec<_>>(),
             "discovery": {"kubernetes": self.discovery.as_ref().map(KubernetesConfig::to_json)},
             "ingest": {
                 "max_frame_bytes": self.ingest.max_frame_bytes,
                 "max_models_per_source": self.ingest.max_models_per_source,
+            },
+            "shard": {
+                "index": self.shard.index,
+                "count": self.shard.count,
+                "owned_targets": self.targets.iter().filter(|t| self.shard.owns(&t.pod_id())).count(),
             },
         })
     }
@@ -1025,6 +1148,87 @@ targets:
             shown("api: {}\n", &[("KVINDEX_API_TOKEN", "secret2")]),
             "set"
         );
+    }
+
+    #[test]
+    fn shard_defaults_to_one_replica_and_shows_in_check_config() {
+        let c = Config::from_str("targets: []\n").unwrap();
+        assert_eq!(c.shard, Shard::SINGLE);
+        let text = "redis: {}\nshard: {index: 2, count: 3}\ntargets:\n  - {pod: vllm-0, model: m, engine: vllm, endpoint: 'tcp://h:1'}\n";
+        let c = Config::from_str(text).unwrap();
+        assert_eq!(c.shard, Shard { index: 2, count: 3 });
+        let json = c.to_json();
+        assert_eq!(json["shard"]["index"], 2);
+        assert_eq!(json["shard"]["count"], 3);
+        // vllm-0.default belongs to shard 0 of 3 (golden value in shard.rs).
+        assert_eq!(json["targets"][0]["shard"], 0);
+        assert_eq!(json["shard"]["owned_targets"], 0);
+    }
+
+    #[test]
+    fn bad_shard_settings_name_their_field() {
+        let issue = |text: &str, vars: &[(&str, &str)]| {
+            Config::from_str_with_env(text, &env(vars))
+                .unwrap_err()
+                .to_string()
+        };
+        let got = issue("redis: {}\nshard: {index: 3, count: 3}\n", &[]);
+        assert!(
+            got.contains("shard.index (line 2): 3 must be below shard.count (3)"),
+            "{got}"
+        );
+        let got = issue("redis: {}\nshard:\n  count: 0\n", &[]);
+        assert!(
+            got.contains("shard.count (line 3): must lie in 1..=1024"),
+            "{got}"
+        );
+        let got = issue("redis: {}\nshard: {count: 2}\n", &[]);
+        assert!(
+            got.contains("shard.index: is required when shard.count is 2"),
+            "{got}"
+        );
+        let got = issue("shard: {index: 0, count: 2}\n", &[]);
+        assert!(
+            got.contains("shard.count (line 1): more than one replica needs `redis:`"),
+            "{got}"
+        );
+        let got = issue("redis: {}\n", &[("KVINDEX_SHARD_COUNT", "three")]);
+        assert!(
+            got.contains("KVINDEX_SHARD_COUNT: `three` is not a number"),
+            "{got}"
+        );
+        let got = issue(
+            "redis: {}\nshard: {count: 4}\n",
+            &[("KVINDEX_SHARD_INDEX", "4")],
+        );
+        assert!(
+            got.contains("KVINDEX_SHARD_INDEX: 4 must be below shard.count (4)"),
+            "{got}"
+        );
+        let got = issue(
+            "redis: {}\nshard: {count: 4}\n",
+            &[("KVINDEX_SHARD_INDEX", "kvindex-x")],
+        );
+        assert!(
+            got.contains("KVINDEX_SHARD_INDEX: `kvindex-x` is neither a number"),
+            "{got}"
+        );
+        let got = issue("redis: {}\nshard: {index: 0, count: 1, size: 2}\n", &[]);
+        assert!(got.contains("size"), "{got}");
+    }
+
+    #[test]
+    fn the_environment_sets_the_shard_and_takes_a_statefulset_pod_name() {
+        let file = "redis: {}\nshard: {index: 0, count: 2}\n";
+        let vars = env(&[
+            ("KVINDEX_SHARD_INDEX", "kvindex-2"),
+            ("KVINDEX_SHARD_COUNT", "3"),
+        ]);
+        let c = Config::from_str_with_env(file, &vars).unwrap();
+        assert_eq!(c.shard, Shard { index: 2, count: 3 });
+        let vars = env(&[("KVINDEX_SHARD_INDEX", "1"), ("KVINDEX_SHARD_COUNT", "2")]);
+        let c = Config::from_str_with_env("redis: {}\n", &vars).unwrap();
+        assert_eq!(c.shard, Shard { index: 1, count: 2 });
     }
 
     #[test]

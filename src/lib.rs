@@ -26,6 +26,7 @@
 //! | [`config`] | the YAML config file |
 //! | [`metrics`] | Prometheus metrics |
 //! | [`daemon`] | the running service: composition root, health server, shutdown |
+//! | [`shard`] | which replica owns a pod: rendezvous hashing of `{pod}.{namespace}` |
 //! | [`sim`] | simulated engines (PUB + replay ROUTER) for `kvindex demo` and tests |
 //! | [`commands`] | the CLI commands, callable as library functions |
 //!
@@ -45,6 +46,7 @@ pub mod metrics;
 pub mod redis_conn;
 pub mod redis_layout;
 pub mod score;
+pub mod shard;
 pub mod sim;
 pub mod store;
 pub mod wire;
@@ -59,6 +61,7 @@ pub use score::{
     schedule, score_index, score_prefix, DecodeCandidate, IndexLookup, Lookup, Pair, PodScore,
     PrefixScores, PromptSettings,
 };
+pub use shard::Shard;
 pub use store::redis::{MirrorError, MirrorHandle, MirrorStop, RedisConfig, ValueFormat};
 pub use wire::{
     decode_batch, decode_message, BlockHash, DecodeError, DecodeOptions, Engine, EngineBatch, Event,

@@ -136,6 +136,18 @@ fn describe() {
     );
     describe_gauge!("kvindex_targets_connected", "DP-rank sockets connected.");
     describe_gauge!("kvindex_targets", "Running targets, by source.");
+    describe_gauge!(
+        "kvindex_shard_owned_targets",
+        "Targets this replica owns and runs (rendezvous hashing of pod.namespace)."
+    );
+    describe_gauge!(
+        "kvindex_shard_other_targets",
+        "Known targets (config or discovery) that other replicas own."
+    );
+    describe_gauge!(
+        "kvindex_shard_info",
+        "1, labelled with this replica's shard index and the shard count."
+    );
     describe_discovery();
     describe_counter!(
         "kvindex_reloads_refused_total",
@@ -316,6 +328,19 @@ pub fn restored(engine_blocks: u64, took_ms: u64) {
 /// The number of running targets from `source` (`static`, `kubernetes`).
 pub fn targets(source: &'static str, n: usize) {
     gauge!("kvindex_targets", "source" => source).set(n as f64);
+}
+
+/// Targets this replica owns (runs) and targets other replicas own, and its shard.
+pub fn shard_targets(shard: crate::shard::Shard, owned: usize, others: usize) {
+    gauge!("kvindex_shard_owned_targets").set(owned as f64);
+    gauge!("kvindex_shard_other_targets").set(others as f64);
+    // Two small numbers fixed for the life of the process: a bounded label set.
+    gauge!(
+        "kvindex_shard_info",
+        "index" => shard.index.to_string(),
+        "count" => shard.count.to_string()
+    )
+    .set(1.0);
 }
 
 /// Per-target gauges, kept here rather than in the recorder: the recorder cannot delete one

@@ -47,6 +47,8 @@ struct Setup<'a> {
     statics: &'a str,
     api: bool,
     reload: bool,
+    /// `shard:` as flow YAML (`{index: 1, count: 2}`).
+    shard: Option<&'a str>,
 }
 
 fn unique_model(tag: &str) -> String {
@@ -65,6 +67,9 @@ fn config_text(
     }
     if s.api {
         text += "api:\n  listen: 127.0.0.1:0\n";
+    }
+    if let Some(shard) = s.shard {
+        text += &format!("shard: {shard}\n");
     }
     text += &format!(
         "discovery:\n  kubernetes:\n    kubeconfig: {}\n    label_selector: app=engine\n    engine: vllm\n    model: {model}\n    not_ready_grace_s: {}\n",
@@ -286,6 +291,54 @@ async fn discovered_pods_are_subscribed_indexed_and_listed_with_static_targets()
         assert!(metrics.contains(series), "{series}: {metrics}");
     }
     wait_readyz(&r.daemon, 200, "ready").await;
+    r.daemon.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_replica_runs_only_the_discovered_and_static_pods_it_owns() {
+    let pods: Vec<FakePod> = (0..6)
+        .map(|i| FakePod::new(&format!("e{i}"), "llm", unbound_port()))
+        .collect();
+    let statics = target_yaml("s", "static-model", "vllm", unbound_port(), None, 1)
+        + &target_yaml("t", "static-model", "vllm", unbound_port(), None, 1);
+    let setup = Setup {
+        redis: true,
+        api: true,
+        grace_s: 30,
+        statics: &statics,
+        shard: Some("{index: 1, count: 2}"),
+        ..Setup::default()
+    };
+    let r = rig("shard", setup, &pods).await;
+    let owned = |ids: Vec<String>| -> Vec<String> {
+        ids.into_iter()
+            .filter(|id| kvindex::shard::owner(id, 2) == 1)
+            .collect()
+    };
+    let discovered = owned(pods.iter().map(FakePod::id).collect());
+    let want: Vec<&str> = discovered.iter().map(String::as_str).collect();
+    assert!(!want.is_empty() && want.len() < pods.len(), "{want:?}");
+    wait_targets(&r.daemon, TargetSource::Kubernetes, &want).await;
+    let statics = owned(vec!["s.test".to_owned(), "t.test".to_owned()]);
+    assert_eq!(target_ids(&r.daemon, TargetSource::Static), statics);
+
+    // `GET /v1/pods` lists every known pod with its owner; only the own ones are subscribed.
+    let (code, reply) = http_get(r.daemon.api_addr.unwrap(), "/v1/pods").await;
+    assert_eq!(code, 200, "{reply}");
+    let listed: serde_json::Value = serde_json::from_str(body(&reply)).unwrap();
+    let listed = listed["pods"].as_array().unwrap();
+    assert_eq!(listed.len(), pods.len() + 2);
+    for p in listed {
+        let id = p["pod"].as_str().unwrap();
+        let owner = kvindex::shard::owner(id, 2);
+        assert_eq!(p["shard"], owner, "{p}");
+        assert_eq!(p["state"] == "other_shard", owner != 1, "{p}");
+    }
+    let metrics = metrics_text(&r.daemon).await;
+    assert!(
+        metrics.contains("kvindex_shard_info{index=\"1\",count=\"2\"} 1"),
+        "{metrics}"
+    );
     r.daemon.shutdown(Duration::from_secs(5)).await;
 }
 

@@ -32,6 +32,16 @@ impl ApiError {
         }
     }
 
+    /// A 503: the scoring backend (Redis) failed. The cause is logged, never shown: it may
+    /// name internal hosts.
+    pub(super) fn backend(err: crate::score::RedisLookupError) -> ApiError {
+        tracing::warn!(error = %err, "The Redis scoring backend failed; answering 503.");
+        ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the scoring backend (Redis) is unavailable",
+        )
+    }
+
     /// An error of the request as a whole (no field), with its status.
     pub(super) fn status(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {

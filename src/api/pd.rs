@@ -175,13 +175,13 @@ pub(super) async fn pd_handler(
 ) -> Result<Response, ApiError> {
     let req: PdRequest = parse_body(&headers, body)?;
     let pd = req.validate(&state)?;
-    let mut scorer = KvScorer::from_index(
-        &state.index,
-        &req.model,
-        &pd.blocks,
-        &pd.all_pods(),
-        &pd.weights,
-    );
+    // The prompt is looked up once, for every pod the call may ask about.
+    let scores = state
+        .backend
+        .prefix_scores(&req.model, &pd.blocks, &pd.all_pods(), &pd.weights)
+        .await
+        .map_err(ApiError::backend)?;
+    let mut scorer = KvScorer::from_scores(&scores);
     let pairs = schedule(&pd.decodes, &pd.groups, pd.top_n, &mut scorer).map_err(pd_error)?;
     Ok(Json(PdBody::new(&pairs)).into_response())
 }

@@ -15,7 +15,7 @@ use super::error::ApiError;
 use super::state::ApiState;
 use crate::hash::StdHash;
 use crate::medium::TierWeights;
-use crate::score::{score_index, PrefixScores};
+use crate::score::PrefixScores;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -90,13 +90,10 @@ pub(super) async fn score_handler(
 ) -> Result<Response, ApiError> {
     let req: ScoreRequest = parse_body(&headers, body)?;
     let valid = req.validate(&state)?;
-    let scores = score_index(
-        &state.index,
-        &req.model,
-        &valid.blocks,
-        &req.pods,
-        &valid.weights,
-        &[],
-    );
+    let scores = state
+        .backend
+        .prefix_scores(&req.model, &valid.blocks, &req.pods, &valid.weights)
+        .await
+        .map_err(ApiError::backend)?;
     Ok(Json(ScoreBody::new(&scores)).into_response())
 }

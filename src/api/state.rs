@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::index::Index;
 use crate::ingest::PodsView;
 use crate::medium::TierWeights;
-use crate::score::PromptSettings;
+use crate::score::{PromptSettings, ScoreBackend};
 
 /// Protective limits of the service (axum's key-value-store example: shed, limit, time out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +35,7 @@ impl Default for ApiLimits {
 /// Everything the handlers need.
 #[derive(Clone)]
 pub struct ApiState {
-    pub(super) index: Index,
+    pub(super) backend: ScoreBackend,
     pub(super) weights: TierWeights,
     pub(super) token: Option<Arc<str>>,
     pub(super) pods: Arc<dyn PodsView>,
@@ -52,13 +52,20 @@ impl ApiState {
         pods: Arc<dyn PodsView>,
     ) -> ApiState {
         ApiState {
-            index,
+            backend: ScoreBackend::Index(index),
             weights,
             token: token.filter(|t| !t.is_empty()).map(Arc::from),
             pods,
             limits: ApiLimits::default(),
             prompt: PromptSettings::default(),
         }
+    }
+
+    /// Scores from `backend` instead of the in-memory index (sharded replicas read Redis,
+    /// where every replica's pods are).
+    pub fn with_backend(mut self, backend: ScoreBackend) -> ApiState {
+        self.backend = backend;
+        self
     }
 
     /// Replaces the protective limits.

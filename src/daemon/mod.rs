@@ -36,6 +36,7 @@ use crate::index::Index;
 use crate::ingest::discovery::{self, DiscoveryError, DiscoveryHealth};
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::supervisor::Supervisor;
+use crate::score::ScoreBackend;
 use crate::store::redis::{MirrorError, MirrorHandle, MirrorStop};
 use reload::reload_loop;
 
@@ -59,6 +60,9 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    /// The API's Redis scoring backend (sharded replicas) could not connect.
+    #[error("cannot start the API's Redis scoring backend")]
+    ScoreBackend(#[source] crate::score::RedisLookupError),
     /// The Kubernetes client for `discovery.kubernetes` could not be built.
     #[error("cannot start Kubernetes discovery")]
     Discovery(#[source] DiscoveryError),
@@ -122,6 +126,7 @@ impl Daemon {
             ),
             None => None,
         };
+        let backend = score_backend(&config, &index).await?;
         let listeners = bind_listeners(&config).await?;
         let metrics_addr = listeners.metrics.addr;
         let api_addr = listeners.api.as_ref().map(|(bound, _)| bound.addr);
@@ -134,6 +139,7 @@ impl Daemon {
             replay_limits,
         );
         supervisor.set_max_frame_bytes(config.ingest.max_frame_bytes);
+        supervisor.set_shard(config.shard);
         let mut daemon = Daemon {
             index,
             supervisor,
@@ -145,7 +151,7 @@ impl Daemon {
             mirror,
             tasks: Vec::new(),
         };
-        daemon.serve(listeners, metrics, &config, fds);
+        daemon.serve(listeners, metrics, &config, fds, backend);
         daemon.claim_restored(&config);
         daemon.start_targets(&config, config_path).await;
         daemon.start_discovery(&config, kube_client);
@@ -161,6 +167,7 @@ impl Daemon {
         metrics: Option<PrometheusHandle>,
         config: &Config,
         fds: fds::FdBudget,
+        backend: ScoreBackend,
     ) {
         let health = health::router(
             metrics,
@@ -181,7 +188,8 @@ impl Daemon {
                 config.weights.clone(),
                 api.token,
                 self.supervisor.clone(),
-            );
+            )
+            .with_backend(backend);
             if !auth {
                 warn!("The API is served without auth: api.token is not set.");
             }
@@ -212,6 +220,7 @@ impl Daemon {
             sources = restored.sources.len(),
             engine_blocks = restored.engine_blocks,
             bad_entries = restored.bad_entries,
+            other_shards = restored.other_shards,
             took_ms = restored.took_ms,
             "Warm start: rebuilt the index from the Redis checkpoint."
         );
@@ -294,6 +303,8 @@ fn log_started(config: &Config, metrics: SocketAddr, api: Option<SocketAddr>) {
         metrics = %format!("http://{metrics}/metrics"),
         health = %format!("http://{metrics}/readyz"),
         targets = config.targets.len(),
+        shard_index = config.shard.index,
+        shard_count = config.shard.count,
         discovery = config.discovery.is_some(),
         redis = %redis,
         "kvindex serve started: API at {api}, metrics at http://{metrics}/metrics, {} static targets.",
@@ -349,12 +360,26 @@ async fn start_mirror(
     // The daemon keeps a checkpoint next to kthena's keys, so a restart goes on where it was.
     let redis = crate::store::redis::RedisConfig {
         checkpoint: true,
+        shard: config.shard,
         ..redis.clone()
     };
     let mirror = MirrorHandle::start(redis, index.clone(), config.weights.clone())
         .await
         .map_err(DaemonError::Mirror)?;
     Ok(Some(Arc::new(mirror)))
+}
+
+/// What the API scores from: the in-memory index with one replica; Redis with several, as
+/// this replica's index holds only the pods it owns and Redis holds every replica's.
+async fn score_backend(config: &Config, index: &Index) -> Result<ScoreBackend, DaemonError> {
+    match &config.redis {
+        Some(redis) if config.shard.is_sharded() && config.api.is_some() => {
+            ScoreBackend::redis(&redis.target)
+                .await
+                .map_err(DaemonError::ScoreBackend)
+        }
+        _ => Ok(ScoreBackend::Index(index.clone())),
+    }
 }
 
 async fn bind_listeners(config: &Config) -> Result<Listeners, DaemonError> {

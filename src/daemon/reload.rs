@@ -122,6 +122,18 @@ async fn debounce(rx: &mut Receiver<()>) {
 async fn reload(path: &Path, supervisor: &Supervisor) {
     match Config::from_path(path, &ProcessEnv) {
         Ok(config) => {
+            let running = supervisor.shard();
+            if config.shard != running {
+                // A new owner must restore a moved pod's checkpoint, which happens at start;
+                // forgetting here would delete keys the new owner is about to resume.
+                warn!(
+                    running_index = running.index,
+                    running_count = running.count,
+                    file_index = config.shard.index,
+                    file_count = config.shard.count,
+                    "The shard settings changed; they apply at the next restart, the running shard is kept."
+                );
+            }
             let summary = supervisor.apply(config.targets).await;
             info!(
                 added = summary.added.len(),

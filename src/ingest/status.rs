@@ -21,7 +21,8 @@ pub struct PodStatus {
     pub dp_ranks: u32,
     /// Where the target came from: `static` (config file) or `kubernetes` (discovery).
     pub source: String,
-    /// `connected`, `connecting`, `disconnected` or `stopped`.
+    /// `connected`, `connecting`, `disconnected` or `stopped`; `other_shard` for a pod
+    /// another replica owns (not subscribed here).
     pub state: String,
     /// Seconds since the last message from any rank (`None` before the first).
     pub last_message_age_seconds: Option<f64>,
@@ -33,6 +34,8 @@ pub struct PodStatus {
     pub last_error: Option<String>,
     /// Ingest counters over every rank since the target started.
     pub counters: PodCounters,
+    /// The replica (shard number) that owns the pod; 0 without sharding.
+    pub shard: u32,
 }
 
 /// Ingest counters of one target, summed over its DP ranks (`kvindex top` turns them into

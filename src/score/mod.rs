@@ -8,6 +8,7 @@
 //! | `redis_lookup.rs` | [`RedisLookup`]: one pipelined `HGETALL` per prompt over kthena's keys (spelled by [`crate::redis_layout`]) |
 //! | `prefix.rs` | [`score_prefix`]: first block required, consecutive match, integer score |
 //! | `pd.rs` | [`schedule`]: top-N decodes paired with the best prefill of their group |
+//! | `backend.rs` | [`ScoreBackend`]: a service scores from its index, or from Redis (sharded replicas) |
 //!
 //! Data flows one way: a backend answers "who holds block *i* of this prompt, on which
 //! tier" for a fixed candidate list, and the scorer folds those answers into scores. The
@@ -15,6 +16,7 @@
 //!
 //! Tier weights are [`TierWeights`] from [`crate::medium`], re-exported here.
 
+mod backend;
 mod lookup;
 mod pd;
 mod prefix;
@@ -22,6 +24,7 @@ mod prompt;
 mod redis_lookup;
 
 pub use crate::medium::{TierWeights, WeightError};
+pub use backend::ScoreBackend;
 pub use lookup::{IndexLookup, Lookup, Owner};
 pub use pd::{
     schedule, schedule_unmemoized, DecodeCandidate, KvScorer, Pair, PdError, PrefillGroups, Scorer,

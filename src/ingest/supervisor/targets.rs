@@ -16,6 +16,7 @@ use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::status::{resident_blocks, PodCounters, PodStatus, PodsView};
 use crate::ingest::subscriber::{self, LinkState, RankStatus, SubscriberCtx, SubscriberSpec};
 use crate::ingest::Target;
+use crate::shard::Shard;
 
 /// How long a stopping target's tasks may take before they are aborted.
 const STOP_DEADLINE: Duration = Duration::from_secs(2);
@@ -83,6 +84,18 @@ impl Supervisor {
             wanted: Mutex::new(WantedSets::default()),
             reload_lock: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Sets this replica's shard: from the next change of the target set on, only the
+    /// targets it owns run, and restored sources of other shards' pods are never forgotten.
+    /// Set once, before the first [`Supervisor::apply`]: ownership changes only at start.
+    pub fn set_shard(&self, shard: Shard) {
+        self.wanted.lock().shard = shard;
+    }
+
+    /// This replica's shard.
+    pub fn shard(&self) -> Shard {
+        self.wanted.lock().shard
     }
 
     /// Caps the frames of subscribers started from now on (`ingest.max_frame_bytes`).
@@ -214,6 +227,11 @@ impl Supervisor {
             let n = running.values().filter(|r| r.source == source).count();
             crate::metrics::targets(source.as_str(), n);
         }
+        let (shard, others) = {
+            let wanted = self.wanted.lock();
+            (wanted.shard, wanted.others.len())
+        };
+        crate::metrics::shard_targets(shard, running.len(), others);
     }
 
     fn start(&self, wanted: Wanted) -> Running {
@@ -355,8 +373,10 @@ impl Supervisor {
     }
 }
 
-impl PodsView for Supervisor {
-    fn pods(&self) -> Vec<PodStatus> {
+impl Supervisor {
+    /// The targets this replica runs, as `GET /v1/pods` lists them.
+    fn own_pods(&self) -> Vec<PodStatus> {
+        let shard = self.shard().index;
         self.status()
             .into_iter()
             .map(|t| {
@@ -398,9 +418,43 @@ impl PodsView for Supervisor {
                     ranks_connected: connected.count() as u32,
                     last_error,
                     counters,
+                    shard,
                 }
             })
             .collect()
+    }
+
+    /// The targets other shards own, as `GET /v1/pods` lists them: known from the config or
+    /// discovery, not connected here.
+    fn other_shards_pods(&self) -> Vec<PodStatus> {
+        let wanted = self.wanted.lock();
+        wanted
+            .others
+            .iter()
+            .map(|(id, (w, owner))| PodStatus {
+                pod: id.clone(),
+                model: w.target.model.clone(),
+                engine: w.target.engine.as_str().to_owned(),
+                endpoint: w.target.endpoint.to_string(),
+                dp_ranks: w.target.dp_ranks,
+                source: w.source.as_str().to_owned(),
+                state: OTHER_SHARD.to_owned(),
+                shard: *owner,
+                ..PodStatus::default()
+            })
+            .collect()
+    }
+}
+
+/// The state `GET /v1/pods` reports for a pod another replica owns.
+const OTHER_SHARD: &str = "other_shard";
+
+impl PodsView for Supervisor {
+    fn pods(&self) -> Vec<PodStatus> {
+        let mut pods = self.own_pods();
+        pods.extend(self.other_shards_pods());
+        pods.sort_by(|a, b| a.pod.cmp(&b.pod));
+        pods
     }
 }
 
@@ -434,6 +488,10 @@ struct WantedSets {
     restored: Option<Restored>,
     // Set by the first discovery listing.
     discovery_listed: bool,
+    // This replica's shard: targets of other shards are not run.
+    shard: Shard,
+    // The targets other shards own, with their owner (for `GET /v1/pods`).
+    others: BTreeMap<String, (Wanted, u32)>,
 }
 
 /// Sources a warm start rebuilt, not yet matched against the target set.
@@ -461,18 +519,42 @@ impl WantedSets {
             .sources
             .into_iter()
             .filter(|(pod, rank)| {
-                wanted
-                    .get(pod)
-                    .is_none_or(|w| u32::from(*rank) >= w.target.dp_ranks)
+                // Another shard's source is never this replica's to forget.
+                self.shard.owns(pod)
+                    && wanted
+                        .get(pod)
+                        .is_none_or(|w| u32::from(*rank) >= w.target.dp_ranks)
             })
             .collect()
     }
 }
 
 impl WantedSets {
+    /// The targets this shard owns, from [`WantedSets::all`]; the others are kept aside with
+    /// their owner.
+    fn merged(&mut self) -> BTreeMap<String, Wanted> {
+        let shard = self.shard;
+        let mut others = BTreeMap::new();
+        let owned = self
+            .all()
+            .into_iter()
+            .filter_map(|(id, w)| {
+                let owner = shard.owner_of(&id);
+                if shard.owns(&id) {
+                    Some((id, w))
+                } else {
+                    others.insert(id, (w, owner));
+                    None
+                }
+            })
+            .collect();
+        self.others = others;
+        owned
+    }
+
     /// Static targets, then discovered ones; a pod in both keeps its static definition and
     /// is reported as an error naming both.
-    fn merged(&mut self) -> BTreeMap<String, Wanted> {
+    fn all(&mut self) -> BTreeMap<String, Wanted> {
         let mut wanted: BTreeMap<String, Wanted> = self
             .statics
             .iter()

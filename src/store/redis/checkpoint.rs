@@ -23,6 +23,7 @@ use super::MirrorError;
 use crate::index::{EngineState, Index, SourceId, SourceSpec};
 use crate::medium::{MediaSet, Medium};
 use crate::redis_conn::{RedisConn, RedisTarget};
+use crate::shard::Shard;
 use crate::wire::{BlockHash, Engine};
 
 /// The hash of every source's watermark.
@@ -143,6 +144,8 @@ pub struct RestoreSummary {
     pub engine_blocks: u64,
     /// Checkpoint entries that did not parse (skipped, logged).
     pub bad_entries: u64,
+    /// Sources left alone because another shard owns their pod.
+    pub other_shards: u64,
     /// Wall time of the restore, milliseconds.
     pub took_ms: u64,
 }
@@ -157,9 +160,12 @@ impl RestoreSummary {
     }
 }
 
-/// Rebuilds `index` from the checkpoint in Redis: every source in `kvindex:wm` is registered,
-/// its engine blocks restored without deltas, and its watermark recorded as the seq its
-/// pipeline resumes after. Returns the watermarks so the mirror knows them too.
+/// Rebuilds `index` from the checkpoint in Redis: every source in `kvindex:wm` whose pod
+/// `shard` owns is registered, its engine blocks restored without deltas, and its watermark
+/// recorded as the seq its pipeline resumes after. Returns the watermarks so the mirror
+/// knows them too. Sources of other shards' pods are not read at all: they never enter the
+/// index, so nothing this replica does later (forgetting unclaimed sources, anti-entropy,
+/// rewrites) can touch their keys.
 ///
 /// # Errors
 /// [`MirrorError::Command`] when Redis fails mid-way (the caller starts cold instead).
@@ -167,6 +173,7 @@ pub async fn restore(
     conn: &mut RedisConn,
     target: &RedisTarget,
     index: &Index,
+    shard: Shard,
 ) -> Result<(RestoreSummary, Vec<(SourceId, Watermark)>), MirrorError> {
     let started = Instant::now();
     let failed = |e: redis::RedisError| MirrorError::Command {
@@ -183,6 +190,10 @@ pub async fn restore(
             tracing::warn!(field = %field, "Skipped a checkpoint watermark that does not parse.");
             continue;
         };
+        if !shard.owns(pod) {
+            summary.other_shards += 1;
+            continue;
+        }
         let spec = SourceSpec {
             pod: pod.to_owned(),
             model: mark.model.clone(),

@@ -82,6 +82,10 @@ pub struct RedisConfig {
     /// offline tools (`replay --redis`), whose short-lived index is not those pods' truth and
     /// must never delete a live pod's fields.
     pub verify: bool,
+    /// The replica's shard: a warm start restores (and so later verifies, rewrites or
+    /// forgets) only the checkpointed sources of pods this shard owns, never another
+    /// replica's.
+    pub shard: crate::shard::Shard,
     /// A periodic anti-entropy pass starts at most this often.
     pub anti_entropy_interval: Duration,
     /// Commands per second a periodic anti-entropy pass may send (reads and repairs).
@@ -102,6 +106,7 @@ impl Default for RedisConfig {
             queue_capacity: 1024,
             checkpoint: false,
             verify: true,
+            shard: crate::shard::Shard::SINGLE,
             anti_entropy_interval: Duration::from_secs(60),
             anti_entropy_max_commands_per_s: 1000,
             refresh_after_s: 43_200,
@@ -257,7 +262,8 @@ impl MirrorHandle {
         crate::metrics::mirror_upkeep_series();
         let mut conn = mirror::connect(&config.target).await?;
         let (restored, marks) = if config.checkpoint {
-            let (summary, marks) = checkpoint::restore(&mut conn, &config.target, &index).await?;
+            let (summary, marks) =
+                checkpoint::restore(&mut conn, &config.target, &index, config.shard).await?;
             (Some(summary), marks)
         } else {
             (None, Vec::new())

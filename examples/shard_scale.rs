@@ -1,0 +1,194 @@
+//! N kvindex writers × one Redis: the aggregate Redis write rate of K concurrent
+//! `kvindex replay --redis` processes (each a replica's share of the pods: its own pod and
+//! model, its own mirror and connection), for K = 1, 2, 3, against the pipelined limit of
+//! the same Redis measured in the same run by `redis-benchmark -P 64 -t hset,set` (a block
+//! is one HSET + one SET EX).
+//!
+//! It starts its own `redis-server` on a free 127.0.0.1 port (no persistence) and removes it
+//! at the end; `redis-server`, `redis-cli` and `redis-benchmark` must be on PATH.
+//!
+//! Run: `cargo build --release --bin kvindex && cargo run --release --example shard_scale --
+//! [--events N] [--kvindex target/release/kvindex]`
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvindex::ingest::fixture::format_line;
+use rmpv::Value as V;
+
+/// One message holding one 1-block `BlockStored` (vLLM array era, int hash, GPU).
+fn message(seq: u64) -> Vec<Vec<u8>> {
+    let tokens: Vec<V> = (0..16).map(|t| V::from(seq * 16 + t)).collect();
+    let event = V::Array(vec![
+        V::from("BlockStored"),
+        V::Array(vec![V::from(seq + 1)]),
+        V::Nil,
+        V::Array(tokens),
+        V::from(16),
+        V::Nil,
+        V::from("GPU"),
+    ]);
+    let batch = V::Array(vec![V::F64(1.0), V::Array(vec![event])]);
+    let mut payload = Vec::new();
+    rmpv::encode::write_value(&mut payload, &batch).expect("encode to a Vec");
+    vec![Vec::new(), seq.to_be_bytes().to_vec(), payload]
+}
+
+fn write_fixture(path: &Path, events: u64) {
+    let mut text = String::new();
+    for seq in 0..events {
+        text.push_str(&format_line(0, &message(seq)));
+        text.push('\n');
+    }
+    std::fs::write(path, text).expect("write the fixture");
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind :0");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A `redis-server` child, killed on drop.
+struct Redis(Child, u16);
+
+impl Redis {
+    fn start() -> Redis {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis(child, port)
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.1.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli on PATH");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until a FLUSHALL's lazy free is done (it would slow the next case).
+    fn flush(&self) {
+        self.cli(&["FLUSHALL"]);
+        while !self
+            .cli(&["INFO", "memory"])
+            .contains("lazyfree_pending_objects:0")
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `redis-benchmark -P 64 -q -t hset,set`: (HSET/s, SET/s).
+fn redis_benchmark(redis: &Redis) -> (f64, f64) {
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &redis.1.to_string(),
+            "-P",
+            "64",
+            "-q",
+            "-t",
+            "hset,set",
+        ])
+        .args(["-n", "1000000"])
+        .output()
+        .expect("redis-benchmark on PATH");
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    let rate = |name: &str| {
+        text.lines()
+            .filter_map(|l| l.trim().strip_prefix(name))
+            .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+            .next_back()
+            .expect("a requests-per-second line")
+    };
+    (rate("HSET:"), rate("SET:"))
+}
+
+/// K concurrent replays, each its own pod and model; returns the wall time.
+fn run_writers(kvindex: &Path, fixture: &Path, url: &str, k: usize) -> Duration {
+    let started = Instant::now();
+    let children: Vec<Child> = (0..k)
+        .map(|i| {
+            Command::new(kvindex)
+                .arg("replay")
+                .arg(fixture)
+                .args(["--redis", url, "--engine", "vllm"])
+                .args(["--pod", &format!("writer-{i}.bench")])
+                .args(["--model", &format!("model-{i}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("the kvindex binary")
+        })
+        .collect();
+    for mut c in children {
+        let status = c.wait().expect("wait");
+        assert!(status.success(), "kvindex replay failed: {status}");
+    }
+    started.elapsed()
+}
+
+fn main() {
+    let mut events = 200_000u64;
+    let mut kvindex = PathBuf::from("target/release/kvindex");
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--events" => {
+                events = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--events N")
+            }
+            "--kvindex" => kvindex = args.next().map(PathBuf::from).expect("--kvindex PATH"),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fixture = dir.path().join("one-block-events.jsonl");
+    write_fixture(&fixture, events);
+    let redis = Redis::start();
+    let url = format!("redis://127.0.0.1:{}/0", redis.1);
+    let (hset, set) = redis_benchmark(&redis);
+    let limit = 1.0 / (1.0 / hset + 1.0 / set);
+    println!(
+        "redis-benchmark -P 64: HSET {hset:.0}/s, SET {set:.0}/s → {limit:.0} blocks/s (HSET + SET)"
+    );
+    let mut one = 0.0;
+    for k in [1usize, 2, 3] {
+        redis.flush();
+        let took = run_writers(&kvindex, &fixture, &url, k);
+        let rate = (k as u64 * events) as f64 / took.as_secs_f64();
+        if k == 1 {
+            one = rate;
+        }
+        println!(
+            "{k} writer(s): {rate:.0} blocks/s in {:.2} s = {:.2}× one writer, {:.0} % of the redis-benchmark limit",
+            took.as_secs_f64(),
+            rate / one,
+            100.0 * rate / limit
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! [`ScoreBackend`]: where a service scores from — this process's in-memory index, or
+//! kthena's keys in Redis, which sharded replicas all write, so any replica answers for
+//! every pod.
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::redis_conn::{RedisConn, RedisTarget};
+
+use super::prefix::{score_index, score_prefix, PrefixScores};
+use super::redis_lookup::{RedisLookup, RedisLookupError};
+use crate::hash::StdHash;
+use crate::index::Index;
+use crate::medium::TierWeights;
+use crate::redis_layout::{redact_url, scrub_secrets};
+
+/// A Redis read that takes longer than this fails (the API answers 503 rather than hang).
+const REDIS_RESPONSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Where scores come from.
+#[derive(Clone)]
+pub enum ScoreBackend {
+    /// The in-memory index of this process (one replica: it holds every pod).
+    Index(Index),
+    /// kthena's block keys in Redis, one pipelined round trip per prompt (sharded replicas:
+    /// this process's index holds only its own pods), on one node or a Redis Cluster (one
+    /// pipelined round trip per master involved). The connection reconnects by itself.
+    Redis(RedisConn),
+}
+
+impl std::fmt::Debug for ScoreBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScoreBackend::Index(_) => f.write_str("ScoreBackend::Index"),
+            ScoreBackend::Redis(_) => f.write_str("ScoreBackend::Redis"),
+        }
+    }
+}
+
+impl ScoreBackend {
+    /// A Redis backend on `target` (one node or a cluster); the first connection is made
+    /// here, so a bad URL or refused credentials fail the start.
+    ///
+    /// # Errors
+    /// [`RedisLookupError::BadUrl`] or [`RedisLookupError::Connect`], without the password.
+    pub async fn redis(target: &RedisTarget) -> Result<ScoreBackend, RedisLookupError> {
+        match target {
+            RedisTarget::Single(url) => Self::single(url).await,
+            RedisTarget::Cluster(urls) => Ok(ScoreBackend::Redis(RedisConn::Cluster(
+                RedisLookup::connect_cluster(urls).await?,
+            ))),
+        }
+    }
+
+    async fn single(url: &str) -> Result<ScoreBackend, RedisLookupError> {
+        let scrub = |e: redis::RedisError| scrub_secrets(url, &e.to_string());
+        let client = redis::Client::open(url).map_err(|e| RedisLookupError::BadUrl {
+            url: redact_url(url),
+            reason: scrub(e),
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(REDIS_RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(REDIS_RESPONSE_TIMEOUT));
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| RedisLookupError::Connect {
+                url: redact_url(url),
+                reason: scrub(e),
+            })?;
+        Ok(ScoreBackend::Redis(RedisConn::Single(conn)))
+    }
+
+    /// Whether scores come from Redis.
+    pub fn is_redis(&self) -> bool {
+        matches!(self, ScoreBackend::Redis(_))
+    }
+
+    /// Scores `candidates` for `blocks` of `model` (kthena's rule; every candidate counts as
+    /// fresh, as the API has no container start times).
+    ///
+    /// # Errors
+    /// [`RedisLookupError`] when the Redis backend fails; the index never fails.
+    pub async fn prefix_scores<S: AsRef<str>>(
+        &self,
+        model: &str,
+        blocks: &[StdHash],
+        candidates: &[S],
+        weights: &TierWeights,
+    ) -> Result<PrefixScores, RedisLookupError> {
+        match self {
+            ScoreBackend::Index(index) => {
+                Ok(score_index(index, model, blocks, candidates, weights, &[]))
+            }
+            ScoreBackend::Redis(conn) => {
+                let mut conn = conn.clone();
+                let mut owners =
+                    RedisLookup::fetch(&mut conn, model, blocks, candidates, weights).await?;
+                let slots = score_prefix(&mut owners, candidates.len(), &[]);
+                Ok(PrefixScores::from_slots(blocks.len(), candidates, &slots))
+            }
+        }
+    }
+}
