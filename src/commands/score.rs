@@ -17,7 +17,8 @@ use crate::index::Index;
 use crate::ingest::replay_files;
 use crate::medium::TierWeights;
 use crate::score::{
-    score_index, score_prefix, PrefixScores, PromptSettings, RedisLookup, RedisLookupError,
+    score_index_with, score_prefix, MatchMode, PrefixScores, PromptSettings, RedisLookup,
+    RedisLookupError,
 };
 
 /// Arguments of `kvindex score`.
@@ -63,6 +64,11 @@ pub struct ScoreArgs {
     /// Print the `/v1/score` response body instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Match mode: `prefix` (chain-verified, default with `--replay`) or `kthena`
+    /// (content-only std hashes; the only mode `--redis` supports, since Redis holds
+    /// kthena's keys).
+    #[arg(long = "match", value_name = "MODE")]
+    pub match_mode: Option<MatchMode>,
 }
 
 fn read_tokens(source: &str) -> anyhow::Result<Vec<u32>> {
@@ -131,8 +137,13 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
     let weights = parse_weights(args)?;
     let started_at = parse_started_at(args)?;
     let tokens = read_tokens(&args.tokens)?;
-    let blocks = prompt.hash(&tokens);
     if let Some(url) = &args.redis {
+        if args.match_mode == Some(MatchMode::Prefix) {
+            let e =
+                "--match prefix needs the in-memory index (--replay): Redis holds kthena's keys";
+            return Err(UsageError(e.into()).into());
+        }
+        let blocks = prompt.hash(&tokens);
         let mut conn = RedisLookup::connect(url).await.map_err(|e| match e {
             RedisLookupError::BadUrl { .. } => UsageError(format!("--redis: {e}")).into(),
             e => anyhow::Error::new(e),
@@ -153,13 +164,16 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
         engine,
         &args.replay,
     )?;
-    Ok(score_index(
+    let mode = args.match_mode.unwrap_or_default();
+    let blocks = prompt.blocks(&args.model, &tokens, mode);
+    Ok(score_index_with(
         replay.index(),
         &args.model,
         &blocks,
         &args.pods,
         &weights,
         &started_at,
+        mode,
     ))
 }
 
