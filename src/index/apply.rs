@@ -12,7 +12,7 @@ use super::counters::EntryCounter;
 use super::delta::{Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Editor, CHAIN_DUPS};
 use super::source::SourceState;
-use super::{Index, IndexError, ModelId, PodId, SourceId};
+use super::{Index, IndexError, ModelBlocks, ModelId, PodId, SourceId};
 use crate::hash::{chain_hash, model_seed, std_hash};
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
 use crate::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
@@ -266,10 +266,32 @@ impl<S: DeltaSink> Out<'_, S> {
     }
 }
 
+/// The block map of the model a mutation last touched: most calls edit one model, and the
+/// model table's lock and the map's reference count are then paid once per call, not once
+/// per block. Safe to keep for a call: a model the source holds or touched in the call is
+/// not freed before the call settles, and a live model's map never changes.
+#[derive(Default)]
+struct BlocksCache {
+    model: u32,
+    blocks: Option<Arc<ModelBlocks>>,
+}
+
+impl BlocksCache {
+    fn get(&mut self, index: &Index, model: u32) -> Option<&ModelBlocks> {
+        if self.model != model || self.blocks.is_none() {
+            self.blocks = index.blocks_of(model);
+            self.model = model;
+        }
+        self.blocks.as_deref()
+    }
+}
+
 /// One source's events being applied: the state every step shares.
 struct Mutation<'a, S: DeltaSink> {
     state: &'a mut SourceState,
     out: Out<'a, S>,
+    /// The block map of the model last edited.
+    blocks: BlocksCache,
     /// Unix second recorded as the store time.
     now: u32,
     stats: ApplyStats,
@@ -288,6 +310,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         Mutation {
             state,
             out,
+            blocks: BlocksCache::default(),
             now,
             stats: ApplyStats::default(),
         }
@@ -495,12 +518,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 new_copy,
             );
         }
-        let Some(blocks) = self.out.index.blocks_of(model) else {
+        let Some(blocks) = self.blocks.get(self.out.index, model) else {
             return false;
         };
         let dup_key = (model, std);
         let ((before, after), duplicate) = layer::add_media(
-            &blocks,
+            blocks,
             &mut self.state.dups,
             dup_key,
             std,
@@ -538,12 +561,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 slot_gone,
             );
         }
-        let Some(blocks) = self.out.index.blocks_of(model) else {
+        let Some(blocks) = self.blocks.get(self.out.index, model) else {
             return 0;
         };
         let dup_key = (model, std);
         let dropped = layer::drop_media(
-            &blocks,
+            blocks,
             &mut self.state.dups,
             dup_key,
             std,
@@ -613,10 +636,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 layer::drop_resident(chains, slot.chain(), who);
             }
             let model = slot.model();
-            let Some(blocks) = self.out.index.blocks_of(model) else {
+            let Some(blocks) = self.blocks.get(index, model) else {
                 continue;
             };
-            if let Some((before, after)) = layer::drop_resident(&blocks, slot.std(), who) {
+            if let Some((before, after)) = layer::drop_resident(blocks, slot.std(), who) {
                 self.out.field(model, slot.std(), before, after);
             }
         }
