@@ -86,7 +86,22 @@ impl Index {
         }
         let stats = mutation.stats;
         state.settle();
+        drop(state);
+        if stats.blocks_removed > 0 || stats.clears > 0 {
+            self.shrink_chains();
+        }
         Ok(stats)
+    }
+
+    /// Gives back the chain map's memory once it is a quarter full or less, so a burst of
+    /// blocks does not keep its peak after it leaves (the std maps are per model and go
+    /// with their model; the chain map serves every model and stays).
+    fn shrink_chains(&self) {
+        let chains = &self.inner.chains;
+        let capacity = chains.capacity();
+        if capacity > 1024 && chains.len() * 4 < capacity {
+            chains.shrink_to_fit();
+        }
     }
 
     /// Rebuilds one engine block of `source` from a checkpoint (a warm start): the block of
@@ -143,6 +158,8 @@ impl Index {
         // A clear stores nothing, so the store time is never read.
         Mutation::new(self, &mut state, sink, 0).clear();
         state.settle();
+        drop(state);
+        self.shrink_chains();
         Ok(())
     }
 
@@ -161,6 +178,7 @@ impl Index {
             Mutation::new(self, &mut state, sink, 0).clear();
             (state.pod, state.rank)
         };
+        self.shrink_chains();
         if let Some(slot) = self.inner.sources.write().get_mut(source.0 as usize) {
             *slot = None;
         }
