@@ -1,7 +1,8 @@
 //! Scoring benchmarks (fixed inputs, no randomness):
 //! - prompt hashing of 128 blocks × 16 tokens (the raw hashing time);
 //! - score of 128 blocks × 64 candidate pods from the in-memory index, from precomputed
-//!   hashes and from tokens, for a full hit, a half match and a miss of the first block;
+//!   hashes and from tokens, for a full hit, a half match and a miss of the first block, in
+//!   `kthena` mode (std hashes) and `prefix` mode (chain hashes);
 //! - Redis: a bare pipeline of 128 `HGETALL` vs `RedisLookup::fetch` + scoring of the same
 //!   128 keys (64 fields each), in the same run (needs Redis on 127.0.0.1:6379);
 //! - `/v1/score` under a bounded load on 127.0.0.1 (4 keep-alive connections, 20 000
@@ -15,12 +16,12 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
 use kvindex::api::{router, serve, ApiState};
-use kvindex::hash::prompt_block_hashes;
+use kvindex::hash::{prompt_block_hashes, prompt_chain_hashes};
 use kvindex::index::{Discard, Index, SourceSpec};
 use kvindex::ingest::{PodStatus, PodsView};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::redis_layout::block_key;
-use kvindex::score::{score_index, score_prefix, RedisLookup};
+use kvindex::score::{score_index, score_index_with, score_prefix, MatchMode, RedisLookup};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -97,6 +98,54 @@ fn bench_memory(c: &mut Criterion) {
             })
         });
     }
+    // The same queries in `prefix` mode (chain hashes; a changed block changes every chain
+    // hash after it, as a spliced or diverging prompt does).
+    let chains = prompt_chain_hashes(model, &tokens, 16, 128);
+    let mut chain_half = chains.clone();
+    for h in &mut chain_half[BLOCKS / 2..] {
+        *h ^= 1;
+    }
+    let mut chain_miss = chains.clone();
+    for h in &mut chain_miss {
+        *h ^= 1;
+    }
+    g.bench_function("hash_prompt_only/prefix", |b| {
+        b.iter(|| black_box(prompt_chain_hashes(model, black_box(&tokens), 16, 128)))
+    });
+    let prefix = MatchMode::Prefix;
+    for (name, blocks) in [
+        ("hit", &chains),
+        ("half", &chain_half),
+        ("miss", &chain_miss),
+    ] {
+        g.bench_function(format!("from_hashes/prefix/{name}"), |b| {
+            b.iter(|| {
+                black_box(score_index_with(
+                    &index,
+                    model,
+                    black_box(blocks),
+                    &candidates,
+                    &weights,
+                    &[],
+                    prefix,
+                ))
+            })
+        });
+    }
+    g.bench_function("from_tokens/prefix/hit", |b| {
+        b.iter(|| {
+            let blocks = prompt_chain_hashes(model, black_box(&tokens), 16, 128);
+            black_box(score_index_with(
+                &index,
+                model,
+                &blocks,
+                &candidates,
+                &weights,
+                &[],
+                prefix,
+            ))
+        })
+    });
     g.bench_function("from_tokens/hit", |b| {
         b.iter(|| {
             let blocks = prompt_block_hashes(black_box(&tokens), 16, 128);

@@ -1,10 +1,17 @@
-//! The standardized block hash kthena routers compute (DESIGN.md §3).
+//! Block hashes a router can compute from a prompt (DESIGN.md §3).
 //!
 //! Engine hashes are chained and salted per process, so a router cannot recompute them.
-//! kthena hashes each block's own tokens instead: the first 8 bytes (big-endian) of
-//! SHA-256 over every token id as a 4-byte big-endian integer, with the top bit cleared.
+//! Two router-side identities are kept instead:
+//! - the **std hash** kthena uses: each block's own tokens, the first 8 bytes (big-endian)
+//!   of SHA-256 over every token id as a 4-byte big-endian integer, top bit cleared. It
+//!   names a block by content only, so the same 16 tokens after another prefix look alike;
+//! - the **chain hash** of `prefix` matching: XXH3 of the block's tokens seeded with the
+//!   parent block's chain hash, the first block seeded by its model name. It names the
+//!   whole prefix up to and including the block, so a spliced prompt never matches a pod
+//!   that holds the same blocks after another prefix.
 
 use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Default tokens per block when a router hashes a prompt.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -35,6 +42,61 @@ pub fn std_hash(tokens: &[u32]) -> StdHash {
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     u64::from_be_bytes(first) & 0x7FFF_FFFF_FFFF_FFFF
+}
+
+/// A chain hash: identity of a block together with every block before it. Never 0 (0 marks
+/// a block whose chain is unknown in the index).
+pub type ChainHash = u64;
+
+/// The chain hash a model's first blocks are seeded with: models (and LoRA adapters) never
+/// share chains, so one map serves them all.
+pub fn model_seed(model: &str) -> ChainHash {
+    xxh3_64(model.as_bytes())
+}
+
+/// The chain hash of a block of `tokens` whose parent block has chain hash `parent` (the
+/// model's [`model_seed`] for a first block).
+///
+/// ```
+/// use kvindex::hash::{chain_hash, model_seed};
+/// let seed = model_seed("m");
+/// let a = chain_hash(chain_hash(seed, &[1; 16]), &[2; 16]);
+/// let b = chain_hash(chain_hash(seed, &[3; 16]), &[2; 16]);
+/// assert_ne!(a, b); // the same block after another prefix is another chain
+/// ```
+pub fn chain_hash(parent: ChainHash, tokens: &[u32]) -> ChainHash {
+    let mut h = parent;
+    let mut buf = [0u8; 256];
+    for chunk in tokens.chunks(64) {
+        for (slot, token) in buf.chunks_exact_mut(4).zip(chunk) {
+            slot.copy_from_slice(&token.to_le_bytes());
+        }
+        h = xxh3_64_with_seed(&buf[..chunk.len() * 4], h);
+    }
+    h.max(1)
+}
+
+/// The chain hashes of a prompt of `model`, cut like [`prompt_block_hashes`].
+///
+/// ```
+/// let prompt: Vec<u32> = (1..=35).collect();
+/// assert_eq!(kvindex::hash::prompt_chain_hashes("m", &prompt, 16, 128).len(), 3);
+/// ```
+pub fn prompt_chain_hashes(
+    model: &str,
+    tokens: &[u32],
+    block_size: usize,
+    max_blocks: usize,
+) -> Vec<ChainHash> {
+    let mut parent = model_seed(model);
+    tokens
+        .chunks(block_size.max(1))
+        .take(max_blocks)
+        .map(|block| {
+            parent = chain_hash(parent, block);
+            parent
+        })
+        .collect()
 }
 
 /// Splits a prompt into blocks of `block_size` tokens (the last, partial chunk counts),
@@ -78,6 +140,22 @@ mod tests {
         let digest = Sha256::digest(&bytes);
         let expected = u64::from_be_bytes(digest[..8].try_into().unwrap()) & 0x7FFF_FFFF_FFFF_FFFF;
         assert_eq!(std_hash(&tokens), expected);
+    }
+
+    #[test]
+    fn chain_hashes_depend_on_every_earlier_block_and_the_model() {
+        let tokens: Vec<u32> = (0..48).collect();
+        let chain = prompt_chain_hashes("m", &tokens, 16, 128);
+        assert_eq!(chain.len(), 3);
+        let seed = model_seed("m");
+        assert_eq!(chain[0], chain_hash(seed, &tokens[..16]));
+        assert_eq!(chain[2], chain_hash(chain[1], &tokens[32..]));
+        let mut spliced = tokens.clone();
+        spliced[0] = 999;
+        let other = prompt_chain_hashes("m", &spliced, 16, 128);
+        assert!(other.iter().zip(&chain).all(|(a, b)| a != b));
+        assert_ne!(prompt_chain_hashes("lora", &tokens, 16, 128)[0], chain[0]);
+        assert_ne!(chain_hash(seed, &[]), 0);
     }
 
     #[test]

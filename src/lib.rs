@@ -53,13 +53,15 @@ pub mod wire;
 
 pub use config::{Config, ConfigError, Target};
 pub use daemon::{Daemon, DaemonError};
-pub use hash::{prompt_block_hashes, std_hash, StdHash};
+pub use hash::{
+    chain_hash, prompt_block_hashes, prompt_chain_hashes, std_hash, ChainHash, StdHash,
+};
 pub use index::{Delta, DeltaSink, DumpEntry, Index, IndexStats};
 pub use medium::{MediaSet, Medium, TierWeights, WeightError};
 pub use redis_conn::{RedisConn, RedisTarget};
 pub use score::{
-    schedule, score_index, score_prefix, DecodeCandidate, IndexLookup, Lookup, Pair, PodScore,
-    PrefixScores, PromptSettings,
+    schedule, score_index, score_index_with, score_prefix, DecodeCandidate, IndexLookup, Lookup,
+    MatchMode, Pair, PodScore, PrefixScores, PromptSettings,
 };
 pub use shard::Shard;
 pub use store::redis::{MirrorError, MirrorHandle, MirrorStop, RedisConfig, ValueFormat};

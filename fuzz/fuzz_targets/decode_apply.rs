@@ -1,6 +1,7 @@
 //! Decoded batches applied to an [`Index`] from several sources: nothing may panic, and a
 //! mirror built only from the emitted deltas must equal the index after every step (the
-//! Redis mirror relies on exactly that).
+//! Redis mirror relies on exactly that), and clearing every source leaves no block of
+//! either layer (std blocks, chain blocks).
 //!
 //! Input layout: records of [ctrl, len_hi, len_lo, payload…]. ctrl & 3 picks one of four
 //! sources (two DP ranks of one vLLM pod, an SGLang pod, a TRT-LLM pod); ctrl >> 2 & 7 is
@@ -202,4 +203,6 @@ fuzz_target!(|data: &[u8]| {
         (stats.entries, stats.blocks, stats.engine_hashes),
         (0, 0, 0)
     );
+    // The chain blocks of `prefix` matching are left behind by no path either.
+    assert_eq!(index.chain_entries(), 0, "chain blocks left after clearing every source");
 });

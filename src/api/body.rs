@@ -10,9 +10,8 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::state::ApiLimits;
-use crate::hash::StdHash;
 use crate::medium::TierWeights;
-use crate::score::PromptSettings;
+use crate::score::{MatchMode, PromptSettings, ScoreBackend};
 
 /// Parses a JSON body, naming the field serde stopped at.
 pub(super) fn parse_body<T: serde::de::DeserializeOwned>(
@@ -126,12 +125,25 @@ pub(super) fn request_weights(
     })
 }
 
-/// The prompt's standardized block hashes, from tokens or given directly (exactly one).
+/// The prompt's blocks and the match mode they are for. `tokens` are matched in `mode`, or
+/// the backend's default (`prefix` over the in-memory index, `kthena` over Redis);
+/// `block_hashes` are kthena's std hashes, so they are matched in `kthena` mode. Asking for
+/// `prefix` with block hashes (a chain hash needs the tokens) or from a backend that holds
+/// only kthena's keys is refused.
 pub(super) fn prompt_blocks(
     prompt: &PromptSettings,
+    backend: &ScoreBackend,
+    model: &str,
     tokens: Option<&[u32]>,
     hashes: Option<&[HashArg]>,
-) -> Result<Vec<StdHash>, ApiError> {
+    mode: Option<MatchMode>,
+) -> Result<(Vec<u64>, MatchMode), ApiError> {
+    if mode == Some(MatchMode::Prefix) && !backend.matches_prefix() {
+        return Err(ApiError::bad_field(
+            "match",
+            "prefix matching needs the in-memory index: this replica scores from Redis, which holds kthena's keys",
+        ));
+    }
     match (tokens, hashes) {
         (Some(_), Some(_)) => Err(ApiError::bad_field(
             "block_hashes",
@@ -141,7 +153,14 @@ pub(super) fn prompt_blocks(
             "tokens",
             "missing field `tokens` (or `block_hashes`)",
         )),
-        (Some(tokens), None) => Ok(prompt.hash(tokens)),
+        (Some(tokens), None) => {
+            let mode = mode.unwrap_or(backend.default_mode());
+            Ok((prompt.blocks(model, tokens, mode), mode))
+        }
+        (None, Some(_)) if mode == Some(MatchMode::Prefix) => Err(ApiError::bad_field(
+            "match",
+            "prefix matching needs `tokens`: block_hashes are kthena std hashes",
+        )),
         (None, Some(hashes)) => {
             let mut out = Vec::with_capacity(hashes.len().min(prompt.max_blocks()));
             for (i, h) in hashes.iter().take(prompt.max_blocks()).enumerate() {
@@ -154,7 +173,7 @@ pub(super) fn prompt_blocks(
                 }
                 out.push(v);
             }
-            Ok(out)
+            Ok((out, MatchMode::Kthena))
         }
     }
 }

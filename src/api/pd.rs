@@ -13,9 +13,8 @@ use serde::{Deserialize, Serialize};
 use super::body::{check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg};
 use super::error::ApiError;
 use super::state::{ApiLimits, ApiState};
-use crate::hash::StdHash;
 use crate::medium::TierWeights;
-use crate::score::{schedule, DecodeCandidate, KvScorer, Pair, PdError, DEFAULT_TOP_N};
+use crate::score::{schedule, DecodeCandidate, KvScorer, MatchMode, Pair, PdError, DEFAULT_TOP_N};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,11 +39,15 @@ struct PdRequest {
     top_n: Option<usize>,
     #[serde(default)]
     weights: Option<BTreeMap<String, f64>>,
+    /// `prefix` (default with tokens) or `kthena` (the only mode for block_hashes).
+    #[serde(default, rename = "match")]
+    match_mode: Option<MatchMode>,
 }
 
 /// A PD request that passed every check, borrowing its pods from the request.
 struct ValidPd<'a> {
-    blocks: Vec<StdHash>,
+    blocks: Vec<u64>,
+    mode: MatchMode,
     weights: TierWeights,
     top_n: usize,
     decodes: Vec<DecodeCandidate<'a>>,
@@ -64,13 +67,17 @@ impl PdRequest {
             return Err(ApiError::bad_field("top_n", "top_n must be at least 1"));
         }
         let weights = request_weights(&state.weights, self.weights.as_ref())?;
-        let blocks = prompt_blocks(
+        let (blocks, mode) = prompt_blocks(
             &state.prompt,
+            &state.backend,
+            &self.model,
             self.tokens.as_deref(),
             self.block_hashes.as_deref(),
+            self.match_mode,
         )?;
         Ok(ValidPd {
             blocks,
+            mode,
             weights,
             top_n,
             decodes: self.decode.iter().map(DecodeArg::candidate).collect(),
@@ -178,7 +185,7 @@ pub(super) async fn pd_handler(
     // The prompt is looked up once, for every pod the call may ask about.
     let scores = state
         .backend
-        .prefix_scores(&req.model, &pd.blocks, &pd.all_pods(), &pd.weights)
+        .prefix_scores(&req.model, &pd.blocks, &pd.all_pods(), &pd.weights, pd.mode)
         .await
         .map_err(ApiError::backend)?;
     let mut scorer = KvScorer::from_scores(&scores);

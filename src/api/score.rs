@@ -13,9 +13,8 @@ use serde::{Deserialize, Serialize};
 use super::body::{check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg};
 use super::error::ApiError;
 use super::state::ApiState;
-use crate::hash::StdHash;
 use crate::medium::TierWeights;
-use crate::score::PrefixScores;
+use crate::score::{MatchMode, PrefixScores};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,11 +27,15 @@ struct ScoreRequest {
     pods: Vec<String>,
     #[serde(default)]
     weights: Option<BTreeMap<String, f64>>,
+    /// `prefix` (default with tokens) or `kthena` (the only mode for block_hashes).
+    #[serde(default, rename = "match")]
+    match_mode: Option<MatchMode>,
 }
 
 /// A score request that passed every check: what the scorer is called with.
 struct ValidScore {
-    blocks: Vec<StdHash>,
+    blocks: Vec<u64>,
+    mode: MatchMode,
     weights: TierWeights,
 }
 
@@ -42,12 +45,19 @@ impl ScoreRequest {
         check_model(&self.model)?;
         check_pods("pods", &self.pods, &state.limits)?;
         let weights = request_weights(&state.weights, self.weights.as_ref())?;
-        let blocks = prompt_blocks(
+        let (blocks, mode) = prompt_blocks(
             &state.prompt,
+            &state.backend,
+            &self.model,
             self.tokens.as_deref(),
             self.block_hashes.as_deref(),
+            self.match_mode,
         )?;
-        Ok(ValidScore { blocks, weights })
+        Ok(ValidScore {
+            blocks,
+            mode,
+            weights,
+        })
     }
 }
 
@@ -92,7 +102,7 @@ pub(super) async fn score_handler(
     let valid = req.validate(&state)?;
     let scores = state
         .backend
-        .prefix_scores(&req.model, &valid.blocks, &req.pods, &valid.weights)
+        .prefix_scores(&req.model, &valid.blocks, &req.pods, &valid.weights, valid.mode)
         .await
         .map_err(ApiError::backend)?;
     Ok(Json(ScoreBody::new(&scores)).into_response())

@@ -17,7 +17,8 @@ use crate::index::Index;
 use crate::ingest::replay_files;
 use crate::medium::TierWeights;
 use crate::score::{
-    score_index, score_prefix, PrefixScores, PromptSettings, RedisLookup, RedisLookupError,
+    score_index_with, score_prefix, MatchMode, PrefixScores, PromptSettings, RedisLookup,
+    RedisLookupError,
 };
 
 /// Arguments of `kvindex score`.
@@ -67,6 +68,11 @@ pub struct ScoreArgs {
     /// Print the `/v1/score` response body instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Match mode: `prefix` (chain-verified, default with `--replay`) or `kthena`
+    /// (content-only std hashes; the only mode `--redis` supports, since Redis holds
+    /// kthena's keys).
+    #[arg(long = "match", value_name = "MODE")]
+    pub match_mode: Option<MatchMode>,
 }
 
 fn read_tokens(source: &str) -> anyhow::Result<Vec<u32>> {
@@ -135,6 +141,11 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
     let weights = parse_weights(args)?;
     let started_at = parse_started_at(args)?;
     let tokens = read_tokens(&args.tokens)?;
+    let from_redis = args.redis.is_some() || !args.redis_cluster.is_empty();
+    if from_redis && args.match_mode == Some(MatchMode::Prefix) {
+        let e = "--match prefix needs the in-memory index (--replay): Redis holds kthena's keys";
+        return Err(UsageError(e.into()).into());
+    }
     let blocks = prompt.hash(&tokens);
     let usage = |flag: &str, e: RedisLookupError| match e {
         RedisLookupError::BadUrl { .. } => UsageError(format!("{flag}: {e}")).into(),
@@ -169,13 +180,16 @@ pub async fn compute(args: &ScoreArgs) -> anyhow::Result<PrefixScores> {
         engine,
         &args.replay,
     )?;
-    Ok(score_index(
+    let mode = args.match_mode.unwrap_or_default();
+    let blocks = prompt.blocks(&args.model, &tokens, mode);
+    Ok(score_index_with(
         replay.index(),
         &args.model,
         &blocks,
         &args.pods,
         &weights,
         &started_at,
+        mode,
     ))
 }
 

@@ -6,15 +6,14 @@
 
 use std::sync::Arc;
 
-use dashmap::mapref::entry::Entry;
 use serde::Serialize;
 
-use super::counters::{slot_medium, EntryCounter};
+use super::counters::EntryCounter;
 use super::delta::{Delta, DeltaSink, EngineState, FieldValue};
-use super::residents::{Resident, Residents};
+use super::layer::{self, Editor, CHAIN_DUPS};
 use super::source::SourceState;
-use super::{Index, IndexError, ModelId, PodId, SourceId};
-use crate::hash::std_hash;
+use super::{Index, IndexError, ModelBlocks, ModelId, PodId, SourceId};
+use crate::hash::{chain_hash, model_seed, std_hash};
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
 use crate::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 
@@ -87,7 +86,22 @@ impl Index {
         }
         let stats = mutation.stats;
         state.settle();
+        drop(state);
+        if stats.blocks_removed > 0 || stats.clears > 0 {
+            self.shrink_chains();
+        }
         Ok(stats)
+    }
+
+    /// Gives back the chain map's memory once it is a quarter full or less, so a burst of
+    /// blocks does not keep its peak after it leaves (the std maps are per model and go
+    /// with their model; the chain map serves every model and stays).
+    fn shrink_chains(&self) {
+        let chains = &self.inner.chains;
+        let capacity = chains.capacity();
+        if capacity > 1024 && chains.len() * 4 < capacity {
+            chains.shrink_to_fit();
+        }
     }
 
     /// Rebuilds one engine block of `source` from a checkpoint (a warm start): the block of
@@ -118,7 +132,13 @@ impl Index {
         if let Some(model) = model {
             let mut sink = super::Discard;
             let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
-            mutation.store_block(model, engine_hash, Some(state.std_hash), state.media);
+            // A checkpoint keeps no chain: the block is matched by `kthena` only until the
+            // engine stores it again.
+            let block = StoreHashes {
+                std: state.std_hash,
+                chain: 0,
+            };
+            mutation.store_block(model, engine_hash, Some(block), state.media);
         }
         source.settle();
         Ok(())
@@ -138,6 +158,8 @@ impl Index {
         // A clear stores nothing, so the store time is never read.
         Mutation::new(self, &mut state, sink, 0).clear();
         state.settle();
+        drop(state);
+        self.shrink_chains();
         Ok(())
     }
 
@@ -156,6 +178,7 @@ impl Index {
             Mutation::new(self, &mut state, sink, 0).clear();
             (state.pod, state.rank)
         };
+        self.shrink_chains();
         if let Some(slot) = self.inner.sources.write().get_mut(source.0 as usize) {
             *slot = None;
         }
@@ -176,6 +199,13 @@ impl Index {
             let _ = self.remove_source(source, sink);
         }
     }
+}
+
+/// A stored block's identities: kthena's std hash and the chain hash (0 when unknown).
+#[derive(Debug, Clone, Copy)]
+struct StoreHashes {
+    std: u64,
+    chain: u64,
 }
 
 /// Where a mutation's effects go: the sink and the entry counters, for one source's pod.
@@ -254,10 +284,32 @@ impl<S: DeltaSink> Out<'_, S> {
     }
 }
 
+/// The block map of the model a mutation last touched: most calls edit one model, and the
+/// model table's lock and the map's reference count are then paid once per call, not once
+/// per block. Safe to keep for a call: a model the source holds or touched in the call is
+/// not freed before the call settles, and a live model's map never changes.
+#[derive(Default)]
+struct BlocksCache {
+    model: u32,
+    blocks: Option<Arc<ModelBlocks>>,
+}
+
+impl BlocksCache {
+    fn get(&mut self, index: &Index, model: u32) -> Option<&ModelBlocks> {
+        if self.model != model || self.blocks.is_none() {
+            self.blocks = index.blocks_of(model);
+            self.model = model;
+        }
+        self.blocks.as_deref()
+    }
+}
+
 /// One source's events being applied: the state every step shares.
 struct Mutation<'a, S: DeltaSink> {
     state: &'a mut SourceState,
     out: Out<'a, S>,
+    /// The block map of the model last edited.
+    blocks: BlocksCache,
     /// Unix second recorded as the store time.
     now: u32,
     stats: ApplyStats,
@@ -276,6 +328,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         Mutation {
             state,
             out,
+            blocks: BlocksCache::default(),
             now,
             stats: ApplyStats::default(),
         }
@@ -290,60 +343,94 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             self.stats.skipped_group_blocks += blocks;
             return;
         }
-        let model = match &stored.lora_name {
+        let (model, seed) = match &stored.lora_name {
             Some(name) => match self.state.lora_model(name) {
-                Some(model) => model,
+                Some(model) => (model, model_seed(name)),
                 None => {
                     self.stats.too_many_models += 1;
                     return;
                 }
             },
-            None => self.state.base_model,
+            None => (self.state.base_model, self.state.base_seed),
         };
         let media = MediaSet::single(stored.medium);
-        let tokenless = stored.token_ids.is_empty();
+        if stored.token_ids.is_empty() {
+            for hash in &stored.block_hashes {
+                self.store_block(model, hash, None, media);
+            }
+            return;
+        }
+        // The chain starts at the model's seed, or at the parent's chain when the source
+        // holds the parent under the same model; otherwise the blocks have no chain.
+        let mut parent = match &stored.parent_block_hash {
+            None => seed,
+            Some(p) => match self.state.find_mut(p, model) {
+                Some((m, slot)) if m == model => slot.chain(),
+                _ => 0,
+            },
+        };
         for (i, hash) in stored.block_hashes.iter().enumerate() {
-            let std = if tokenless {
-                None
+            let tokens = stored.block_tokens(i);
+            let chain = if parent == 0 {
+                0
             } else {
-                Some(std_hash(stored.block_tokens(i)))
+                chain_hash(parent, tokens)
             };
-            self.store_block(model, hash, std, media);
+            let block = Some(StoreHashes {
+                std: std_hash(tokens),
+                chain,
+            });
+            parent = self.store_block(model, hash, block, media);
         }
     }
 
-    /// Stores one engine block; `std` is `None` for a tokenless tier copy.
-    fn store_block(&mut self, model: u32, hash: &BlockHash, std: Option<u64>, media: MediaSet) {
+    /// Stores one engine block; `block` is `None` for a tokenless tier copy. Returns the
+    /// block's chain hash as recorded (0 when unknown), the parent of the next block.
+    fn store_block(
+        &mut self,
+        model: u32,
+        hash: &BlockHash,
+        block: Option<StoreHashes>,
+        media: MediaSet,
+    ) -> u64 {
         let existing = self
             .state
             .find_mut(hash, model)
-            .map(|(m, slot)| (m, slot.std(), slot.media()));
-        let before = existing.map_or(MediaSet::EMPTY, |(_, _, media)| media);
-        let (model, std, added, new_copy) = match (existing, std) {
+            .map(|(m, slot)| (m, slot.std(), slot.chain(), slot.media()));
+        let before = existing.map_or(MediaSet::EMPTY, |(_, _, _, media)| media);
+        let (model, std, chain, added, new_copy) = match (existing, block) {
             (None, None) => {
                 self.stats.unresolved_stores += 1;
-                return;
+                return 0;
             }
-            (Some((m, old_std, old_media)), None) => {
-                (m, old_std, media.difference(old_media), false)
+            (Some((m, old_std, old_chain, old_media)), None) => {
+                (m, old_std, old_chain, media.difference(old_media), false)
             }
-            (Some((m, old_std, old_media)), Some(std)) if m == model && old_std == std => {
-                (m, std, media.difference(old_media), false)
+            (Some((m, old_std, old_chain, old_media)), Some(new))
+                if m == model && old_std == new.std =>
+            {
+                // The same block again: a chain learnt now replaces an unknown or other one;
+                // an unknown one never forgets a chain verified before.
+                let chain = if new.chain == 0 { old_chain } else { new.chain };
+                if chain != old_chain {
+                    self.move_chain(hash, m, old_chain, chain, old_media);
+                }
+                (m, new.std, chain, media.difference(old_media), false)
             }
-            (Some((m, old_std, old_media)), Some(std)) => {
+            (Some((m, old_std, old_chain, old_media)), Some(new)) => {
                 // The engine reused a hash for other content: the old block is gone.
                 self.state.remove(m, hash);
-                self.drop_engine_media(m, old_std, old_media, true);
+                self.drop_engine_media(m, old_std, old_chain, old_media, true);
                 if m != model {
                     // The checkpoint keys entries by model: the old model's entry goes.
                     self.out.engine_state(m, hash, None);
                 }
-                self.insert_slot(model, hash, std, media);
-                (model, std, media, true)
+                self.insert_slot(model, hash, new, media);
+                (model, new.std, new.chain, media, true)
             }
-            (None, Some(std)) => {
-                self.insert_slot(model, hash, std, media);
-                (model, std, media, true)
+            (None, Some(new)) => {
+                self.insert_slot(model, hash, new, media);
+                (model, new.std, new.chain, media, true)
             }
         };
         if !new_copy {
@@ -351,7 +438,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 slot.set_media(slot.media().union(media));
             }
         }
-        if self.add_engine_media(model, std, added, new_copy) {
+        if self.add_engine_media(model, std, chain, added, new_copy) {
             self.stats.duplicate_engine_hashes += 1;
         }
         let media = if new_copy { media } else { before.union(media) };
@@ -363,136 +450,150 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         self.out.engine_state(model, hash, Some(state));
         self.out.mapping(hash, Some(std));
         self.stats.blocks_stored += 1;
+        chain
+    }
+
+    /// Moves an engine block held on `media` from chain block `from` to `to` (either may be
+    /// 0, no chain): the std layer is untouched.
+    fn move_chain(&mut self, hash: &BlockHash, model: u32, from: u64, to: u64, media: MediaSet) {
+        if let Some((_, slot)) = self.state.find_mut(hash, model) {
+            slot.set_chain(to);
+        }
+        let who = self.editor();
+        let index = self.out.index;
+        let chains = &index.inner.chains;
+        if from != 0 {
+            layer::drop_media(
+                chains,
+                &mut self.state.dups,
+                (CHAIN_DUPS, from),
+                from,
+                who,
+                media,
+                true,
+            );
+        }
+        if to != 0 {
+            layer::add_media(
+                chains,
+                &mut self.state.dups,
+                (CHAIN_DUPS, to),
+                to,
+                who,
+                media,
+                true,
+            );
+        }
     }
 
     /// Adds an engine slot. Int keys hold only the 64 bits, so a hash with the same bits
     /// and the other sign (found by fuzzing) is displaced: that block is dropped like a
     /// reused hash, its mapping key included.
-    fn insert_slot(&mut self, model: u32, hash: &BlockHash, std: u64, media: MediaSet) {
-        let Some((twin, old)) = self.state.insert(model, hash, std, media) else {
+    fn insert_slot(&mut self, model: u32, hash: &BlockHash, block: StoreHashes, media: MediaSet) {
+        let Some((twin, old)) = self
+            .state
+            .insert(model, hash, block.std, block.chain, media)
+        else {
             return;
         };
-        self.drop_engine_media(old.model(), old.std(), old.media(), true);
+        self.drop_engine_media(old.model(), old.std(), old.chain(), old.media(), true);
         self.out.engine_state(old.model(), &twin, None);
         self.out.mapping(&twin, None);
     }
 
-    /// Records `added` media (and a new engine copy) on the source's resident of the block;
-    /// returns whether the block is now held through more than one engine hash.
-    fn add_engine_media(&mut self, model: u32, std: u64, added: MediaSet, new_copy: bool) -> bool {
-        let Some(blocks) = self.out.index.blocks_of(model) else {
+    /// The source and store time of this call's edits.
+    fn editor(&self) -> Editor {
+        Editor {
+            pod: self.state.pod,
+            rank: self.state.rank,
+            now: self.now,
+        }
+    }
+
+    /// Records `added` media (and a new engine copy) on the source's residents of the std
+    /// block and, when known, the chain block; returns whether the std block is now held
+    /// through more than one engine hash.
+    fn add_engine_media(
+        &mut self,
+        model: u32,
+        std: u64,
+        chain: u64,
+        added: MediaSet,
+        new_copy: bool,
+    ) -> bool {
+        let who = self.editor();
+        if chain != 0 {
+            let index = self.out.index;
+            let chains = &index.inner.chains;
+            let dup_key = (CHAIN_DUPS, chain);
+            layer::add_media(
+                chains,
+                &mut self.state.dups,
+                dup_key,
+                chain,
+                who,
+                added,
+                new_copy,
+            );
+        }
+        let Some(blocks) = self.blocks.get(self.out.index, model) else {
             return false;
         };
-        let (pod, rank, now) = (self.state.pod, self.state.rank, self.now);
-        let mut entry = match blocks.entry(std) {
-            Entry::Vacant(vacant) => {
-                vacant.insert(Residents::One(Resident::new(pod, rank, now, added)));
-                let value = FieldValue {
-                    stored_at: now,
-                    media: added,
-                };
-                self.out.field(model, std, None, Some(value));
-                return false;
-            }
-            Entry::Occupied(occupied) => occupied,
-        };
-        let residents = entry.get_mut();
-        let before = residents.pod_value(pod);
-        let mut duplicate = false;
-        match residents.find_mut(pod, rank) {
-            None => residents.push(Resident::new(pod, rank, now, added)),
-            Some(resident) => {
-                let copies = resident.copies();
-                if new_copy {
-                    duplicate = true;
-                    if copies == 1 {
-                        let mut counts = [0u16; MEDIA_SLOTS];
-                        for m in resident.media().iter() {
-                            counts[m.slot() as usize] = 1;
-                        }
-                        self.state.dups.insert((model, std), counts);
-                    }
-                    resident.set_copies(copies.saturating_add(1));
-                }
-                if resident.copies() > 1 {
-                    if let Some(counts) = self.state.dups.get_mut(&(model, std)) {
-                        for m in added.iter() {
-                            let c = &mut counts[m.slot() as usize];
-                            *c = c.saturating_add(1);
-                        }
-                    }
-                }
-                resident.set_media(resident.media().union(added));
-                resident.stored_at = now;
-            }
-        }
-        let after = residents.pod_value(pod);
-        drop(entry);
+        let dup_key = (model, std);
+        let ((before, after), duplicate) = layer::add_media(
+            blocks,
+            &mut self.state.dups,
+            dup_key,
+            std,
+            who,
+            added,
+            new_copy,
+        );
         self.out.field(model, std, before, after);
         duplicate
     }
 
-    /// Takes `removed` media off the source's resident of the block; `slot_gone` when the
-    /// engine block itself is no longer held. Returns the resident's last store time.
+    /// Takes `removed` media off the source's residents of the std block and, when known,
+    /// the chain block; `slot_gone` when the engine block itself is no longer held. Returns
+    /// the std resident's last store time.
     fn drop_engine_media(
         &mut self,
         model: u32,
         std: u64,
+        chain: u64,
         removed: MediaSet,
         slot_gone: bool,
     ) -> u32 {
-        let Some(blocks) = self.out.index.blocks_of(model) else {
-            return 0;
-        };
-        let (pod, rank) = (self.state.pod, self.state.rank);
-        let Entry::Occupied(mut entry) = blocks.entry(std) else {
-            return 0;
-        };
-        let residents = entry.get_mut();
-        let before = residents.pod_value(pod);
-        let Some(resident) = residents.find_mut(pod, rank) else {
-            return 0;
-        };
-        let stored_at = resident.stored_at;
-        let copies = resident.copies();
-        if copies > 1 {
-            let counts = self
-                .state
-                .dups
-                .entry((model, std))
-                .or_insert([0; MEDIA_SLOTS]);
-            for m in removed.iter() {
-                let c = &mut counts[m.slot() as usize];
-                *c = c.saturating_sub(1);
-            }
-            let mut media = MediaSet::EMPTY;
-            for (slot, c) in counts.iter().enumerate() {
-                if *c > 0 {
-                    media.insert(slot_medium(slot));
-                }
-            }
-            resident.set_media(media);
-        } else {
-            resident.set_media(resident.media().difference(removed));
+        let who = self.editor();
+        if chain != 0 {
+            let index = self.out.index;
+            let chains = &index.inner.chains;
+            let dup_key = (CHAIN_DUPS, chain);
+            layer::drop_media(
+                chains,
+                &mut self.state.dups,
+                dup_key,
+                chain,
+                who,
+                removed,
+                slot_gone,
+            );
         }
-        let mut drop_resident = resident.media().is_empty();
-        if slot_gone {
-            let left = copies.saturating_sub(1);
-            resident.set_copies(left);
-            if left <= 1 {
-                self.state.dups.remove(&(model, std));
-            }
-            drop_resident |= left == 0;
-        }
-        let after = if drop_resident {
-            if residents.remove(pod, rank) {
-                entry.remove();
-                None
-            } else {
-                entry.get().pod_value(pod)
-            }
-        } else {
-            residents.pod_value(pod)
+        let Some(blocks) = self.blocks.get(self.out.index, model) else {
+            return 0;
+        };
+        let dup_key = (model, std);
+        let dropped = layer::drop_media(
+            blocks,
+            &mut self.state.dups,
+            dup_key,
+            std,
+            who,
+            removed,
+            slot_gone,
+        );
+        let Some(((before, after), stored_at)) = dropped else {
+            return 0;
         };
         self.out.field(model, std, before, after);
         stored_at
@@ -525,13 +626,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             }
             let left = slot.media().difference(taken);
             slot.set_media(left);
-            let std = slot.std();
+            let (std, chain) = (slot.std(), slot.chain());
             let gone = left.is_empty();
             if gone {
                 self.state.remove(model, hash);
                 self.out.mapping(hash, None);
             }
-            let stored_at = self.drop_engine_media(model, std, taken, gone);
+            let stored_at = self.drop_engine_media(model, std, chain, taken, gone);
             let state = (!gone).then_some(EngineState {
                 std_hash: std,
                 media: left,
@@ -544,29 +645,20 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
 
     /// Drops every block of the source: its residents, then its engine-hash maps.
     fn clear(&mut self) {
-        let (pod, rank) = (self.state.pod, self.state.rank);
+        let who = self.editor();
         let wants_mappings = self.out.sink.wants_mappings();
+        let index = self.out.index;
+        let chains = &index.inner.chains;
         for slot in self.state.slots() {
+            if slot.chain() != 0 {
+                layer::drop_resident(chains, slot.chain(), who);
+            }
             let model = slot.model();
-            let Some(blocks) = self.out.index.blocks_of(model) else {
+            let Some(blocks) = self.blocks.get(index, model) else {
                 continue;
             };
-            {
-                let std = slot.std();
-                let Entry::Occupied(mut entry) = blocks.entry(std) else {
-                    continue;
-                };
-                let before = entry.get().pod_value(pod);
-                if entry.get_mut().find_mut(pod, rank).is_none() {
-                    continue;
-                }
-                let after = if entry.get_mut().remove(pod, rank) {
-                    entry.remove();
-                    None
-                } else {
-                    entry.get().pod_value(pod)
-                };
-                self.out.field(model, std, before, after);
+            if let Some((before, after)) = layer::drop_resident(blocks, slot.std(), who) {
+                self.out.field(model, slot.std(), before, after);
             }
         }
         if wants_mappings {

@@ -8,9 +8,17 @@
 //! | `counters.rs` | O(1) resident-entry counts, whole index and per pod, kept as fields change |
 //! | `source.rs` | per (pod, DP rank) engine-hash map, the set of blocks a source holds |
 //! | `residents.rs` | compact per-block list of resident sources |
+//! | `layer.rs` | one residency layer's edits (std blocks, chain blocks), shared by both |
 //! | `delta.rs` | [`Delta`]s for mirrors, [`DeltaSink`] |
 //! | `intern.rs` | pod name interning; model names and block maps, freed when unreferenced |
 //! | `walk.rs` | chunked walks, point lookups and refreshes for the mirror's background passes |
+//!
+//! Two residency layers, one index: kthena's **std blocks** (per model, keyed by the
+//! content-only std hash: what the Redis mirror writes and `kthena` matching reads) and the
+//! **chain blocks** of `prefix` matching (one map for every model, keyed by the chain hash of
+//! the block's whole prefix, so a pod matches block i only if it holds that exact prefix).
+//! A block whose parent the source does not know has no chain hash and is in the std layer
+//! only (it can never be a false hit).
 //!
 //! Concurrency: blocks live in one concurrent map per model (sharded locks, readers never
 //! wait for a whole-index lock); each source's state sits behind its own mutex, which only
@@ -20,6 +28,7 @@ mod apply;
 mod counters;
 mod delta;
 mod intern;
+mod layer;
 mod query;
 mod residents;
 mod source;
@@ -102,6 +111,8 @@ struct Inner {
     /// Registered sources per pod id, so pod-level questions (does any DP rank of the pod
     /// still hold an engine hash?) never walk every source.
     pod_sources: RwLock<hashbrown::HashMap<u32, Vec<SourceId>>>,
+    /// Chain blocks of every model, keyed by chain hash (`prefix` matching).
+    chains: ModelBlocks,
     /// Resident (block, pod) entries, kept as fields change so metrics need no index walk.
     entries: EntryCounter,
     /// The same per pod, so `GET /v1/pods` needs no walk either.
@@ -151,7 +162,8 @@ impl Index {
             }
         }
         let models = self.inner.models.clone();
-        let state = SourceState::new(pod, spec.dp_rank, spec.engine, model, models);
+        let mut state = SourceState::new(pod, spec.dp_rank, spec.engine, model, models);
+        state.base_seed = crate::hash::model_seed(&spec.model);
         sources.push(Some(Arc::new(Mutex::new(state))));
         let id = SourceId(sources.len() as u32 - 1);
         drop(sources);

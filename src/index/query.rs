@@ -84,6 +84,21 @@ impl Index {
         };
     }
 
+    /// Calls `visit(pod, media, stored_at)` for every resident of chain block `chain` (the
+    /// block together with its whole prefix, [`crate::hash::chain_hash`]): what `prefix`
+    /// matching reads. A pod with several DP ranks holding it is visited once per rank.
+    pub fn for_each_chain_resident(
+        &self,
+        chain: crate::hash::ChainHash,
+        mut visit: impl FnMut(PodId, MediaSet, u32),
+    ) {
+        if let Some(entry) = self.inner.chains.get(&chain) {
+            for r in entry.as_slice() {
+                visit(PodId(r.pod()), r.media(), r.stored_at);
+            }
+        };
+    }
+
     /// The pod-level value of field `pod` of block `(model, std_hash)` now, or `None` when
     /// the pod holds the block on no medium. A mirror reads this when it writes, so what it
     /// writes is the index's latest state whatever order DP ranks' deltas arrived in.
@@ -187,13 +202,9 @@ impl Index {
         let models = self.inner.models.all_blocks();
         for (_, blocks) in &models {
             stats.blocks += blocks.len();
-            stats.heap_bytes += table_bytes::<u64, Residents>(blocks.capacity());
-            for entry in blocks.iter() {
-                if let Residents::Many(v) = entry.value() {
-                    stats.heap_bytes += 24 + v.capacity() * std::mem::size_of::<Resident>();
-                }
-            }
+            stats.heap_bytes += blocks_heap_bytes(blocks);
         }
+        stats.heap_bytes += blocks_heap_bytes(&self.inner.chains);
         for source in self.live_sources() {
             let state = source.lock();
             stats.sources += 1;
@@ -209,6 +220,21 @@ impl Index {
         stats
     }
 
+    /// Resident (chain block, pod) entries: what `prefix` matching can see (blocks whose
+    /// chain is unknown are left out). Walks the chain map.
+    pub fn chain_entries(&self) -> usize {
+        let mut entries = 0;
+        for entry in self.inner.chains.iter() {
+            let residents = entry.value().as_slice();
+            entries += residents
+                .iter()
+                .enumerate()
+                .filter(|(i, r)| !residents[..*i].iter().any(|p| p.pod() == r.pod()))
+                .count();
+        }
+        entries
+    }
+
     /// The registered sources, cloned out so no source lock is taken under the list's lock.
     pub(super) fn live_sources(&self) -> Vec<Arc<Mutex<SourceState>>> {
         self.inner
@@ -219,4 +245,15 @@ impl Index {
             .cloned()
             .collect()
     }
+}
+
+/// Approximate heap bytes of one block map and its boxed resident lists.
+fn blocks_heap_bytes(blocks: &ModelBlocks) -> usize {
+    let mut bytes = table_bytes::<u64, Residents>(blocks.capacity());
+    for entry in blocks.iter() {
+        if let Residents::Many(v) = entry.value() {
+            bytes += 24 + v.capacity() * std::mem::size_of::<Resident>();
+        }
+    }
+    bytes
 }

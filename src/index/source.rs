@@ -15,31 +15,47 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 
 use super::intern::ModelTable;
+use super::layer::DupCounts;
 use super::walk::{partition_of_bits, partition_of_bytes};
 
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
 
-/// Where one engine block sits: its std hash (63 bits, top bit = "sent as negative") and
-/// the media this engine block is resident on. 12 bytes: the model is implied by the map
+/// Where one engine block sits: its std hash (63 bits, top bit = "sent as negative"), its
+/// chain hash (0 = chain unknown, not matched in `prefix` mode) and the media this engine
+/// block is resident on. 20 bytes (4-byte aligned halves): the model is implied by the map
 /// that holds it (the base model's, or the LoRA map's [`HeldSlot`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct EngineSlot {
     std_lo: u32,
     std_hi: u32,
+    chain_lo: u32,
+    chain_hi: u32,
     media: u32,
 }
 
 const NEG_FLAG: u64 = 1 << 63;
 
 impl EngineSlot {
-    fn new(std: u64, negative: bool, media: MediaSet) -> EngineSlot {
+    fn new(std: u64, chain: u64, negative: bool, media: MediaSet) -> EngineSlot {
         let packed = (std & !NEG_FLAG) | if negative { NEG_FLAG } else { 0 };
         EngineSlot {
             std_lo: packed as u32,
             std_hi: (packed >> 32) as u32,
+            chain_lo: chain as u32,
+            chain_hi: (chain >> 32) as u32,
             media: media.bits(),
         }
+    }
+
+    /// The chain hash, 0 when the block's chain is unknown.
+    pub(crate) fn chain(&self) -> u64 {
+        (u64::from(self.chain_hi) << 32) | u64::from(self.chain_lo)
+    }
+
+    pub(crate) fn set_chain(&mut self, chain: u64) {
+        self.chain_lo = chain as u32;
+        self.chain_hi = (chain >> 32) as u32;
     }
 
     fn packed(&self) -> u64 {
@@ -81,6 +97,11 @@ impl HeldSlot {
     /// Media of this engine block.
     pub(crate) fn media(&self) -> MediaSet {
         self.slot.media()
+    }
+
+    /// The chain hash, 0 when unknown.
+    pub(crate) fn chain(&self) -> u64 {
+        self.slot.chain()
     }
 
     /// The model (base or LoRA adapter) the block was stored under.
@@ -133,7 +154,10 @@ pub(crate) struct SourceState {
     table: Arc<ModelTable>,
     /// Per-medium counts of engine blocks, only for std blocks this source holds through
     /// more than one engine hash (the same tokens after different prefixes).
-    pub(crate) dups: HashMap<(u32, u64), [u16; MEDIA_SLOTS]>,
+    /// Chain blocks held more than once sit here too, under model [`super::layer::CHAIN_DUPS`].
+    pub(crate) dups: DupCounts,
+    /// Chain hash of the base model's first blocks ([`crate::hash::model_seed`]).
+    pub(crate) base_seed: u64,
     /// The watermark a restored source resumes after, until its pipeline takes it.
     pub(crate) resume_seq: Option<u64>,
     /// The engine run (process identity) whose blocks the source holds, when known.
@@ -163,6 +187,7 @@ impl SourceState {
             deferred: Vec::new(),
             table,
             dups: HashMap::new(),
+            base_seed: 0,
             resume_seq: None,
             run: None,
         }
@@ -246,6 +271,7 @@ impl SourceState {
         model: u32,
         hash: &BlockHash,
         std: u64,
+        chain: u64,
         media: MediaSet,
     ) -> Option<(BlockHash, HeldSlot)> {
         self.count_in(model);
@@ -253,7 +279,7 @@ impl SourceState {
             BlockHash::Int(v) => (*v, false),
             BlockHash::Neg(v) => (*v as u64, true),
             BlockHash::Bytes(b) => {
-                let slot = EngineSlot::new(std, false, media);
+                let slot = EngineSlot::new(std, chain, false, media);
                 let old = self.take_bytes(b);
                 if model == self.base_model {
                     self.bytes.insert(b.clone(), slot);
@@ -266,7 +292,7 @@ impl SourceState {
             }
         };
         let key = int_key(bits);
-        let slot = EngineSlot::new(std, negative, media);
+        let slot = EngineSlot::new(std, chain, negative, media);
         let old = self.take_int(key);
         if model == self.base_model {
             self.ints.insert(key, slot);
@@ -391,16 +417,20 @@ impl SourceState {
 
     /// The std hash this source maps `hash` to, whatever its model.
     pub(crate) fn std_of(&self, hash: &BlockHash) -> Option<u64> {
+        self.slot_of(hash).map(|s| s.std())
+    }
+
+    /// The slot of `hash`, whatever its model.
+    pub(crate) fn slot_of(&self, hash: &BlockHash) -> Option<EngineSlot> {
         let (key, negative) = match hash {
             BlockHash::Int(v) => (int_key(*v), false),
             BlockHash::Neg(v) => (int_key(*v as u64), true),
             BlockHash::Bytes(b) => {
-                let slot = self
+                return self
                     .bytes
                     .get(&**b)
                     .copied()
-                    .or_else(|| self.lora_bytes.get(&**b).map(|h| h.slot))?;
-                return Some(slot.std());
+                    .or_else(|| self.lora_bytes.get(&**b).map(|h| h.slot));
             }
         };
         let slot = self
@@ -408,7 +438,7 @@ impl SourceState {
             .get(&key)
             .copied()
             .or_else(|| self.lora_ints.get(&key).map(|h| h.slot))?;
-        (slot.negative() == negative).then_some(slot.std())
+        (slot.negative() == negative).then_some(slot)
     }
 
     /// Every slot without rebuilding hashes.

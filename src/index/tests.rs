@@ -463,3 +463,44 @@ fn checkpoint_deltas_follow_a_hash_across_loras() {
     assert_eq!(entries, held);
     assert_eq!(held.len(), 2);
 }
+
+#[test]
+fn the_chain_map_gives_its_memory_back_after_the_blocks_leave() {
+    let index = Index::new();
+    let src = index.register_source(&spec("p.ns", 0)).unwrap();
+    let hashes: Vec<i64> = (1..=4096).collect();
+    let store = stored(&hashes, tokens(0, 4096), "GPU");
+    index
+        .apply(src, &batch(vec![store]), 10, &mut Discard)
+        .unwrap();
+    assert_eq!(index.chain_entries(), 4096);
+    let peak = index.inner.chains.capacity();
+    assert!(peak >= 4096);
+    let remove = removed(&hashes, "");
+    index
+        .apply(src, &batch(vec![remove]), 11, &mut Discard)
+        .unwrap();
+    assert_eq!(index.chain_entries(), 0);
+    assert!(
+        index.inner.chains.capacity() < peak / 4,
+        "chain map kept its peak"
+    );
+}
+
+#[test]
+fn a_source_clear_takes_its_chain_blocks_and_keeps_the_other_sources() {
+    let index = Index::new();
+    let a = index.register_source(&spec("a.ns", 0)).unwrap();
+    let b = index.register_source(&spec("b.ns", 0)).unwrap();
+    for src in [a, b] {
+        let store = stored(&[1, 2, 3], tokens(0, 3), "GPU");
+        index
+            .apply(src, &batch(vec![store]), 10, &mut Discard)
+            .unwrap();
+    }
+    assert_eq!(index.chain_entries(), 6);
+    index.clear_source(a, &mut Discard).unwrap();
+    assert_eq!(index.chain_entries(), 3);
+    index.forget_pod("b.ns", &mut Discard);
+    assert_eq!(index.chain_entries(), 0);
+}

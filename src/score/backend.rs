@@ -6,7 +6,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::redis_conn::{RedisConn, RedisTarget};
 
-use super::prefix::{score_index, score_prefix, PrefixScores};
+use super::prefix::{score_index_with, score_prefix, PrefixScores};
+use super::prompt::MatchMode;
 use super::redis_lookup::{RedisLookup, RedisLookupError};
 use crate::hash::StdHash;
 use crate::index::Index;
@@ -74,8 +75,23 @@ impl ScoreBackend {
         matches!(self, ScoreBackend::Redis(_))
     }
 
-    /// Scores `candidates` for `blocks` of `model` (kthena's rule; every candidate counts as
-    /// fresh, as the API has no container start times).
+    /// Whether this backend can match chain-verified (`prefix`): only the in-memory index
+    /// keeps chains; Redis holds kthena's content-only keys.
+    pub fn matches_prefix(&self) -> bool {
+        !self.is_redis()
+    }
+
+    /// The match mode of a request that names none: `prefix` where it is possible.
+    pub fn default_mode(&self) -> MatchMode {
+        if self.matches_prefix() {
+            MatchMode::Prefix
+        } else {
+            MatchMode::Kthena
+        }
+    }
+
+    /// Scores `candidates` for `blocks` of `model` in `mode` (kthena's scoring rule; every
+    /// candidate counts as fresh, as the API has no container start times).
     ///
     /// # Errors
     /// [`RedisLookupError`] when the Redis backend fails; the index never fails.
@@ -85,11 +101,20 @@ impl ScoreBackend {
         blocks: &[StdHash],
         candidates: &[S],
         weights: &TierWeights,
+        mode: MatchMode,
     ) -> Result<PrefixScores, RedisLookupError> {
         match self {
-            ScoreBackend::Index(index) => {
-                Ok(score_index(index, model, blocks, candidates, weights, &[]))
-            }
+            ScoreBackend::Index(index) => Ok(score_index_with(
+                index,
+                model,
+                blocks,
+                candidates,
+                weights,
+                &[],
+                mode,
+            )),
+            // `blocks` are std hashes here: callers ask a Redis backend for `kthena` only
+            // (see `matches_prefix`).
             ScoreBackend::Redis(conn) => {
                 let mut conn = conn.clone();
                 let mut owners =

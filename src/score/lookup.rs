@@ -3,7 +3,7 @@
 //! A lookup is built for one prompt and one candidate list, so backends can resolve pod
 //! names to candidate slots once and the scorer works on small integers only.
 
-use crate::hash::StdHash;
+use super::prompt::MatchMode;
 use crate::index::{Index, ModelId};
 use crate::medium::{MediaSet, TierWeights, MEDIA_SLOTS};
 
@@ -77,27 +77,43 @@ impl<'w> SlotWeights<'w> {
 /// Marks a pod id as "not a candidate" in the dense slot table.
 const NOT_CANDIDATE: u32 = u32::MAX;
 
-/// The in-memory backend: reads [`Index::for_each_resident`] block by block, lazily, so a
-/// prompt whose prefix stops matching early costs only the blocks up to that point.
+/// The in-memory backend: reads [`Index::for_each_resident`] (`kthena` mode, std hashes)
+/// or [`Index::for_each_chain_resident`] (`prefix` mode, chain hashes) block by block,
+/// lazily, so a prompt whose prefix stops matching early costs only the blocks up to that
+/// point.
 pub struct IndexLookup<'a> {
     index: &'a Index,
     model: Option<ModelId>,
-    blocks: &'a [StdHash],
+    mode: MatchMode,
+    blocks: &'a [u64],
     /// Candidate slot per pod id (dense: pod ids are small integers handed out in order).
     slots: Vec<u32>,
     weights: SlotWeights<'a>,
 }
 
 impl<'a> IndexLookup<'a> {
-    /// A lookup of `blocks` of `model` among `candidates` (pod identifiers). A candidate the
-    /// index never saw, and a model it never saw, simply hold nothing; a candidate listed
-    /// twice is reported at its first position.
+    /// A `kthena`-mode lookup of std-hash `blocks` of `model` among `candidates` (pod
+    /// identifiers). A candidate the index never saw, and a model it never saw, simply hold
+    /// nothing; a candidate listed twice is reported at its first position.
     pub fn new<S: AsRef<str>>(
         index: &'a Index,
         model: &str,
-        blocks: &'a [StdHash],
+        blocks: &'a [u64],
         candidates: &[S],
         weights: &'a TierWeights,
+    ) -> IndexLookup<'a> {
+        IndexLookup::with_mode(index, model, blocks, candidates, weights, MatchMode::Kthena)
+    }
+
+    /// The same in `mode`: `blocks` are std hashes for `kthena`, chain hashes of `model` for
+    /// `prefix` ([`super::PromptSettings::blocks`]).
+    pub fn with_mode<S: AsRef<str>>(
+        index: &'a Index,
+        model: &str,
+        blocks: &'a [u64],
+        candidates: &[S],
+        weights: &'a TierWeights,
+        mode: MatchMode,
     ) -> IndexLookup<'a> {
         let model = index.model_id(model);
         let ids: Vec<Option<u32>> = candidates
@@ -117,6 +133,7 @@ impl<'a> IndexLookup<'a> {
         IndexLookup {
             index,
             model,
+            mode,
             blocks,
             slots,
             weights: SlotWeights::new(weights),
@@ -135,20 +152,23 @@ impl Lookup for IndexLookup<'_> {
         };
         let slots = &self.slots;
         let weights = &mut self.weights;
-        self.index
-            .for_each_resident(model, *hash, |pod, media, stored_at| {
-                let Some(&candidate) = slots.get(pod.0 as usize) else {
-                    return;
-                };
-                if candidate == NOT_CANDIDATE || media.is_empty() {
-                    return;
-                }
-                visit(Owner {
-                    candidate: candidate as usize,
-                    weight: weights.best(media),
-                    written_at: Some(u64::from(stored_at)),
-                });
+        let visit = |pod: crate::index::PodId, media: MediaSet, stored_at: u32| {
+            let Some(&candidate) = slots.get(pod.0 as usize) else {
+                return;
+            };
+            if candidate == NOT_CANDIDATE || media.is_empty() {
+                return;
+            }
+            visit(Owner {
+                candidate: candidate as usize,
+                weight: weights.best(media),
+                written_at: Some(u64::from(stored_at)),
             });
+        };
+        match self.mode {
+            MatchMode::Kthena => self.index.for_each_resident(model, *hash, visit),
+            MatchMode::Prefix => self.index.for_each_chain_resident(*hash, visit),
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! | file | job |
 //! | --- | --- |
-//! | `prompt.rs` | [`PromptSettings`]: tokens → standardized block hashes (block size, cap) |
+//! | `prompt.rs` | [`PromptSettings`]: tokens → std or chain block hashes (block size, cap); [`MatchMode`] |
 //! | `lookup.rs` | the [`Lookup`] trait and [`IndexLookup`], the in-memory backend |
 //! | `redis_lookup.rs` | [`RedisLookup`]: one pipelined `HGETALL` per prompt over kthena's keys (spelled by [`crate::redis_layout`]) |
 //! | `prefix.rs` | [`score_prefix`]: first block required, consecutive match, integer score |
@@ -13,6 +13,9 @@
 //! Data flows one way: a backend answers "who holds block *i* of this prompt, on which
 //! tier" for a fixed candidate list, and the scorer folds those answers into scores. The
 //! backend never sees the scoring rule and the scorer never sees Redis or the index.
+//!
+//! Two match modes ([`MatchMode`]): `prefix` (chain-verified, the in-memory default) and
+//! `kthena` (content-only std hashes, what Redis holds). The scoring rule is the same.
 //!
 //! Tier weights are [`TierWeights`] from [`crate::medium`], re-exported here.
 
@@ -30,6 +33,8 @@ pub use pd::{
     schedule, schedule_unmemoized, DecodeCandidate, KvScorer, Pair, PdError, PrefillGroups, Scorer,
     DEFAULT_TOP_N,
 };
-pub use prefix::{kthena_score, score_index, score_prefix, PodScore, PrefixScores, SlotScore};
-pub use prompt::{PromptError, PromptSettings};
+pub use prefix::{
+    kthena_score, score_index, score_index_with, score_prefix, PodScore, PrefixScores, SlotScore,
+};
+pub use prompt::{MatchMode, PromptError, PromptSettings};
 pub use redis_lookup::{RedisLookup, RedisLookupError, RedisOwners};

@@ -15,6 +15,7 @@ use smallvec::SmallVec;
 
 use super::lookup::IndexLookup;
 use super::prefix::{score_prefix, PrefixScores, SlotScore};
+use super::prompt::MatchMode;
 use crate::hash::StdHash;
 use crate::index::Index;
 use crate::medium::TierWeights;
@@ -291,8 +292,8 @@ impl KvScorer {
         }
     }
 
-    /// Scores `pods` (every decode and prefill the call may ask about) for `blocks` of
-    /// `model` from the in-memory index, in one pass.
+    /// Scores `pods` (every decode and prefill the call may ask about) for std-hash `blocks`
+    /// of `model` from the in-memory index, in one pass (`kthena` mode).
     pub fn from_index<S: AsRef<str>>(
         index: &Index,
         model: &str,
@@ -300,7 +301,19 @@ impl KvScorer {
         pods: &[S],
         weights: &TierWeights,
     ) -> KvScorer {
-        let mut lookup = IndexLookup::new(index, model, blocks, pods, weights);
+        KvScorer::from_index_with(index, model, blocks, pods, weights, MatchMode::Kthena)
+    }
+
+    /// The same in `mode` (`blocks` as [`super::PromptSettings::blocks`] makes them).
+    pub fn from_index_with<S: AsRef<str>>(
+        index: &Index,
+        model: &str,
+        blocks: &[u64],
+        pods: &[S],
+        weights: &TierWeights,
+        mode: MatchMode,
+    ) -> KvScorer {
+        let mut lookup = IndexLookup::with_mode(index, model, blocks, pods, weights, mode);
         let slots: Vec<SlotScore> = score_prefix(&mut lookup, pods.len(), &[]);
         KvScorer::from_scores(&PrefixScores::from_slots(blocks.len(), pods, &slots))
     }

@@ -11,6 +11,7 @@
 use serde::Serialize;
 
 use super::lookup::{IndexLookup, Lookup};
+use super::prompt::MatchMode;
 use crate::hash::StdHash;
 use crate::index::Index;
 use crate::medium::TierWeights;
@@ -247,7 +248,8 @@ impl PrefixScores {
     }
 }
 
-/// Scores `candidates` for `blocks` of `model` from the in-memory index.
+/// Scores `candidates` for std-hash `blocks` of `model` from the in-memory index, in
+/// `kthena` mode (each block by its own tokens, as kthena's router does).
 pub fn score_index<S: AsRef<str>>(
     index: &Index,
     model: &str,
@@ -256,7 +258,23 @@ pub fn score_index<S: AsRef<str>>(
     weights: &TierWeights,
     started_at: &[Option<u64>],
 ) -> PrefixScores {
-    let mut lookup = IndexLookup::new(index, model, blocks, candidates, weights);
+    let mode = MatchMode::Kthena;
+    score_index_with(index, model, blocks, candidates, weights, started_at, mode)
+}
+
+/// Scores `candidates` for `blocks` of `model` from the in-memory index in `mode`: `blocks`
+/// are std hashes for `kthena`, chain hashes of `model` for `prefix` (both from
+/// [`super::PromptSettings::blocks`]).
+pub fn score_index_with<S: AsRef<str>>(
+    index: &Index,
+    model: &str,
+    blocks: &[u64],
+    candidates: &[S],
+    weights: &TierWeights,
+    started_at: &[Option<u64>],
+    mode: MatchMode,
+) -> PrefixScores {
+    let mut lookup = IndexLookup::with_mode(index, model, blocks, candidates, weights, mode);
     let slots = score_prefix(&mut lookup, candidates.len(), started_at);
     PrefixScores::from_slots(blocks.len(), candidates, &slots)
 }

@@ -1,6 +1,46 @@
-//! Prompt tokens → standardized block hashes, the way a kthena router chunks them.
+//! Prompt tokens → block hashes, the way a kthena router chunks them: std hashes for
+//! `kthena` matching, chain hashes for `prefix` matching.
 
-use crate::hash::{prompt_block_hashes, StdHash, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS};
+use serde::{Deserialize, Serialize};
+
+use crate::hash::{
+    prompt_block_hashes, prompt_chain_hashes, StdHash, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS,
+};
+
+/// How a prompt's blocks are matched against what pods hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MatchMode {
+    /// Chain-verified: a pod matches block i only if it holds blocks 0..=i as one chain
+    /// (the same prefix), so a spliced prompt is never a false hit. In-memory index only.
+    #[default]
+    Prefix,
+    /// kthena's router semantics: each block by its own tokens (std hash), whatever came
+    /// before it. What the Redis layout supports.
+    Kthena,
+}
+
+impl MatchMode {
+    /// The spelling used in requests and flags.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MatchMode::Prefix => "prefix",
+            MatchMode::Kthena => "kthena",
+        }
+    }
+}
+
+impl std::str::FromStr for MatchMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "prefix" => Ok(MatchMode::Prefix),
+            "kthena" => Ok(MatchMode::Kthena),
+            other => Err(format!("unknown match mode `{other}` (prefix or kthena)")),
+        }
+    }
+}
 
 /// Why prompt settings were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,6 +102,17 @@ impl PromptSettings {
         prompt_block_hashes(tokens, self.block_size, self.max_blocks)
     }
 
+    /// The prompt's block hashes for `mode`: std hashes ([`Self::hash`]) for `kthena`, chain
+    /// hashes of `model` for `prefix`; cut the same way.
+    pub fn blocks(&self, model: &str, tokens: &[u32], mode: MatchMode) -> Vec<u64> {
+        match mode {
+            MatchMode::Kthena => self.hash(tokens),
+            MatchMode::Prefix => {
+                prompt_chain_hashes(model, tokens, self.block_size, self.max_blocks)
+            }
+        }
+    }
+
     /// Caller-supplied block hashes cut to `max_blocks`, as if the router had hashed them.
     pub fn cap<'a>(&self, hashes: &'a [StdHash]) -> &'a [StdHash] {
         &hashes[..hashes.len().min(self.max_blocks)]
@@ -93,5 +144,18 @@ mod tests {
         assert_eq!(s.hash(&[1, 2, 3, 4, 5]).len(), 2);
         assert_eq!(s.cap(&[1, 2, 3]).len(), 3);
         assert_eq!(PromptSettings::new(4, 2).unwrap().cap(&[1, 2, 3]), &[1, 2]);
+    }
+
+    #[test]
+    fn blocks_follow_the_mode_and_modes_parse() {
+        let s = PromptSettings::new(4, 2).unwrap();
+        let tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+        assert_eq!(s.blocks("m", &tokens, MatchMode::Kthena), s.hash(&tokens));
+        let chain = crate::hash::prompt_chain_hashes("m", &tokens, 4, 2);
+        assert_eq!(s.blocks("m", &tokens, MatchMode::Prefix), chain);
+        assert_eq!("kthena".parse(), Ok(MatchMode::Kthena));
+        assert_eq!("prefix".parse(), Ok(MatchMode::Prefix));
+        assert!("radix".parse::<MatchMode>().is_err());
+        assert_eq!(MatchMode::default().as_str(), "prefix");
     }
 }

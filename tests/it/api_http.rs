@@ -143,6 +143,66 @@ async fn score_accepts_block_hashes_as_numbers_or_strings_and_weight_overrides()
     );
 }
 
+/// Pod `s.ns` holds the chains A·x and B·y; the spliced prompt A·y shares both blocks'
+/// tokens with it but only A as a prefix.
+fn spliced_app() -> axum::Router {
+    let index = Index::new();
+    let spec = SourceSpec {
+        pod: "s.ns".into(),
+        model: "m".into(),
+        engine: Engine::Vllm,
+        dp_rank: 0,
+    };
+    let source = index.register_source(&spec).unwrap();
+    let block = |t: u32| vec![t; 16];
+    let store = |hashes: [i64; 2], tokens: Vec<u32>| {
+        let hashes = hashes.into_iter().map(BlockHash::from_i64).collect();
+        Event::BlockStored(BlockStored::new(hashes, tokens, 16, Medium::GPU))
+    };
+    let events = vec![
+        store([1, 2], [block(10), block(20)].concat()),
+        store([3, 4], [block(30), block(40)].concat()),
+    ];
+    let batch = EngineBatch::of(events);
+    index.apply(source, &batch, 100, &mut Discard).unwrap();
+    let state = ApiState::new(index, TierWeights::default(), None, Arc::new(Targets));
+    router(state)
+}
+
+#[tokio::test]
+async fn score_matches_chains_by_default_and_content_only_in_kthena_mode() {
+    let spliced: Vec<u32> = [vec![10u32; 16], vec![40u32; 16]].concat();
+    let req = |mode: Option<&str>| {
+        let mut req = json!({"model": "m", "tokens": spliced, "pods": ["s.ns"]});
+        if let Some(mode) = mode {
+            req["match"] = json!(mode);
+        }
+        req
+    };
+    let one =
+        json!({"total_blocks": 2, "scores": [{"pod": "s.ns", "score": 50, "matched_blocks": 1}]});
+    let both =
+        json!({"total_blocks": 2, "scores": [{"pod": "s.ns", "score": 100, "matched_blocks": 2}]});
+    for (mode, want) in [
+        (None, &one),
+        (Some("prefix"), &one),
+        (Some("kthena"), &both),
+    ] {
+        let (status, body) = post(spliced_app(), "/v1/score", req(mode)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(&body, want, "match {mode:?}");
+    }
+    // The PD endpoint takes the same modes.
+    let pd = |mode: &str| {
+        json!({"model": "m", "tokens": spliced, "decode": [{"pod": "s.ns", "group": "g"}],
+               "prefill": {"g": ["s.ns"]}, "match": mode})
+    };
+    let (_, prefix) = post(spliced_app(), "/v1/pd/schedule", pd("prefix")).await;
+    let (_, kthena) = post(spliced_app(), "/v1/pd/schedule", pd("kthena")).await;
+    assert_eq!(prefix["pairs"][0]["prefill_score"], json!(50.0));
+    assert_eq!(kthena["pairs"][0]["prefill_score"], json!(100.0));
+}
+
 #[tokio::test]
 async fn unknown_model_gives_empty_scores() {
     let (status, body) = post(
@@ -192,6 +252,14 @@ async fn missing_and_bad_fields_are_named() {
             "tokenz",
         ),
         (json!({"model": "", "tokens": [1], "pods": []}), "model"),
+        (
+            json!({"model": "m", "tokens": [1], "pods": [], "match": "radix"}),
+            "match",
+        ),
+        (
+            json!({"model": "m", "block_hashes": ["1"], "pods": [], "match": "prefix"}),
+            "match",
+        ),
     ];
     for (req, field) in cases {
         let (status, body) = post(app(None), "/v1/score", req.clone()).await;

@@ -10,7 +10,13 @@ use super::scenario::{prompt, MODEL, PODS};
 use crate::api::ScoreBody;
 use crate::index::Index;
 use crate::medium::TierWeights;
-use crate::score::{schedule, score_index, DecodeCandidate, KvScorer, DEFAULT_TOP_N};
+use crate::score::{
+    schedule, score_index_with, DecodeCandidate, KvScorer, MatchMode, PromptSettings, DEFAULT_TOP_N,
+};
+
+/// The mode the printed queries use: the API's default, so the request bodies need no
+/// `match` field.
+const MODE: MatchMode = MatchMode::Prefix;
 
 /// One printed query: the request and the answer it must get.
 #[derive(Debug, Clone)]
@@ -45,8 +51,8 @@ fn scripted_pods() -> Vec<String> {
 pub fn score(expected: &Index, weights: &TierWeights) -> Query {
     let tokens = prompt();
     let pods = scripted_pods();
-    let blocks = crate::score::PromptSettings::default().hash(&tokens);
-    let scores = score_index(expected, MODEL, &blocks, &pods, weights, &[]);
+    let blocks = PromptSettings::default().blocks(MODEL, &tokens, MODE);
+    let scores = score_index_with(expected, MODEL, &blocks, &pods, weights, &[], MODE);
     let answer = serde_json::to_value(ScoreBody::new(&scores)).unwrap_or(Value::Null);
     Query {
         path: "/v1/score",
@@ -77,9 +83,9 @@ pub fn pd(expected: &Index, weights: &TierWeights) -> Query {
         ("pd-a", vec![sglang.as_str(), b.as_str()]),
         ("pd-b", vec![sglang.as_str(), a.as_str()]),
     ]);
-    let blocks = crate::score::PromptSettings::default().hash(&tokens);
+    let blocks = PromptSettings::default().blocks(MODEL, &tokens, MODE);
     let all: Vec<&str> = pods.iter().map(String::as_str).collect();
-    let mut scorer = KvScorer::from_index(expected, MODEL, &blocks, &all, weights);
+    let mut scorer = KvScorer::from_index_with(expected, MODEL, &blocks, &all, weights, MODE);
     let answer = match schedule(&decodes, &groups, DEFAULT_TOP_N, &mut scorer) {
         Ok(pairs) => json!({"pairs": pairs.iter().map(|p| json!({
             "decode": p.decode, "prefill": p.prefill, "prefill_score": p.prefill_score,

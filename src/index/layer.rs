@@ -1,0 +1,170 @@
+//! One residency layer's edits: a block map keyed by a 64-bit block identity, whose
+//! residents gain and lose media as engine blocks are stored and removed.
+//!
+//! The index keeps two layers with the same rules: kthena's std blocks (per model, keyed by
+//! the content-only std hash, mirrored to Redis field by field) and the chain blocks of
+//! `prefix` matching (one map for every model, keyed by the chain hash, in memory only).
+//! Several engine blocks of one source can map to one layer block (the same tokens after
+//! different prefixes for std hashes; physical copies of one prefix for chain hashes), so a
+//! resident counts its engine copies and, past one, per-medium counts sit in the source's
+//! `dups` map under `dup_key`.
+
+use dashmap::mapref::entry::Entry;
+use hashbrown::HashMap;
+
+use super::counters::slot_medium;
+use super::delta::FieldValue;
+use super::residents::{Resident, Residents};
+use super::ModelBlocks;
+use crate::medium::{MediaSet, MEDIA_SLOTS};
+
+/// Per-medium engine-copy counts of blocks a source holds more than once.
+pub(crate) type DupCounts = HashMap<(u32, u64), [u16; MEDIA_SLOTS]>;
+
+/// The dup-count model id of chain blocks (never a model id: ids stop below `u32::MAX`).
+pub(crate) const CHAIN_DUPS: u32 = u32::MAX;
+
+/// Who edits: one source, at one store time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Editor {
+    pub(crate) pod: u32,
+    pub(crate) rank: u8,
+    pub(crate) now: u32,
+}
+
+/// The pod's value of a block before and after an edit.
+pub(crate) type Change = (Option<FieldValue>, Option<FieldValue>);
+
+/// Adds `added` media (and one engine copy when `new_copy`) to the editor's resident of
+/// block `key`. Returns the pod's value before and after, and whether the source now holds
+/// the block through more than one engine block.
+pub(crate) fn add_media(
+    blocks: &ModelBlocks,
+    dups: &mut DupCounts,
+    dup_key: (u32, u64),
+    key: u64,
+    who: Editor,
+    added: MediaSet,
+    new_copy: bool,
+) -> (Change, bool) {
+    let mut entry = match blocks.entry(key) {
+        Entry::Vacant(vacant) => {
+            vacant.insert(Residents::One(Resident::new(
+                who.pod, who.rank, who.now, added,
+            )));
+            let value = FieldValue {
+                stored_at: who.now,
+                media: added,
+            };
+            return ((None, Some(value)), false);
+        }
+        Entry::Occupied(occupied) => occupied,
+    };
+    let residents = entry.get_mut();
+    let before = residents.pod_value(who.pod);
+    let mut duplicate = false;
+    match residents.find_mut(who.pod, who.rank) {
+        None => residents.push(Resident::new(who.pod, who.rank, who.now, added)),
+        Some(resident) => {
+            let copies = resident.copies();
+            if new_copy {
+                duplicate = true;
+                if copies == 1 {
+                    let mut counts = [0u16; MEDIA_SLOTS];
+                    for m in resident.media().iter() {
+                        counts[m.slot() as usize] = 1;
+                    }
+                    dups.insert(dup_key, counts);
+                }
+                resident.set_copies(copies.saturating_add(1));
+            }
+            if resident.copies() > 1 {
+                if let Some(counts) = dups.get_mut(&dup_key) {
+                    for m in added.iter() {
+                        let c = &mut counts[m.slot() as usize];
+                        *c = c.saturating_add(1);
+                    }
+                }
+            }
+            resident.set_media(resident.media().union(added));
+            resident.stored_at = who.now;
+        }
+    }
+    let after = residents.pod_value(who.pod);
+    ((before, after), duplicate)
+}
+
+/// Takes `removed` media off the editor's resident of block `key`; `slot_gone` when the
+/// engine block itself is no longer held. Returns the pod's value before and after and the
+/// resident's last store time, or `None` when the source holds no such block.
+pub(crate) fn drop_media(
+    blocks: &ModelBlocks,
+    dups: &mut DupCounts,
+    dup_key: (u32, u64),
+    key: u64,
+    who: Editor,
+    removed: MediaSet,
+    slot_gone: bool,
+) -> Option<(Change, u32)> {
+    let Entry::Occupied(mut entry) = blocks.entry(key) else {
+        return None;
+    };
+    let residents = entry.get_mut();
+    let before = residents.pod_value(who.pod);
+    let resident = residents.find_mut(who.pod, who.rank)?;
+    let stored_at = resident.stored_at;
+    let copies = resident.copies();
+    if copies > 1 {
+        let counts = dups.entry(dup_key).or_insert([0; MEDIA_SLOTS]);
+        for m in removed.iter() {
+            let c = &mut counts[m.slot() as usize];
+            *c = c.saturating_sub(1);
+        }
+        let mut media = MediaSet::EMPTY;
+        for (slot, c) in counts.iter().enumerate() {
+            if *c > 0 {
+                media.insert(slot_medium(slot));
+            }
+        }
+        resident.set_media(media);
+    } else {
+        resident.set_media(resident.media().difference(removed));
+    }
+    let mut drop_resident = resident.media().is_empty();
+    if slot_gone {
+        let left = copies.saturating_sub(1);
+        resident.set_copies(left);
+        if left <= 1 {
+            dups.remove(&dup_key);
+        }
+        drop_resident |= left == 0;
+    }
+    let after = if drop_resident {
+        if residents.remove(who.pod, who.rank) {
+            entry.remove();
+            None
+        } else {
+            entry.get().pod_value(who.pod)
+        }
+    } else {
+        residents.pod_value(who.pod)
+    };
+    Some(((before, after), stored_at))
+}
+
+/// Removes the editor's resident of block `key` whatever its media (a source clear).
+/// Returns the pod's value before and after, or `None` when the source holds no such block.
+pub(crate) fn drop_resident(blocks: &ModelBlocks, key: u64, who: Editor) -> Option<Change> {
+    let Entry::Occupied(mut entry) = blocks.entry(key) else {
+        return None;
+    };
+    let before = entry.get().pod_value(who.pod);
+    entry.get_mut().find_mut(who.pod, who.rank)?;
+    let after = if entry.get_mut().remove(who.pod, who.rank) {
+        entry.remove();
+        None
+    } else {
+        entry.get().pod_value(who.pod)
+    };
+    Some((before, after))
+}
