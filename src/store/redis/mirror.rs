@@ -498,7 +498,10 @@ impl Writer {
             let background = self.entropy_wake();
             tokio::select! {
                 biased;
-                (result, batch) = self.inflight.next(), if answers => self.answered(result, batch),
+                (result, batch) = self.inflight.next(), if answers => {
+                    self.answered(result, batch);
+                    self.flush_if_idle().await;
+                }
                 () = sleep_until(wake) => {
                     if self.dirty {
                         self.try_reconcile().await;
@@ -595,6 +598,16 @@ impl Writer {
             self.stamps.push(stamp);
         }
         if !self.dirty && self.flush_due() {
+            self.flush_now().await;
+        }
+        self.flush_if_idle().await;
+    }
+
+    /// Flushes at once while nothing is in flight: Redis is idle, so waiting for a fuller
+    /// pipeline would only add latency. Under load some pipeline is always in flight and
+    /// deltas gather until a flush fills up or the oldest answer comes.
+    async fn flush_if_idle(&mut self) {
+        if !self.dirty && self.inflight.is_empty() && !self.pending.is_empty() {
             self.flush_now().await;
         }
     }
