@@ -73,6 +73,13 @@ const API_DURATION_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 5.0,
 ];
 
+/// The mirror's write latency histogram: from ingest handing deltas over to Redis answering.
+const MIRROR_WRITE_LATENCY: &str = "kvindex_mirror_write_latency_seconds";
+/// Its buckets, in seconds: a flush interval is 5 ms, a Redis response timeout 3 s.
+const MIRROR_WRITE_LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the global Prometheus recorder (once; later calls return the same handle).
@@ -84,6 +91,11 @@ pub fn install() -> Option<PrometheusHandle> {
                 .set_buckets_for_metric(
                     Matcher::Full(API_DURATION.to_owned()),
                     &API_DURATION_BUCKETS,
+                )
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full(MIRROR_WRITE_LATENCY.to_owned()),
+                    &MIRROR_WRITE_LATENCY_BUCKETS,
                 )
                 .ok()?
                 .install_recorder()
@@ -180,6 +192,10 @@ fn describe() {
     );
     describe_histogram!(API_DURATION, "API request latency, by route.");
     describe_mirror_upkeep();
+    describe_histogram!(
+        MIRROR_WRITE_LATENCY,
+        "Time from ingest handing a message's deltas to the Redis mirror to Redis answering the pipeline that wrote them."
+    );
     describe_histogram!(
         "kvindex_pipeline_seconds",
         "Time from receiving a message to its deltas being queued."
@@ -455,6 +471,11 @@ pub fn mirror(queue_depth: usize, dirty: bool, reconciling: bool, flush_p99_us: 
     gauge!("kvindex_mirror_dirty").set(f64::from(u8::from(dirty)));
     gauge!("kvindex_mirror_reconciling").set(f64::from(u8::from(reconciling)));
     gauge!("kvindex_mirror_flush_p99_seconds").set(flush_p99_us as f64 / 1e6);
+}
+
+/// The mirror's write latency histogram, looked up once by the writer (seconds).
+pub fn mirror_write_latency() -> metrics::Histogram {
+    histogram!(MIRROR_WRITE_LATENCY)
 }
 
 /// Redis commands the mirror wrote in one successful pipeline.

@@ -9,8 +9,8 @@
 //! | item | job |
 //! | --- | --- |
 //! | [`block_key`], [`push_block_key`], [`split_block_key`] | `matrix:kv:block:{model}@{std_hash}` |
-//! | [`ValueFormat`], [`field_value`], [`parse_field_value`] | a field's `"{ts}"` / `"{ts}\|{MEDIUM}"` value |
-//! | [`mapping_key`], [`mapping_prefix`], [`mapping_value`] | `{vllm\|sglang}:kv:block:{pod}@{engine_hash}` = std hash |
+//! | [`ValueFormat`], [`field_value`], [`push_field_value`], [`parse_field_value`] | a field's `"{ts}"` / `"{ts}\|{MEDIUM}"` value |
+//! | [`mapping_key`], [`push_mapping_key`], [`mapping_prefix`], [`mapping_value`] | `{vllm\|sglang}:kv:block:{pod}@{engine_hash}` = std hash |
 //! | [`block_key_pattern`], [`mapping_key_pattern`] | `SCAN MATCH` patterns for offline tools |
 //! | [`redact_url`], [`scrub_secrets`] | passwords kept out of every error and log line |
 
@@ -71,13 +71,27 @@ pub fn block_key_pattern(model: Option<&str>) -> String {
 
 /// The field value: `"{ts}"`, or `"{ts}|{MEDIUM}"` in the tiered format when a medium is known.
 pub fn field_value(value: FieldValue, format: ValueFormat, weights: &TierWeights) -> String {
-    let ts = value.stored_at.to_string();
+    let mut out = String::with_capacity(16);
+    push_field_value(&mut out, value, format, weights);
+    out
+}
+
+/// Writes the field value into `out` (cleared first), so a mirror reuses one buffer.
+pub fn push_field_value(
+    out: &mut String,
+    value: FieldValue,
+    format: ValueFormat,
+    weights: &TierWeights,
+) {
+    out.clear();
+    // Writing into a String cannot fail.
+    let _ = write!(out, "{}", value.stored_at);
     if format == ValueFormat::Timestamp {
-        return ts;
+        return;
     }
-    match value.media.best(weights) {
-        Some(medium) if !medium.is_none() => format!("{ts}|{}", medium.spelling()),
-        _ => ts,
+    if let Some(medium) = value.media.best(weights).filter(|m| !m.is_none()) {
+        out.push('|');
+        out.push_str(medium.spelling());
     }
 }
 
@@ -114,12 +128,17 @@ pub fn mapping_prefix(engine: Engine) -> &'static str {
 
 /// `{vllm|sglang}:kv:block:{pod}@{engine_hash}` (engine hash in its text form).
 pub fn mapping_key(engine: Engine, pod: &str, engine_hash: &BlockHash) -> String {
-    let prefix = mapping_prefix(engine);
-    let mut key = String::with_capacity(prefix.len() + pod.len() + 24);
-    key.push_str(prefix);
+    let mut key = String::with_capacity(mapping_prefix(engine).len() + pod.len() + 24);
+    push_mapping_key(&mut key, engine, pod, engine_hash);
+    key
+}
+
+/// Writes the mapping key into `key` (cleared first), so a mirror reuses one buffer.
+pub fn push_mapping_key(key: &mut String, engine: Engine, pod: &str, engine_hash: &BlockHash) {
+    key.clear();
+    key.push_str(mapping_prefix(engine));
     key.push_str(pod);
     let _ = write!(key, "@{engine_hash}");
-    key
 }
 
 /// A mapping key's value: the std hash in decimal.

@@ -59,6 +59,10 @@ impl Writer {
     /// The flush of the writer's loop: the pending deltas, then the queued unknown removes.
     pub(super) async fn flush_all(&mut self) {
         self.flush_now().await;
+        if !self.entropy.adopt.is_empty() {
+            // Adoption reads mapping keys that pipelines in flight may still write.
+            self.drain_inflight().await;
+        }
         if !self.dirty {
             self.adopt_now().await;
         }

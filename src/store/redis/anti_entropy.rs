@@ -353,6 +353,11 @@ impl Writer {
             self.entropy.watchdog_at = Instant::now() + WATCHDOG_PERIOD;
             return;
         }
+        // The watchdog and a step read Redis: they see every pipeline in flight answered.
+        self.drain_inflight().await;
+        if self.dirty {
+            return;
+        }
         let now = Instant::now();
         if now >= self.entropy.watchdog_at {
             self.entropy.watchdog_at = now + WATCHDOG_PERIOD;
@@ -396,11 +401,13 @@ impl Writer {
         if pass.mode != Mode::Rewrite && !self.pending.is_empty() {
             // Compare against Redis only after what ingest already produced is written.
             self.flush_now().await;
-            if self.dirty {
-                self.entropy.pass = Some(pass);
-                self.on_dirty();
-                return;
-            }
+        }
+        // A step reads or writes Redis on its own: nothing of ingest's may be in flight.
+        self.drain_inflight().await;
+        if self.dirty {
+            self.entropy.pass = Some(pass);
+            self.on_dirty();
+            return;
         }
         let result = match pass.phase {
             Phase::Stale(ref mut keys) => self

@@ -74,16 +74,27 @@ pub fn state_key(pod: &str, rank: u8, model: &str) -> String {
 /// An engine hash as a state field: unambiguous between ints and byte strings (the kthena
 /// text form is not: a hex digest may consist of digits only).
 pub fn engine_field(hash: &BlockHash) -> String {
+    let mut out = String::new();
+    push_engine_field(&mut out, hash);
+    out
+}
+
+/// Writes [`engine_field`] into `out` (cleared first), so the mirror reuses one buffer.
+pub fn push_engine_field(out: &mut String, hash: &BlockHash) {
+    out.clear();
     match hash {
-        BlockHash::Int(v) => v.to_string(),
-        BlockHash::Neg(v) => v.to_string(),
+        BlockHash::Int(v) => {
+            let _ = write!(out, "{v}");
+        }
+        BlockHash::Neg(v) => {
+            let _ = write!(out, "{v}");
+        }
         BlockHash::Bytes(b) => {
-            let mut out = String::with_capacity(1 + b.len() * 2);
+            out.reserve(1 + b.len() * 2);
             out.push('x');
             for byte in b.iter() {
                 let _ = write!(out, "{byte:02x}");
             }
-            out
         }
     }
 }
@@ -109,6 +120,13 @@ pub fn parse_engine_field(field: &str) -> Option<BlockHash> {
 /// `{std}|{stored_at}|{media spellings joined by ','}` (the empty spelling = no medium).
 pub fn engine_value(state: &EngineState) -> String {
     let mut out = String::with_capacity(40);
+    push_engine_value(&mut out, state);
+    out
+}
+
+/// Writes [`engine_value`] into `out` (cleared first), so the mirror reuses one buffer.
+pub fn push_engine_value(out: &mut String, state: &EngineState) {
+    out.clear();
     let _ = write!(out, "{}|{}|", state.std_hash, state.stored_at);
     for (i, medium) in state.media.iter().enumerate() {
         if i > 0 {
@@ -116,7 +134,6 @@ pub fn engine_value(state: &EngineState) -> String {
         }
         out.push_str(medium.spelling());
     }
-    out
 }
 
 /// The inverse of [`engine_value`].

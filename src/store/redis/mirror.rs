@@ -1,7 +1,14 @@
-//! The writer task: coalesces deltas per flush, one pipeline per flush, and outage handling
-//! (dirty mode, capped backoff, reconcile on reconnect).
+//! The writer task: coalesces deltas per flush, one bounded pipeline per flush with several
+//! in flight (see `inflight.rs` for why that keeps each key's writes in order), and outage
+//! handling (dirty mode, capped backoff, reconcile on reconnect).
+//!
+//! Memory stays bounded under any load: a flush holds at most [`MAX_PIPELINE_COMMANDS`]
+//! commands (a message with more deltas, such as a clear of a large cache, is absorbed in
+//! slices, each flushed before the next is read), at most [`MAX_IN_FLIGHT`] pipelines are on
+//! the wire, the coalescing map is shrunk after a spike, and while all pipelines are in flight
+//! the writer stops reading its queue, so ingest waits (backpressure) and nothing is dropped.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,13 +20,16 @@ use tokio::time::Instant;
 
 use super::anti_entropy::{Entropy, EntropySettings, EntropyStats};
 use super::checkpoint::{
-    engine_field, engine_value, source_field, state_key, Watermark, WATERMARKS_KEY,
+    push_engine_field, push_engine_value, source_field, state_key, Watermark, WATERMARKS_KEY,
 };
+use super::inflight::{Batch, InFlight, LatencyHistogram, MarkAt, MAX_IN_FLIGHT};
 use super::{MirrorError, RedisConfig};
-use crate::index::{Checkpoint, Delta, EngineState, Index, ModelId, PodId, SourceId};
+use crate::index::{Checkpoint, Delta, Index, ModelId, PodId, SourceId};
 use crate::medium::TierWeights;
 use crate::redis_conn::{ClusterConn, ClusterSettings, RedisConn, RedisTarget};
-use crate::redis_layout::{block_key, field_value, mapping_key, mapping_value, MAPPING_TTL_SECS};
+use crate::redis_layout::{
+    push_block_key, push_field_value, push_mapping_key, MAPPING_TTL_SECS,
+};
 use crate::wire::{BlockHash, Engine};
 
 /// First retry after a failure; doubles up to [`MAX_BACKOFF`].
@@ -37,12 +47,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const CLUSTER_RETRIES: u32 = 3;
 /// Flush latencies kept for the percentiles.
 const LATENCY_SAMPLES: usize = 4096;
+/// Commands one pipeline holds at most, whatever `flush_max_commands` says: what bounds the
+/// writer's memory (the coalescing map, the encoded pipeline and its replies) in a spike.
+pub(super) const MAX_PIPELINE_COMMANDS: usize = 16_384;
+/// The coalescing map is shrunk back once its capacity passes this many times the flush size.
+const SHRINK_FACTOR: usize = 4;
 
 /// What ingest and the handle send to the writer, in one ordered queue.
 #[derive(Debug)]
 pub(super) enum Msg {
-    /// Deltas of one applied message, and the checkpoint of its source that covers them.
-    Deltas(Vec<Delta>, Option<Checkpoint>),
+    /// Deltas of one applied message, the checkpoint of its source that covers them, and
+    /// when ingest handed them over (for the write-latency histogram).
+    Deltas(Vec<Delta>, Option<Checkpoint>, std::time::Instant),
     /// Answer once everything queued before is in Redis.
     Flush(oneshot::Sender<()>),
     /// Write what is queued, answer, and stop.
@@ -185,6 +201,10 @@ pub(super) struct Shared {
     /// Counters of the background passes and adopted removes.
     pub(super) entropy: EntropyStats,
     latencies: Mutex<Latencies>,
+    /// From ingest handing deltas over to Redis answering the pipeline that wrote them.
+    pub(super) write_latency: LatencyHistogram,
+    /// The most pipelines that were in flight at once.
+    pub(super) in_flight_peak: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -303,7 +323,7 @@ pub(super) struct Writer {
     pub(super) conn: RedisConn,
     pub(super) shared: Arc<Shared>,
     /// Wanted state per key since the last flush (coalescing: the last delta wins).
-    pub(super) pending: HashMap<Key, Delta>,
+    pub(super) pending: hashbrown::HashMap<Key, Delta>,
     /// How many of `pending` are checkpoint entries: they become one command per state key,
     /// so they do not count towards `flush_max_commands`.
     pub(super) pending_entries: usize,
@@ -320,6 +340,24 @@ pub(super) struct Writer {
     pub(super) marks: Marks,
     /// Background passes (reconcile, anti-entropy, refresh), the watchdog, adopted removes.
     pub(super) entropy: Entropy,
+    /// Pipelines sent and not yet answered, oldest first.
+    pub(super) inflight: InFlight,
+    /// When ingest handed over each message absorbed since the last flush.
+    stamps: Vec<std::time::Instant>,
+    /// Text buffers reused by every command encoded.
+    scratch: Scratch,
+    /// `kvindex_mirror_write_latency_seconds`, looked up once.
+    write_metric: metrics::Histogram,
+}
+
+/// Reused buffers for the keys and values of the commands being encoded.
+#[derive(Default)]
+struct Scratch {
+    key: String,
+    field: String,
+    value: String,
+    /// The mapping keys' TTL in decimal.
+    ttl: String,
 }
 
 /// Watermarks of the sources the mirror checkpoints. Only the seq is recorded per message;
@@ -331,6 +369,8 @@ pub(super) struct Marks {
     pub(super) latest: HashMap<(PodId, u8), (SourceId, u64)>,
     /// Sources whose latest watermark is not in Redis yet.
     pub(super) unwritten: HashSet<(PodId, u8)>,
+    /// Watermarks whose data Redis has answered for, to be written by the next pipeline.
+    confirmed: HashMap<(PodId, u8), (SourceId, u64)>,
     /// Model ids per source, so a watermark lists every state key of its source.
     models: HashMap<(PodId, u8), BTreeSet<ModelId>>,
     /// Source ids resolved to `(pod, rank)` (ids are never reused).
@@ -384,7 +424,7 @@ impl Writer {
             weights,
             conn,
             shared,
-            pending: HashMap::new(),
+            pending: hashbrown::HashMap::new(),
             pending_entries: 0,
             touched: HashSet::new(),
             dirty: true,
@@ -395,6 +435,13 @@ impl Writer {
             names: Names::default(),
             marks: Marks::default(),
             entropy,
+            inflight: InFlight::default(),
+            stamps: Vec::new(),
+            scratch: Scratch {
+                ttl: MAPPING_TTL_SECS.to_string(),
+                ..Scratch::default()
+            },
+            write_metric: crate::metrics::mirror_write_latency(),
         }
     }
 
@@ -434,9 +481,13 @@ impl Writer {
         self.marks.unwritten.insert(key);
     }
 
-    /// The watermark entry of source `key` as it stands now, `None` once it is unregistered.
-    fn watermark(&mut self, key: (PodId, u8)) -> Option<Watermark> {
-        let (source, seq) = *self.marks.latest.get(&key)?;
+    /// The watermark entry of source `key` at `seq`, `None` once it is unregistered (or
+    /// registered again as another source).
+    fn watermark(&mut self, key: (PodId, u8), source: SourceId, seq: u64) -> Option<Watermark> {
+        let (latest, _) = *self.marks.latest.get(&key)?;
+        if latest != source {
+            return None;
+        }
         let spec = self.index.source_spec(source)?;
         let models = self.marks.models.entry(key).or_default();
         if let Some(base) = self.index.model_id(&spec.model) {
@@ -473,8 +524,14 @@ impl Writer {
             } else {
                 Some(self.flush_at)
             };
+            let answers = !self.inflight.is_empty();
+            let background = self.entropy_wake();
             tokio::select! {
                 biased;
+                (result, batch) = self.inflight.next(), if answers => {
+                    self.answered(result, batch);
+                    self.flush_if_idle().await;
+                }
                 () = sleep_until(wake) => {
                     if self.dirty {
                         self.try_reconcile().await;
@@ -482,20 +539,14 @@ impl Writer {
                         self.flush_all().await;
                     }
                 }
-                () = sleep_until(self.entropy_wake()) => self.entropy_tick().await,
+                () = sleep_until(background) => self.entropy_tick().await,
                 msg = rx.recv() => match msg {
-                    Some(Msg::Deltas(deltas, checkpoint)) => {
-                        self.absorb(deltas, checkpoint);
-                        let commands = self.pending.len() - self.pending_entries;
-                        if !self.dirty && commands >= self.config.flush_max_commands {
-                            self.flush_now().await;
-                        }
+                    Some(Msg::Deltas(deltas, checkpoint, stamp)) => {
+                        self.take_deltas(deltas, checkpoint, stamp).await;
                     }
                     Some(Msg::Flush(done)) => {
                         self.waiters.push(done);
-                        if !self.dirty {
-                            self.flush_all().await;
-                        }
+                        self.flush_everything().await;
                         self.answer_waiters();
                     }
                     Some(Msg::Shutdown(done)) => {
@@ -519,8 +570,9 @@ impl Writer {
                 tokio::time::sleep_until(self.retry_at).await;
                 self.try_reconcile().await;
             } else {
-                self.flush_all().await;
+                self.flush_everything().await;
                 self.finish_rewrite().await;
+                self.flush_everything().await;
                 if !self.dirty {
                     break;
                 }
@@ -529,8 +581,84 @@ impl Writer {
         self.answer_waiters();
     }
 
-    fn absorb(&mut self, deltas: Vec<Delta>, checkpoint: Option<Checkpoint>) {
-        for delta in deltas {
+    /// Flushes until nothing is pending or in flight (watermarks take a second round: they
+    /// are written once the data they cover is answered), or until Redis fails.
+    pub(super) async fn flush_everything(&mut self) {
+        while !self.dirty {
+            self.flush_all().await;
+            self.drain_inflight().await;
+            if !self.has_pending() {
+                break;
+            }
+        }
+    }
+
+    /// Waits for every pipeline in flight to be answered.
+    pub(super) async fn drain_inflight(&mut self) {
+        while !self.inflight.is_empty() {
+            let (result, batch) = self.inflight.next().await;
+            self.answered(result, batch);
+        }
+    }
+
+    /// Absorbs one message's deltas, in slices of at most one flush each: a message larger
+    /// than a pipeline (a clear of a large cache) is flushed as it is read, so neither the
+    /// coalescing map nor a pipeline grows with it.
+    async fn take_deltas(
+        &mut self,
+        deltas: Vec<Delta>,
+        checkpoint: Option<Checkpoint>,
+        stamp: std::time::Instant,
+    ) {
+        let mut rest = deltas.into_iter();
+        while rest.len() > 0 {
+            self.absorb(&mut rest);
+            if !self.dirty && self.flush_due() {
+                self.flush_now().await;
+            }
+        }
+        if let (Some(checkpoint), true) = (checkpoint, self.config.checkpoint) {
+            self.absorb_checkpoint(checkpoint);
+            if !self.dirty && self.pending.is_empty() {
+                self.flush_at = Instant::now() + self.config.flush_interval;
+            }
+        }
+        if !self.dirty {
+            // While dirty nothing is written; the dirty gauge shows the outage instead.
+            self.stamps.push(stamp);
+        }
+        if !self.dirty && self.flush_due() {
+            self.flush_now().await;
+        }
+        self.flush_if_idle().await;
+    }
+
+    /// Flushes at once while nothing is in flight: Redis is idle, so waiting for a fuller
+    /// pipeline would only add latency. Under load some pipeline is always in flight and
+    /// deltas gather until a flush fills up or the oldest answer comes.
+    async fn flush_if_idle(&mut self) {
+        if !self.dirty && self.inflight.is_empty() && !self.pending.is_empty() {
+            self.flush_now().await;
+        }
+    }
+
+    /// Commands a flush of what is pending holds: checkpoint entries become one command per
+    /// state key, so they count apart.
+    fn flush_size(&self) -> usize {
+        self.config
+            .flush_max_commands
+            .clamp(1, MAX_PIPELINE_COMMANDS)
+    }
+
+    /// Whether the pending commands fill a flush.
+    fn flush_due(&self) -> bool {
+        let size = self.flush_size();
+        self.pending.len() - self.pending_entries >= size || self.pending_entries >= size
+    }
+
+    /// Absorbs deltas from `rest` until they run out or a flush is due.
+    fn absorb(&mut self, rest: &mut std::vec::IntoIter<Delta>) {
+        for delta in rest.by_ref() {
             if matches!(delta, Delta::UnknownRemove { .. }) {
                 self.queue_adopt(delta);
                 continue;
@@ -542,6 +670,7 @@ impl Writer {
                     self.marks.unwritten.remove(&(*pod, *rank));
                     self.marks.latest.remove(&(*pod, *rank));
                     self.marks.models.remove(&(*pod, *rank));
+                    self.marks.confirmed.remove(&(*pod, *rank));
                     self.config.checkpoint
                 }
                 Delta::Field { .. } | Delta::UnknownRemove { .. } => true,
@@ -561,19 +690,17 @@ impl Writer {
                 if self.pending.insert(key, delta).is_none() && entry {
                     self.pending_entries += 1;
                 }
-            }
-        }
-        if let (Some(checkpoint), true) = (checkpoint, self.config.checkpoint) {
-            self.absorb_checkpoint(checkpoint);
-            if !self.dirty && self.pending.is_empty() {
-                self.flush_at = Instant::now() + self.config.flush_interval;
+                if self.flush_due() {
+                    break;
+                }
             }
         }
         self.cap_touched();
     }
 
     pub(super) fn answer_waiters(&mut self) {
-        if !self.dirty && !self.has_pending() && !self.entropy.rewriting() {
+        let written = self.inflight.is_empty() && !self.has_pending();
+        if !self.dirty && written && !self.entropy.rewriting() {
             for done in self.waiters.drain(..) {
                 let _ = done.send(());
             }
@@ -585,6 +712,7 @@ impl Writer {
     /// their deltas independently, so only the index knows the pod's latest value, and a
     /// mapping key is kept while any rank of the pod still holds its engine hash.
     pub(super) fn push_command(&mut self, pipe: &mut redis::Pipeline, delta: &Delta) {
+        let sc = &mut self.scratch;
         match delta {
             Delta::Field {
                 model,
@@ -592,16 +720,19 @@ impl Writer {
                 pod,
                 ..
             } => {
-                let bk = block_key(&self.names.model(&self.index, *model), *std_hash);
+                push_block_key(
+                    &mut sc.key,
+                    &self.names.model(&self.index, *model),
+                    *std_hash,
+                );
                 let field = self.names.pod(&self.index, *pod);
                 match self.index.field_value(*model, *std_hash, *pod) {
                     Some(v) => {
-                        let v = field_value(v, self.config.value_format, &self.weights);
-                        pipe.hset(bk, &*field, v).ignore();
+                        let format = self.config.value_format;
+                        push_field_value(&mut sc.value, v, format, &self.weights);
+                        add(pipe, &["HSET", sc.key.as_str(), &field, sc.value.as_str()]);
                     }
-                    None => {
-                        pipe.hdel(bk, &*field).ignore();
-                    }
+                    None => add(pipe, &["HDEL", sc.key.as_str(), &field]),
                 }
             }
             Delta::Mapping {
@@ -610,16 +741,16 @@ impl Writer {
                 engine_hash,
                 std_hash,
             } => {
-                let mk = mapping_key(*engine, &self.names.pod(&self.index, *pod), engine_hash);
+                let pod_name = self.names.pod(&self.index, *pod);
+                push_mapping_key(&mut sc.key, *engine, &pod_name, engine_hash);
                 let std = std_hash.or_else(|| self.index.pod_engine_std(*pod, engine_hash));
                 match std {
                     Some(std) => {
-                        pipe.set_ex(mk, mapping_value(std), MAPPING_TTL_SECS)
-                            .ignore();
+                        sc.value.clear();
+                        let _ = std::fmt::Write::write_fmt(&mut sc.value, format_args!("{std}"));
+                        add(pipe, &["SETEX", sc.key.as_str(), &sc.ttl, &sc.value]);
                     }
-                    None => {
-                        pipe.del(mk).ignore();
-                    }
+                    None => add(pipe, &["DEL", sc.key.as_str()]),
                 }
             }
             Delta::Engine { .. } | Delta::SourceGone { .. } => {
@@ -632,16 +763,16 @@ impl Writer {
 
     /// Appends the commands for `deltas` in the order that keeps the checkpoint behind the
     /// data: kthena's fields and mapping keys first, then checkpoint entries grouped into one
-    /// `HSET`/`HDEL` per state key, then the watermarks of unregistered sources deleted.
-    /// Returns the number of commands.
+    /// `HDEL` and one `HMSET` per state key, then the watermarks of unregistered sources
+    /// deleted. Returns the number of commands.
     pub(super) fn push_commands<'d>(
         &mut self,
         pipe: &mut redis::Pipeline,
         deltas: impl IntoIterator<Item = &'d Delta>,
     ) -> usize {
         let mut commands = 0;
-        let mut states: BTreeMap<(PodId, u8, ModelId), StateOps> = BTreeMap::new();
-        let mut gone: Vec<String> = Vec::new();
+        let mut states: Vec<StateOps> = Vec::new();
+        let mut gone: Option<redis::Cmd> = None;
         for delta in deltas {
             match delta {
                 Delta::Engine {
@@ -651,11 +782,37 @@ impl Writer {
                     engine_hash,
                     state,
                 } => {
-                    let ops = states.entry((*pod, *rank, *model)).or_default();
-                    ops.push(engine_hash, state.as_ref());
+                    let at = (*pod, *rank, *model);
+                    let i = match states.iter().position(|s| s.at == at) {
+                        Some(i) => i,
+                        None => {
+                            states.push(self.state_ops(at));
+                            states.len() - 1
+                        }
+                    };
+                    let sc = &mut self.scratch;
+                    push_engine_field(&mut sc.field, engine_hash);
+                    let ops = &mut states[i];
+                    match state {
+                        Some(state) => {
+                            push_engine_value(&mut sc.value, state);
+                            ops.set.arg(sc.field.as_str()).arg(sc.value.as_str());
+                            ops.sets += 1;
+                        }
+                        None => {
+                            ops.del.arg(sc.field.as_str());
+                            ops.dels += 1;
+                        }
+                    }
                 }
                 Delta::SourceGone { pod, rank } => {
-                    gone.push(source_field(&self.names.pod(&self.index, *pod), *rank));
+                    let field = source_field(&self.names.pod(&self.index, *pod), *rank);
+                    gone.get_or_insert_with(|| {
+                        let mut cmd = redis::cmd("HDEL");
+                        cmd.arg(WATERMARKS_KEY);
+                        cmd
+                    })
+                    .arg(field);
                 }
                 data => {
                     self.push_command(pipe, data);
@@ -663,39 +820,54 @@ impl Writer {
                 }
             }
         }
-        for ((pod, rank, model), ops) in states {
-            if !ops.set.is_empty() {
+        for ops in states {
+            if ops.sets > 0 {
                 // Once per state key and flush: the watermark lists every state key.
-                let models = self.marks.models.entry((pod, rank)).or_default();
-                models.insert(model);
+                let models = self.marks.models.entry((ops.at.0, ops.at.1)).or_default();
+                models.insert(ops.at.2);
             }
-            let key = state_key(
-                &self.names.pod(&self.index, pod),
-                rank,
-                &self.names.model(&self.index, model),
-            );
-            if !ops.del.is_empty() {
-                pipe.hdel(&key, ops.del).ignore();
+            if ops.dels > 0 {
+                pipe.add_command(ops.del);
                 commands += 1;
             }
-            if !ops.set.is_empty() {
-                pipe.hset_multiple(&key, &ops.set).ignore();
+            if ops.sets > 0 {
+                pipe.add_command(ops.set);
                 commands += 1;
             }
         }
-        if !gone.is_empty() {
-            pipe.hdel(WATERMARKS_KEY, gone).ignore();
+        if let Some(cmd) = gone {
+            pipe.add_command(cmd);
             commands += 1;
         }
         commands
     }
 
-    /// Appends one `HSET` of the watermarks of `sources` (after their data). Returns the
-    /// number of commands.
-    fn push_watermarks(&mut self, pipe: &mut redis::Pipeline, sources: &[(PodId, u8)]) -> usize {
-        let mut fields: Vec<(String, String)> = Vec::with_capacity(sources.len());
-        for key in sources {
-            let Some(mark) = self.watermark(*key) else {
+    /// The empty `HDEL` and `HMSET` of one state key.
+    fn state_ops(&mut self, at: (PodId, u8, ModelId)) -> StateOps {
+        let key = state_key(
+            &self.names.pod(&self.index, at.0),
+            at.1,
+            &self.names.model(&self.index, at.2),
+        );
+        let mut set = redis::cmd("HMSET");
+        set.arg(&key);
+        let mut del = redis::cmd("HDEL");
+        del.arg(&key);
+        StateOps {
+            at,
+            set,
+            sets: 0,
+            del,
+            dels: 0,
+        }
+    }
+
+    /// Appends one `HSET` of the watermarks `marks` (whose data Redis has answered for).
+    /// Returns the number of commands.
+    fn push_watermarks(&mut self, pipe: &mut redis::Pipeline, marks: &[MarkAt]) -> usize {
+        let mut fields: Vec<(String, String)> = Vec::with_capacity(marks.len());
+        for &(key, source, seq) in marks {
+            let Some(mark) = self.watermark(key, source, seq) else {
                 continue;
             };
             let Ok(json) = serde_json::to_string(&mark) else {
@@ -709,56 +881,171 @@ impl Writer {
         if fields.is_empty() {
             return 0;
         }
-        pipe.hset_multiple(WATERMARKS_KEY, &fields).ignore();
+        pipe.hset_multiple(WATERMARKS_KEY, &fields);
         1
     }
 
-    /// Appends every live source's watermark: the end of a reconcile, which rewrote all the
-    /// data they cover.
+    /// Appends every live source's latest watermark: the end of a reconcile, which rewrote
+    /// all the data they cover.
     pub(super) fn push_all_watermarks(&mut self, pipe: &mut redis::Pipeline) -> usize {
         self.marks.unwritten.clear();
-        let all: Vec<(PodId, u8)> = self.marks.latest.keys().copied().collect();
+        self.marks.confirmed.clear();
+        let all: Vec<MarkAt> = self
+            .marks
+            .latest
+            .iter()
+            .map(|(key, (source, seq))| (*key, *source, *seq))
+            .collect();
         self.push_watermarks(pipe, &all)
     }
 
-    /// Sends one pipeline; records figures and health.
-    pub(super) async fn send(
-        &mut self,
-        pipe: &redis::Pipeline,
-        commands: usize,
-    ) -> Result<(), redis::RedisError> {
-        let started = std::time::Instant::now();
-        let result = pipe.query_async::<()>(&mut self.conn).await;
-        if result.is_ok() {
-            self.shared.record_latency(started.elapsed());
-            self.shared.pipelines.fetch_add(1, Ordering::Relaxed);
-            self.shared
-                .commands
-                .fetch_add(commands as u64, Ordering::Relaxed);
-            crate::metrics::mirror_commands(commands as u64);
-            self.shared.healthy.store(true, Ordering::Relaxed);
+    /// How many pipelines may be on the wire at once. One multiplexed connection keeps
+    /// pipelines in the order they were queued (see `inflight.rs`); a cluster connection
+    /// splits each pipeline per master and may retry redirected commands on its own, which
+    /// keeps order within a pipeline only, so a cluster writer keeps one in flight.
+    fn in_flight_cap(&self) -> usize {
+        match self.conn {
+            RedisConn::Single(_) => MAX_IN_FLIGHT,
+            RedisConn::Cluster(_) => 1,
         }
-        result
     }
 
+    /// Hands what is pending to Redis as one pipeline, once one of the [`MAX_IN_FLIGHT`]
+    /// slots is free (waiting for the oldest answer otherwise). Its watermarks are those
+    /// confirmed by earlier answers; the ones it completes are confirmed by its own.
     pub(super) async fn flush_now(&mut self) {
-        if self.pending.is_empty() && !self.watermarks_due() {
+        if self.dirty || (self.pending.is_empty() && !self.watermarks_due()) {
+            self.settle_stamps();
             return;
         }
-        let batch: Vec<(Key, Delta)> = self.pending.drain().collect();
+        while self.inflight.len() >= self.in_flight_cap() {
+            let (result, batch) = self.inflight.next().await;
+            self.answered(result, batch);
+            if self.dirty {
+                return;
+            }
+        }
+        let mut pipe = self.inflight.pipeline();
+        let mut batch = Batch::default();
+        let drained: Vec<(Key, Delta)> = self.pending.drain().collect();
         self.pending_entries = 0;
-        let mut pipe = redis::pipe();
-        let mut commands = self.push_commands(&mut pipe, batch.iter().map(|(_, d)| d));
-        let marks: Vec<(PodId, u8)> = if self.watermarks_due() {
-            self.marks.unwritten.drain().collect()
-        } else {
-            Vec::new()
-        };
-        commands += self.push_watermarks(&mut pipe, &marks);
-        if let Err(err) = self.send(&pipe, commands).await {
-            self.touched.extend(batch.into_iter().map(|(k, _)| k));
-            self.marks.unwritten.extend(marks);
-            self.go_dirty(&err);
+        self.shrink_pending();
+        let mut commands = self.push_commands(&mut pipe, drained.iter().map(|(_, d)| d));
+        batch.keys = drained.into_iter().map(|(k, _)| k).collect();
+        if self.watermarks_due() {
+            let confirmed: Vec<MarkAt> = self
+                .marks
+                .confirmed
+                .drain()
+                .map(|(key, (source, seq))| (key, source, seq))
+                .collect();
+            commands += self.push_watermarks(&mut pipe, &confirmed);
+            batch.marks = confirmed.into_iter().map(|(key, ..)| key).collect();
+            let latest = &self.marks.latest;
+            batch.covers = self
+                .marks
+                .unwritten
+                .drain()
+                .filter_map(|key| latest.get(&key).map(|(source, seq)| (key, *source, *seq)))
+                .collect();
+        }
+        if commands == 0 {
+            // The data of these watermarks and messages is all in earlier pipelines.
+            self.inflight.spare(pipe);
+            self.settle(batch.covers);
+            return;
+        }
+        batch.stamps = std::mem::take(&mut self.stamps);
+        batch.commands = commands;
+        self.inflight.submit(&self.conn, pipe, batch).await;
+        let peak = self.inflight.len() as u64;
+        self.shared
+            .in_flight_peak
+            .fetch_max(peak, Ordering::Relaxed);
+    }
+
+    /// Confirms `covers` and the stamps absorbed so far against the newest pipeline in
+    /// flight, or at once when none is.
+    fn settle(&mut self, covers: Vec<MarkAt>) {
+        match self.inflight.newest() {
+            Some(newest) => newest.covers.extend(covers),
+            None => self.confirm(covers),
+        }
+        self.settle_stamps();
+    }
+
+    /// Stamps of messages with nothing left to write: answered with the newest pipeline in
+    /// flight, or now.
+    fn settle_stamps(&mut self) {
+        if self.stamps.is_empty() {
+            return;
+        }
+        let stamps = std::mem::take(&mut self.stamps);
+        match self.inflight.newest() {
+            Some(newest) => newest.stamps.extend(stamps),
+            None => self.record_stamps(&stamps),
+        }
+    }
+
+    fn confirm(&mut self, covers: Vec<MarkAt>) {
+        if covers.is_empty() {
+            return;
+        }
+        if self.pending.is_empty() && self.marks.confirmed.is_empty() {
+            self.flush_at = Instant::now() + self.config.flush_interval;
+        }
+        for (key, source, seq) in covers {
+            self.marks.confirmed.insert(key, (source, seq));
+        }
+    }
+
+    fn record_stamps(&self, stamps: &[std::time::Instant]) {
+        let now = std::time::Instant::now();
+        for stamp in stamps {
+            let took = now.saturating_duration_since(*stamp);
+            let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+            self.shared.write_latency.record(us);
+            self.write_metric.record(took.as_secs_f64());
+        }
+    }
+
+    /// Handles the oldest pipeline's answer: figures, latencies and confirmed watermarks, or
+    /// on failure the outage (see `inflight.rs` for why every pipeline in flight then counts
+    /// as failed).
+    pub(super) fn answered(&mut self, result: Result<(), redis::RedisError>, batch: Batch) {
+        match result {
+            Ok(()) => {
+                if let Some(sent) = batch.sent {
+                    self.shared.record_latency(sent.elapsed());
+                }
+                self.shared.pipelines.fetch_add(1, Ordering::Relaxed);
+                let commands = batch.commands as u64;
+                self.shared.commands.fetch_add(commands, Ordering::Relaxed);
+                crate::metrics::mirror_commands(commands);
+                self.shared.healthy.store(true, Ordering::Relaxed);
+                self.record_stamps(&batch.stamps);
+                self.confirm(batch.covers);
+            }
+            Err(err) => {
+                self.unsent(batch);
+                self.go_dirty(&err);
+            }
+        }
+    }
+
+    /// A pipeline that may not have landed: its keys join the outage record and its
+    /// watermarks wait for the reconcile.
+    fn unsent(&mut self, batch: Batch) {
+        self.touched.extend(batch.keys);
+        let marks = batch.covers.into_iter().map(|(key, ..)| key);
+        self.marks.unwritten.extend(marks.chain(batch.marks));
+    }
+
+    /// Gives the coalescing map's memory back after a spike.
+    fn shrink_pending(&mut self) {
+        let size = self.flush_size();
+        if self.pending.capacity() > SHRINK_FACTOR * size {
+            self.pending.shrink_to(size);
         }
     }
 
@@ -766,7 +1053,8 @@ impl Writer {
     /// outage, a restart or a FLUSHALL): the data they cover may not be back yet, and the
     /// rewrite writes every watermark when it ends.
     pub(super) fn watermarks_due(&self) -> bool {
-        !self.marks.unwritten.is_empty() && !self.entropy.rewriting()
+        let marks = &self.marks;
+        (!marks.unwritten.is_empty() || !marks.confirmed.is_empty()) && !self.entropy.rewriting()
     }
 
     /// Stops writing until a reconcile succeeds; pending keys join the record. The driver's
@@ -794,7 +1082,13 @@ impl Writer {
         self.shared.healthy.store(false, Ordering::Relaxed);
         let keys: Vec<Key> = self.pending.drain().map(|(k, _)| k).collect();
         self.pending_entries = 0;
+        self.shrink_pending();
         self.touched.extend(keys);
+        // Every pipeline in flight may now land or not, and in any order (inflight.rs).
+        for batch in self.inflight.abandon() {
+            self.unsent(batch);
+        }
+        self.stamps.clear();
         self.retry_at = Instant::now() + self.backoff;
         self.on_dirty();
     }
@@ -816,20 +1110,25 @@ impl Writer {
     }
 }
 
-/// The checkpoint entries of one state key written by one flush.
-#[derive(Default)]
+/// The checkpoint entries of one state key written by one flush: one `HDEL` and one
+/// `HMSET`, each encoded as its entries come.
 pub(super) struct StateOps {
-    set: Vec<(String, String)>,
-    del: Vec<String>,
+    /// `(pod, rank, model)` of the state key.
+    at: (PodId, u8, ModelId),
+    set: redis::Cmd,
+    sets: usize,
+    del: redis::Cmd,
+    dels: usize,
 }
 
-impl StateOps {
-    fn push(&mut self, hash: &BlockHash, state: Option<&EngineState>) {
-        match state {
-            Some(state) => self.set.push((engine_field(hash), engine_value(state))),
-            None => self.del.push(engine_field(hash)),
-        }
+/// Appends one command, sized up front: two allocations, whatever the number of arguments.
+fn add(pipe: &mut redis::Pipeline, args: &[&str]) {
+    let bytes = args.iter().map(|a| a.len()).sum();
+    let mut cmd = redis::Cmd::with_capacity(args.len(), bytes);
+    for arg in args {
+        cmd.arg(*arg);
     }
+    pipe.add_command(cmd);
 }
 
 async fn sleep_until(wake: Option<Instant>) {

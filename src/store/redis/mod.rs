@@ -3,7 +3,8 @@
 //! | file | job |
 //! | --- | --- |
 //! | `mod.rs` | the public surface: [`RedisConfig`], [`MirrorHandle`], [`MirrorSender`] |
-//! | `mirror.rs` | the writer task: coalescing, one pipeline per flush, outage handling |
+//! | `mirror.rs` | the writer task: coalescing, one bounded pipeline per flush, outage handling |
+//! | `inflight.rs` | several pipelines in flight in order on one connection; the write-latency histogram |
 //! | `reconcile.rs` | bringing Redis back in line with the index after an outage |
 //! | `checkpoint.rs` | kvindex's own `kvindex:` keys: watermarks and engine-block state for warm starts |
 //! | `anti_entropy.rs` | background passes: reconcile rewrite, anti-entropy, refresh, watchdog |
@@ -18,7 +19,8 @@
 //!
 //! The index is the truth. Deltas flow one way into a bounded queue; the writer coalesces
 //! them per flush (last write of a field or mapping key wins, so writes to one key stay in
-//! order) and sends one pipeline. When Redis fails, the writer keeps draining the queue (ingest
+//! order) and sends one pipeline, with up to four in flight on one connection (answered in
+//! order; `inflight.rs` explains why a key's writes can never be reordered). When Redis fails, the writer keeps draining the queue (ingest
 //! never stops), records which keys it could not write (at most a cap; past it, a full pass),
 //! and on reconnect rewrites everything the index holds and deletes the recorded keys the
 //! index no longer holds, in chunks between flushes. A rate-bounded anti-entropy pass
@@ -33,6 +35,7 @@ mod adopt;
 mod anti_entropy;
 pub mod checkpoint;
 mod dump;
+mod inflight;
 mod mirror;
 mod reconcile;
 #[cfg(test)]
@@ -66,7 +69,8 @@ pub struct RedisConfig {
     pub value_format: ValueFormat,
     /// Write the engine-hash mapping keys (kthena compatibility; default on).
     pub mapping_keys: bool,
-    /// Flush once this many commands are pending.
+    /// Flush once this many commands are pending (at most 16,384: one pipeline's bound).
+    /// While no pipeline is in flight the writer flushes at once, whatever is pending.
     pub flush_max_commands: usize,
     /// Flush at least this often while commands are pending.
     pub flush_interval: Duration,
@@ -168,6 +172,13 @@ pub struct MirrorStats {
     pub flush_p50_us: u64,
     /// Flush latency p99, microseconds.
     pub flush_p99_us: u64,
+    /// Write latency p50 over every message since start: from ingest handing its deltas
+    /// over to Redis answering the pipeline that wrote them, microseconds.
+    pub write_p50_us: u64,
+    /// Write latency p99, likewise.
+    pub write_p99_us: u64,
+    /// The most pipelines that were in flight at once.
+    pub in_flight_peak: u64,
     /// Delta batches waiting in the queue.
     pub queue_depth: usize,
     /// Redis unreachable: writes are pending a reconcile.
@@ -205,7 +216,10 @@ impl MirrorSender {
         if deltas.is_empty() && checkpoint.is_none() {
             return;
         }
-        if self.tx.send(Msg::Deltas(deltas, checkpoint)).await.is_err() {
+        // Stamped before the wait, so time spent held back by a full queue counts.
+        let handed = std::time::Instant::now();
+        let msg = Msg::Deltas(deltas, checkpoint, handed);
+        if self.tx.send(msg).await.is_err() {
             tracing::debug!("Dropped deltas: the Redis mirror has stopped.");
         }
     }
@@ -320,6 +334,9 @@ impl MirrorHandle {
             pipelines: s.pipelines.load(Ordering::Relaxed),
             flush_p50_us: p50,
             flush_p99_us: p99,
+            write_p50_us: s.write_latency.quantile(0.50),
+            write_p99_us: s.write_latency.quantile(0.99),
+            in_flight_peak: s.in_flight_peak.load(Ordering::Relaxed),
             queue_depth: self.tx.max_capacity() - self.tx.capacity(),
             dirty: s.dirty.load(Ordering::Relaxed),
             reconciling: s.reconciling.load(Ordering::Relaxed),

@@ -1,0 +1,256 @@
+//! The mirror's writer with several pipelines in flight (issue 10): stores, removes and clears
+//! of the same few blocks from two DP ranks of one pod, interleaved across many tiny flushes,
+//! must leave Redis exactly what the index holds, and the checkpoint's watermark at the last
+//! seq. A real redis-server of the test's own, on a free port, flushed between cases.
+
+mod util;
+
+use std::time::Duration;
+
+use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
+use kvindex::ingest::unix_now;
+use kvindex::medium::{Medium, TierWeights};
+use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
+use kvindex::store::redis::{dump, MappingEntry, MirrorHandle, RedisConfig, RedisDump};
+use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+use util::own_redis::OwnRedis;
+
+/// Upper bound for anything that waits on Redis.
+const WAIT: Duration = Duration::from_secs(30);
+const POD: &str = "order-pod.ns";
+const MODEL: &str = "order-model";
+
+/// One message of one DP rank.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Store engine block `hash` (one of a few, so keys repeat) on a medium.
+    Store { rank: u8, hash: u64, cpu: bool },
+    /// Remove it from a medium (`None` = every medium).
+    Remove {
+        rank: u8,
+        hash: u64,
+        cpu: Option<bool>,
+    },
+    /// `AllBlocksCleared`.
+    Clear { rank: u8 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let rank = 0u8..2;
+    let hash = 0u64..6;
+    prop_oneof![
+        5 => (rank.clone(), hash.clone(), any::<bool>())
+            .prop_map(|(rank, hash, cpu)| Op::Store { rank, hash, cpu }),
+        4 => (rank.clone(), hash, proptest::option::of(any::<bool>()))
+            .prop_map(|(rank, hash, cpu)| Op::Remove { rank, hash, cpu }),
+        1 => rank.prop_map(|rank| Op::Clear { rank }),
+    ]
+}
+
+fn medium(cpu: bool) -> Medium {
+    if cpu {
+        Medium::intern("CPU")
+    } else {
+        Medium::GPU
+    }
+}
+
+fn event(op: &Op) -> (u8, Event) {
+    match *op {
+        Op::Store { rank, hash, cpu } => {
+            // Tokens depend on the hash only, so both ranks store the same std hash.
+            let tokens = vec![hash as u32 + 1; 4];
+            let stored = BlockStored::new(vec![BlockHash::Int(hash)], tokens, 4, medium(cpu));
+            (rank, Event::BlockStored(stored))
+        }
+        Op::Remove { rank, hash, cpu } => {
+            let m = cpu.map_or(Medium::NONE, medium);
+            let removed = BlockRemoved::new(vec![BlockHash::Int(hash)], m);
+            (rank, Event::BlockRemoved(removed))
+        }
+        Op::Clear { rank } => (rank, Event::AllBlocksCleared),
+    }
+}
+
+/// What Redis should hold for the pod given the index.
+fn expected_of(index: &Index) -> RedisDump {
+    let weights = TierWeights::default();
+    let mut want = RedisDump::default();
+    index.for_each_field(|model, std, p, value| {
+        if &*index.pod_name(p) == POD {
+            want.blocks
+                .entry(block_key(&index.model_name(model), std))
+                .or_default()
+                .insert(
+                    POD.to_owned(),
+                    field_value(value, ValueFormat::Tiered, &weights),
+                );
+        }
+    });
+    index.for_each_mapping(|p, engine, hash, std| {
+        if &*index.pod_name(p) == POD {
+            let entry = MappingEntry {
+                value: std.to_string(),
+                ttl: 86_400,
+            };
+            want.mappings.insert(mapping_key(engine, POD, &hash), entry);
+        }
+    });
+    want
+}
+
+async fn flushall(url: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+}
+
+async fn watermark_seq(url: &str) -> Option<u64> {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let json: Option<String> = redis::cmd("HGET")
+        .arg("kvindex:wm")
+        .arg(format!("{POD}#0"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mark: serde_json::Value = serde_json::from_str(&json?).unwrap();
+    mark["seq"].as_u64()
+}
+
+/// Runs `ops` through a mirror whose flushes hold `flush` commands and checks the watermark
+/// of rank 0 against its last seq (checkpoint on); returns what Redis holds, what the index
+/// says it should, and the most pipelines that were in flight at once.
+async fn run(url: &str, ops: &[Op], flush: usize, checkpoint: bool) -> (RedisDump, RedisDump, u64) {
+    flushall(url).await;
+    let index = Index::new();
+    let sources: Vec<_> = (0..2u8)
+        .map(|rank| {
+            index
+                .register_source(&SourceSpec {
+                    pod: POD.to_owned(),
+                    model: MODEL.to_owned(),
+                    engine: Engine::Vllm,
+                    dp_rank: rank,
+                })
+                .unwrap()
+        })
+        .collect();
+    let config = RedisConfig {
+        target: kvindex::store::redis::RedisTarget::Single(url.to_owned()),
+        flush_max_commands: flush,
+        flush_interval: Duration::from_millis(1),
+        checkpoint,
+        verify: false,
+        anti_entropy_interval: Duration::from_secs(86_400),
+        anti_entropy_max_commands_per_s: 1,
+        ..RedisConfig::default()
+    };
+    let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default())
+        .await
+        .unwrap();
+    // The start-up reconcile first: what follows goes through flushes, not the rewrite.
+    tokio::time::timeout(WAIT, mirror.flush())
+        .await
+        .unwrap()
+        .unwrap();
+    let sender = mirror.sender();
+    let mut seqs = [0u64; 2];
+    for op in ops {
+        let (rank, event) = event(op);
+        let source = sources[usize::from(rank)];
+        let mut deltas: Vec<Delta> = Vec::new();
+        index
+            .apply(
+                source,
+                &EngineBatch::of(vec![event]),
+                unix_now(),
+                &mut deltas,
+            )
+            .unwrap();
+        seqs[usize::from(rank)] += 1;
+        let seq = seqs[usize::from(rank)];
+        let mark = checkpoint.then_some(Checkpoint { source, seq });
+        sender.send(deltas, mark).await;
+    }
+    tokio::time::timeout(WAIT, mirror.flush())
+        .await
+        .unwrap()
+        .unwrap();
+    let peak = mirror.stats().in_flight_peak;
+    let mut got = dump(url, None, Some(POD)).await.unwrap();
+    for m in got.mappings.values_mut() {
+        assert!((86_000..=86_400).contains(&m.ttl), "TTL {}", m.ttl);
+        m.ttl = 86_400;
+    }
+    if checkpoint && seqs[0] > 0 {
+        assert_eq!(
+            watermark_seq(url).await,
+            Some(seqs[0]),
+            "watermark of rank 0"
+        );
+    }
+    mirror.shutdown(WAIT).await;
+    (got, expected_of(&index), peak)
+}
+
+#[test]
+fn stores_and_removes_of_the_same_fields_across_flushes_in_flight_end_equal_to_the_index() {
+    let server = OwnRedis::start(None, &[]);
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (
+        proptest::collection::vec(op(), 1..120),
+        1usize..6,
+        any::<bool>(),
+    );
+    runner
+        .run(&strategy, |(ops, flush, checkpoint)| {
+            let (got, want, _) = rt.block_on(run(&url, &ops, flush, checkpoint));
+            prop_assert_eq!(got, want);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_long_churn_of_few_keys_with_every_pipeline_slot_busy_ends_equal_to_the_index() {
+    let server = OwnRedis::start(None, &[]);
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Deterministic: 20,000 messages over 6 hashes, flushes of 2 commands.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let ops: Vec<Op> = (0..20_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let rank = (x & 1) as u8;
+            let hash = (x >> 8) % 6;
+            match (x >> 16) % 10 {
+                0 => Op::Clear { rank },
+                1..=4 => Op::Remove {
+                    rank,
+                    hash,
+                    cpu: None,
+                },
+                _ => Op::Store {
+                    rank,
+                    hash,
+                    cpu: x >> 20 & 1 == 1,
+                },
+            }
+        })
+        .collect();
+    let (got, want, peak) = rt.block_on(run(&url, &ops, 2, true));
+    assert_eq!(got, want);
+    assert!(peak >= 2, "pipelines in flight at once: {peak}");
+}
