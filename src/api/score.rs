@@ -102,7 +102,13 @@ pub(super) async fn score_handler(
     let valid = req.validate(&state)?;
     let scores = state
         .backend
-        .prefix_scores(&req.model, &valid.blocks, &req.pods, &valid.weights, valid.mode)
+        .prefix_scores(
+            &req.model,
+            &valid.blocks,
+            &req.pods,
+            &valid.weights,
+            valid.mode,
+        )
         .await
         .map_err(ApiError::backend)?;
     Ok(Json(ScoreBody::new(&scores)).into_response())

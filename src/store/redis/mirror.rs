@@ -27,9 +27,7 @@ use super::{MirrorError, RedisConfig};
 use crate::index::{Checkpoint, Delta, Index, ModelId, PodId, SourceId};
 use crate::medium::TierWeights;
 use crate::redis_conn::{ClusterConn, ClusterSettings, RedisConn, RedisTarget};
-use crate::redis_layout::{
-    push_block_key, push_field_value, push_mapping_key, MAPPING_TTL_SECS,
-};
+use crate::redis_layout::{push_block_key, push_field_value, push_mapping_key, MAPPING_TTL_SECS};
 use crate::wire::{BlockHash, Engine};
 
 /// First retry after a failure; doubles up to [`MAX_BACKOFF`].
