@@ -164,7 +164,8 @@ impl Kvindex {
     /// `POST /v1/score` of one prompt over every pod; the body's `scores`.
     async fn score(&self, tokens: &[u64]) -> serde_json::Value {
         let pods: Vec<String> = (0..PODS).map(pod_id).collect();
-        let body = serde_json::json!({"model": MODEL, "tokens": tokens, "pods": pods});
+        let body =
+            serde_json::json!({"model": MODEL, "tokens": tokens, "pods": pods, "match": "kthena"});
         let (code, reply) = http_request(self.api, "POST", "/v1/score", &body.to_string()).await;
         assert_eq!(code, 200, "{reply}");
         let body: serde_json::Value = serde_json::from_str(body_of(&reply)).unwrap();
@@ -366,8 +367,7 @@ async fn pd_pairs(process: &Kvindex, i: usize, seq: u64) -> serde_json::Value {
             (format!("g{g}"), pods)
         })
         .collect();
-    let body =
-        serde_json::json!({"model": MODEL, "tokens": tokens, "decode": decode, "prefill": prefill});
+    let body = serde_json::json!({"model": MODEL, "tokens": tokens, "decode": decode, "prefill": prefill, "match": "kthena"});
     let (code, reply) =
         http_request(process.api, "POST", "/v1/pd/schedule", &body.to_string()).await;
     assert_eq!(code, 200, "{reply}");
@@ -376,8 +376,9 @@ async fn pd_pairs(process: &Kvindex, i: usize, seq: u64) -> serde_json::Value {
 }
 
 /// Scores of one block of every pod, from every replica and the reference: all equal, and
-/// each prompt scores its pod 100 (the replicas read Redis, the reference its index). The
-/// PD route likewise pairs as the reference does.
+/// each prompt scores its pod 100 (the replicas read Redis, the reference its index; both
+/// asked for `kthena` matching, the only mode Redis can answer). The PD route likewise
+/// pairs as the reference does.
 async fn check_scores(replicas: &[Kvindex], reference: &Kvindex, seq: u64) {
     for i in [1, 5] {
         let want = pd_pairs(reference, i, seq).await;
@@ -486,6 +487,11 @@ async fn sharded_replicas_split_the_pods_write_what_one_daemon_writes_and_grow_w
         checkpoint_sources(&single.url()).await
     );
     check_scores(&replicas, &reference, 11).await;
+    // A replica that scores from Redis cannot match chains: `prefix` is refused by name.
+    let body = serde_json::json!({"model": MODEL, "tokens": block_tokens(0, 11, 0), "pods": [pod_id(0)], "match": "prefix"});
+    let (code, reply) = http_request(replicas[0].api, "POST", "/v1/score", &body.to_string()).await;
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("\"field\":\"match\""), "{reply}");
 
     // Growing to 4: the new replica starts first, while the old three still run with 3.
     let newcomer = Kvindex::start(&sharded_config, &shard_env(3, 4));
