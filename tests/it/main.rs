@@ -5,7 +5,7 @@
 //! Tests that own something process-wide stay binaries of their own in `tests/`: a global
 //! tracing subscriber that captures log lines (`first_run`, `redis_mirror`) or assertions on
 //! the process's one Prometheus recorder (`gauges`, `ops_dashboards`, `serve_ops`,
-//! `k8s_discovery`), which other tests' daemons would also write to.
+//! `k8s_discovery`, `redis_cluster`), which other tests' daemons would also write to.
 
 #[path = "../util/mod.rs"]
 mod util;
@@ -26,12 +26,16 @@ mod fixtures;
 mod hardening;
 /// Model-based tests of the index.
 mod proptest_index;
+/// Both match modes against a naive chain model.
+mod proptest_prefix;
 /// Property tests of the wire decoder.
 mod proptest_wire;
 /// README claims checked the way the README states them.
 mod readme_claims;
 /// The Redis mirror keeping Redis equal to the index over time.
 mod redis_upkeep;
+/// The writer's ordering with several pipelines in flight.
+mod redis_writer_order;
 /// The JSON Schemas in `schemas/`.
 mod schemas;
 /// `kvindex score` against Redis.
@@ -44,6 +48,8 @@ mod score_pd;
 mod serve_ingest;
 /// The daemon with a `redis:` section.
 mod serve_redis;
+/// Sharded replicas as binaries.
+mod shard_replicas;
 /// `kvindex top` in tmux against the demo.
 mod top_tmux;
 /// Warm restart of the built binary.

@@ -6,7 +6,7 @@
 //! from 3 to 4 replicas moves only the pods whose owner changed, with no old owner deleting
 //! what the new owner wrote.
 
-mod util;
+use crate::util;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};

@@ -3,7 +3,7 @@
 //! must leave Redis exactly what the index holds, and the checkpoint's watermark at the last
 //! seq. A real redis-server of the test's own, on a free port, flushed between cases.
 
-mod util;
+use crate::util;
 
 use std::time::Duration;
 
