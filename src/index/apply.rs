@@ -132,11 +132,11 @@ impl Index {
         if let Some(model) = model {
             let mut sink = super::Discard;
             let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
-            // A checkpoint keeps no chain: the block is matched by `kthena` only until the
-            // engine stores it again.
+            // The checkpoint keeps the chain hash, so a warm start matches in `prefix` mode
+            // too (an entry written before it did has none: `kthena` only until re-stored).
             let block = StoreHashes {
                 std: state.std_hash,
-                chain: 0,
+                chain: state.chain,
             };
             mutation.store_block(model, engine_hash, Some(block), state.media);
         }
@@ -446,6 +446,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             std_hash: std,
             media,
             stored_at: self.now,
+            chain,
         };
         self.out.engine_state(model, hash, Some(state));
         self.out.mapping(hash, Some(std));
@@ -637,6 +638,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 std_hash: std,
                 media: left,
                 stored_at,
+                chain,
             });
             self.out.engine_state(model, hash, state);
             self.stats.blocks_removed += 1;

@@ -22,6 +22,9 @@ pub struct EngineState {
     pub media: MediaSet,
     /// Unix second of the source's last store of the block.
     pub stored_at: u32,
+    /// The block's chain hash (`prefix` matching); 0 when it has none (its parent was not
+    /// held when it was stored, or it was restored from a checkpoint that kept none).
+    pub chain: u64,
 }
 
 /// How far a source's effects have been handed to a mirror: every delta of seqs up to `seq`

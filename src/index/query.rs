@@ -133,6 +133,7 @@ impl Index {
                     std_hash: held.std(),
                     media: held.media(),
                     stored_at,
+                    chain: held.chain(),
                 };
                 visit(PodId(state.pod), state.rank, ModelId(model), hash, engine);
             }

@@ -73,6 +73,8 @@ pub struct WalkEntry {
     pub engine_hash: BlockHash,
     /// Media this source's engine block is resident on (its checkpoint entry).
     pub media: crate::medium::MediaSet,
+    /// Chain hash of the block (its checkpoint entry); 0 when it has none.
+    pub chain: u64,
     /// The pod's field value of the block (`None` when it went away since the walk read it).
     pub field: Option<FieldValue>,
     /// Last store (or refresh) time of this source's resident of the block.
@@ -150,6 +152,7 @@ impl Index {
                     std_hash: held.std(),
                     engine_hash: hash,
                     media: held.media(),
+                    chain: held.chain(),
                     field: None,
                     resident_at: None,
                 });

@@ -19,6 +19,7 @@ use proptest::prelude::*;
 use kvindex::index::{Discard, Index, SourceId, SourceSpec};
 use kvindex::medium::{MediaSet, Medium, TierWeights};
 use kvindex::score::{score_index_with, MatchMode, PromptSettings};
+use kvindex::store::redis::checkpoint;
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 
 const BASE: &str = "base-model";
@@ -352,6 +353,41 @@ proptest! {
     fn both_match_modes_equal_the_chain_model(stream in gen_stream(), prompts in gen_prompts()) {
         if let Some(diff) = first_divergence(&stream, &prompts) {
             prop_assert!(false, "{}", diff);
+        }
+    }
+
+    /// A warm start rebuilds an index from the Redis checkpoint's engine-block entries (as
+    /// encoded in Redis): it scores every prompt as the index it came from, in both modes —
+    /// the checkpoint keeps each block's chain hash, so `prefix` matches survive a restart.
+    #[test]
+    fn a_warm_start_from_the_checkpoint_scores_as_before_in_both_modes(
+        stream in gen_stream(),
+        prompts in gen_prompts(),
+    ) {
+        let (before, ids) = new_index();
+        for (n, (source, ops)) in stream.iter().enumerate() {
+            let batch = EngineBatch::of(ops.iter().map(to_event).collect());
+            before.apply(ids[*source], &batch, 1_000 + n as u32, &mut Discard).unwrap();
+        }
+        let (after, _) = new_index();
+        before.for_each_engine_state(|pod, rank, model, hash, state| {
+            let encoded = checkpoint::engine_value(&state);
+            let state = checkpoint::parse_engine_value(&encoded).expect("own encoding");
+            let pod = after.pod_id(&before.pod_name(pod)).expect("same pods");
+            let source = after.source_of(pod, rank).expect("same sources");
+            after
+                .restore_block(source, &before.model_name(model), &hash, state)
+                .unwrap();
+        });
+        for (prompt, lora) in &prompts {
+            let name = if *lora { ADAPTER } else { BASE };
+            for mode in [MatchMode::Prefix, MatchMode::Kthena] {
+                prop_assert_eq!(
+                    index_scores(&before, name, prompt, mode),
+                    index_scores(&after, name, prompt, mode),
+                    "{:?} {} {:?}", mode, name, prompt
+                );
+            }
         }
     }
 }

@@ -9,10 +9,10 @@
 use crate::util;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -74,23 +74,7 @@ struct Kvindex {
 
 impl Kvindex {
     fn start(config: &Path, env: &[(&str, String)]) -> Kvindex {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
-            .args(["--log-format", "json", "--log", "info", "serve", "--config"])
-            .arg(config)
-            .env_remove("KVINDEX_SHARD_INDEX")
-            .env_remove("KVINDEX_SHARD_COUNT")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let (mut child, rx) = util::spawn_serve(config, env);
         match listeners(&rx) {
             Some((metrics, api)) => Kvindex {
                 child,

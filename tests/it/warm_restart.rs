@@ -6,10 +6,9 @@
 
 use crate::util;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -141,21 +140,7 @@ struct Kvindex {
 
 impl Kvindex {
     fn start(config: &Path) -> Kvindex {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
-            .args(["--log-format", "json", "--log", "info", "serve", "--config"])
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                // The test stops reading after start-up; later lines are drained and dropped.
-                let _ = tx.send(line);
-            }
-        });
+        let (mut child, rx) = util::spawn_serve(config, &[]);
         match started_at(&rx) {
             Some(metrics) => Kvindex { child, metrics },
             None => {

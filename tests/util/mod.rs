@@ -414,3 +414,35 @@ pub fn spawn_demo() -> (std::process::Child, std::sync::mpsc::Receiver<String>) 
     });
     (demo, rx)
 }
+
+/// Starts the built binary as `kvindex --log-format json --log info serve --config CONFIG`
+/// with `env` set (and the shard variables cleared unless `env` sets them), and forwards its
+/// stderr lines to the returned receiver, so a test can wait for a log line.
+pub fn spawn_serve(
+    config: &Path,
+    env: &[(&str, String)],
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        .args(["--log-format", "json", "--log", "info", "serve", "--config"])
+        .arg(config)
+        .env_remove("KVINDEX_SHARD_INDEX")
+        .env_remove("KVINDEX_SHARD_COUNT")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Lines nobody reads any more are dropped with the receiver.
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}

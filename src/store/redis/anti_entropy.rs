@@ -604,6 +604,7 @@ impl Writer {
                         std_hash: e.std_hash,
                         media: e.media,
                         stored_at: resident_at.unwrap_or(value.stored_at),
+                        chain: e.chain,
                     }),
                 };
                 plan.writes_n += self.push_commands(&mut plan.writes, std::iter::once(&entry));

@@ -117,7 +117,9 @@ pub fn parse_engine_field(field: &str) -> Option<BlockHash> {
     field.parse::<u64>().ok().map(BlockHash::Int)
 }
 
-/// `{std}|{stored_at}|{media spellings joined by ','}` (the empty spelling = no medium).
+/// `{std}|{stored_at}|{media spellings joined by ','}` (the empty spelling = no medium),
+/// then `|{chain}` when the block has a chain hash (entries without one read as chain 0, so
+/// checkpoints written before chains existed still restore).
 pub fn engine_value(state: &EngineState) -> String {
     let mut out = String::with_capacity(40);
     push_engine_value(&mut out, state);
@@ -134,21 +136,29 @@ pub fn push_engine_value(out: &mut String, state: &EngineState) {
         }
         out.push_str(medium.spelling());
     }
+    if state.chain != 0 {
+        let _ = write!(out, "|{}", state.chain);
+    }
 }
 
 /// The inverse of [`engine_value`].
 pub fn parse_engine_value(value: &str) -> Option<EngineState> {
-    let mut parts = value.splitn(3, '|');
+    let mut parts = value.splitn(4, '|');
     let std_hash = parts.next()?.parse().ok()?;
     let stored_at = parts.next()?.parse().ok()?;
     let mut media = MediaSet::EMPTY;
     for spelling in parts.next()?.split(',') {
         media.insert(Medium::intern(spelling));
     }
+    let chain = match parts.next() {
+        Some(chain) => chain.parse().ok()?,
+        None => 0,
+    };
     Some(EngineState {
         std_hash,
         media,
         stored_at,
+        chain,
     })
 }
 
@@ -300,10 +310,29 @@ mod tests {
             std_hash: 1 << 62,
             media,
             stored_at: 1_700_000_000,
+            chain: 0,
         };
         assert_eq!(parse_engine_value(&engine_value(&state)), Some(state));
         assert_eq!(parse_engine_value("1|2"), None);
         assert_eq!(parse_engine_value("x|2|GPU"), None);
+    }
+
+    #[test]
+    fn engine_values_keep_the_chain_hash_and_read_entries_written_without_one() {
+        let state = EngineState {
+            std_hash: 7,
+            media: MediaSet::single(Medium::GPU),
+            stored_at: 9,
+            chain: u64::MAX,
+        };
+        let value = engine_value(&state);
+        assert_eq!(value, format!("7|9|GPU|{}", u64::MAX));
+        assert_eq!(parse_engine_value(&value), Some(state));
+        // A chainless block keeps the layout of checkpoints written before chains existed.
+        let old = EngineState { chain: 0, ..state };
+        assert_eq!(engine_value(&old), "7|9|GPU");
+        assert_eq!(parse_engine_value("7|9|GPU"), Some(old));
+        assert_eq!(parse_engine_value("7|9|GPU|x"), None);
     }
 
     #[test]

@@ -30,13 +30,13 @@ use std::time::{Duration, Instant};
 use dynamo_kv_router::indexer::{SyncIndexer, WorkerTask};
 use dynamo_kv_router::protocols::{
     compute_block_hash_for_seq, BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent,
-    KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData, LocalBlockHash,
+    KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData, LocalBlockHash, OverlapScores,
     RouterEvent,
 };
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
 use kvindex::index::{Discard, Index, SourceId, SourceSpec};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
-use kvindex::{Medium, TierWeights};
+use kvindex::{MatchMode, Medium, PromptSettings, TierWeights};
 
 // ---------------------------------------------------------------------------------------
 // Live heap bytes, for bytes per resident entry.
@@ -419,6 +419,29 @@ struct Dynamo {
     tree: RadixTree,
 }
 
+/// A prompt as Dynamo queries it: its blocks' content hashes.
+fn locals(prompt: &[usize], w: &Workload) -> Vec<LocalBlockHash> {
+    prompt.iter().map(|&n| w.nodes[n].local).collect()
+}
+
+/// Dynamo's overlap scores as matched blocks per pod.
+fn per_pod(scores: OverlapScores) -> Vec<u32> {
+    let mut out = vec![0; PODS];
+    for (worker, score) in scores.scores {
+        out[worker.worker_id as usize] = score;
+    }
+    out
+}
+
+/// The wall time of one query (its result kept from being optimised away).
+fn timed<T>(query: impl FnOnce() -> T) -> Duration {
+    let start = Instant::now();
+    let result = query();
+    let took = start.elapsed();
+    std::hint::black_box(result);
+    took
+}
+
 impl Peer for Dynamo {
     fn name(&self) -> &'static str {
         "Dynamo RadixTree"
@@ -436,21 +459,11 @@ impl Peer for Dynamo {
         (refused, cpu_now() - start)
     }
     fn matched(&self, prompt: &[usize], w: &Workload) -> Vec<u32> {
-        let seq = prompt.iter().map(|&n| w.nodes[n].local).collect();
-        let scores = self.tree.find_matches(seq, false);
-        let mut out = vec![0; PODS];
-        for (worker, score) in scores.scores {
-            out[worker.worker_id as usize] = score;
-        }
-        out
+        per_pod(self.tree.find_matches(locals(prompt, w), false))
     }
     fn query_time(&self, prompt: &[usize], w: &Workload) -> Duration {
-        let seq: Vec<LocalBlockHash> = prompt.iter().map(|&n| w.nodes[n].local).collect();
-        let start = Instant::now();
-        let scores = self.tree.find_matches(seq, false);
-        let took = start.elapsed();
-        std::hint::black_box(scores);
-        took
+        let seq = locals(prompt, w);
+        timed(|| self.tree.find_matches(seq, false))
     }
 }
 
@@ -513,21 +526,11 @@ impl Peer for Crtc {
         (refused, cpu_now() - start)
     }
     fn matched(&self, prompt: &[usize], w: &Workload) -> Vec<u32> {
-        let seq: Vec<LocalBlockHash> = prompt.iter().map(|&n| w.nodes[n].local).collect();
-        let scores = self.tree.find_matches(&seq, false);
-        let mut out = vec![0; PODS];
-        for (worker, score) in scores.scores {
-            out[worker.worker_id as usize] = score;
-        }
-        out
+        per_pod(self.tree.find_matches(&locals(prompt, w), false))
     }
     fn query_time(&self, prompt: &[usize], w: &Workload) -> Duration {
-        let seq: Vec<LocalBlockHash> = prompt.iter().map(|&n| w.nodes[n].local).collect();
-        let start = Instant::now();
-        let scores = self.tree.find_matches(&seq, false);
-        let took = start.elapsed();
-        std::hint::black_box(scores);
-        took
+        let seq = locals(prompt, w);
+        timed(|| self.tree.find_matches(&seq, false))
     }
 }
 
@@ -536,10 +539,11 @@ struct Kvindex {
     sources: Vec<SourceId>,
     pods: Vec<String>,
     weights: TierWeights,
+    mode: MatchMode,
 }
 
 impl Kvindex {
-    fn new() -> Kvindex {
+    fn new(mode: MatchMode) -> Kvindex {
         let index = Index::new();
         let pods: Vec<String> = (0..PODS).map(pod_name).collect();
         let sources = pods
@@ -560,17 +564,42 @@ impl Kvindex {
             sources,
             pods,
             weights: TierWeights::default(),
+            mode,
+        }
+    }
+
+    /// The prompt's block hashes in this peer's match mode: chain hashes for `prefix`,
+    /// kthena's std hashes for `kthena` (computed before the clock starts, as Dynamo's are).
+    fn hashes(&self, prompt: &[usize], w: &Workload) -> Vec<u64> {
+        match self.mode {
+            MatchMode::Kthena => prompt.iter().map(|&n| w.nodes[n].std).collect(),
+            MatchMode::Prefix => {
+                let tokens: Vec<u32> = prompt.iter().flat_map(|&n| w.nodes[n].tokens).collect();
+                let settings = PromptSettings::new(BLOCK, PROMPT_BLOCKS).expect("valid settings");
+                settings.blocks(MODEL, &tokens, MatchMode::Prefix)
+            }
         }
     }
 
     fn scores(&self, hashes: &[u64]) -> kvindex::PrefixScores {
-        kvindex::score_index(&self.index, MODEL, hashes, &self.pods, &self.weights, &[])
+        kvindex::score_index_with(
+            &self.index,
+            MODEL,
+            hashes,
+            &self.pods,
+            &self.weights,
+            &[],
+            self.mode,
+        )
     }
 }
 
 impl Peer for Kvindex {
     fn name(&self) -> &'static str {
-        "kvindex"
+        match self.mode {
+            MatchMode::Prefix => "kvindex prefix",
+            MatchMode::Kthena => "kvindex kthena",
+        }
     }
     fn apply(&mut self, ops: &[Op], w: &Workload, _hashed: bool) -> (usize, Duration) {
         // kvindex hashes inside `apply` (the std hash of each block's tokens) either way.
@@ -588,7 +617,7 @@ impl Peer for Kvindex {
         (refused, cpu_now() - start)
     }
     fn matched(&self, prompt: &[usize], w: &Workload) -> Vec<u32> {
-        let hashes: Vec<u64> = prompt.iter().map(|&n| w.nodes[n].std).collect();
+        let hashes = self.hashes(prompt, w);
         let mut out = vec![0; PODS];
         for s in self.scores(&hashes).scores {
             let pod: usize = s.pod["pod-".len()..s.pod.len() - ".bench".len()]
@@ -599,12 +628,8 @@ impl Peer for Kvindex {
         out
     }
     fn query_time(&self, prompt: &[usize], w: &Workload) -> Duration {
-        let hashes: Vec<u64> = prompt.iter().map(|&n| w.nodes[n].std).collect();
-        let start = Instant::now();
-        let scores = self.scores(&hashes);
-        let took = start.elapsed();
-        std::hint::black_box(scores);
-        took
+        let hashes = self.hashes(prompt, w);
+        timed(|| self.scores(&hashes))
     }
 }
 
@@ -861,7 +886,7 @@ fn main() {
         cleared_entries,
     );
 
-    let peers: [(&str, Box<dyn Fn() -> Box<dyn Peer>>); 3] = [
+    let peers: [(&str, Box<dyn Fn() -> Box<dyn Peer>>); 4] = [
         (
             "radix",
             Box::new(|| {
@@ -873,10 +898,16 @@ fn main() {
         ("crtc", Box::new(|| Box::new(Crtc::new()) as Box<dyn Peer>)),
         (
             "kvindex",
-            Box::new(|| Box::new(Kvindex::new()) as Box<dyn Peer>),
+            Box::new(|| Box::new(Kvindex::new(MatchMode::Prefix)) as Box<dyn Peer>),
+        ),
+        (
+            "kvindex-kthena",
+            Box::new(|| Box::new(Kvindex::new(MatchMode::Kthena)) as Box<dyn Peer>),
         ),
     ];
-    let columns: Vec<Column> = peers
+    // The index is one structure whatever the mode: its store, remove, clear and memory
+    // figures are measured once (as `kvindex prefix`); `kthena` queries are timed apart.
+    let columns: Vec<Column> = peers[..3]
         .iter()
         .map(|(_, make)| {
             measure(
@@ -892,6 +923,15 @@ fn main() {
         })
         .collect();
     print_table(&columns, &queries);
+    let mut kthena = Kvindex::new(MatchMode::Kthena);
+    kthena.apply(&stores_8, &w, false);
+    for (name, set) in queries.names.iter().zip(&queries.sets) {
+        let l = latency(&kthena, set, &w);
+        println!(
+            "kvindex in kthena mode, {name}: p50 {:.2} µs, p99 {:.2} µs",
+            l.p50, l.p99
+        );
+    }
 
     println!("\ncross-check (matched blocks per pod; mismatching pod checks / all):");
     let natural = &queries.sets[0];
