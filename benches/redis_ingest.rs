@@ -38,7 +38,6 @@
 //! Needs `redis-server` and `redis-benchmark` on the PATH.
 
 use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
@@ -46,6 +45,13 @@ use kvindex::medium::{Medium, TierWeights};
 use kvindex::redis_layout::{block_key, mapping_key};
 use kvindex::store::redis::{MirrorHandle, MirrorStats, RedisConfig, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
+
+// `cli` and `flush` serve the examples; this bench empties its server through its client.
+#[allow(dead_code)]
+#[path = "../examples/common/redis_server.rs"]
+mod redis_server;
+
+use redis_server::RedisServer;
 
 const BLOCK_SIZE: u32 = 16;
 
@@ -81,67 +87,6 @@ fn args() -> Args {
         }
     }
     a
-}
-
-/// The bench's own redis-server, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start() -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on the PATH");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Server { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `redis-benchmark -P 64` SET and HSET requests per second against `port`.
-fn redis_benchmark(port: u16) -> (f64, f64) {
-    let out = Command::new("redis-benchmark")
-        .args(["-p", &port.to_string(), "-P", "64", "-q", "--csv"])
-        .args(["-t", "set,hset", "-n", "1000000"])
-        .output()
-        .expect("redis-benchmark on the PATH");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let rps = |name: &str| {
-        text.lines()
-            .find_map(|l| {
-                let mut cols = l.split(',').map(|c| c.trim_matches('"'));
-                (cols.next() == Some(name)).then(|| cols.next()?.parse::<f64>().ok())?
-            })
-            .unwrap_or_else(|| panic!("no {name} figure in redis-benchmark's output: {text}"))
-    };
-    (rps("SET"), rps("HSET"))
 }
 
 /// Appends one command in RESP.
@@ -334,10 +279,10 @@ fn run(
 
 fn main() {
     let a = args();
-    let server = Server::start();
+    let server = RedisServer::start();
     let url = server.url();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let (set0, hset0) = redis_benchmark(server.port);
+    let (set0, hset0) = server.benchmark();
     rt.block_on(flush_server(&url));
     let ceiling0 = ceiling(server.port, a.blocks);
     rt.block_on(flush_server(&url));
@@ -353,7 +298,7 @@ fn main() {
     }
     let ceiling1 = ceiling(server.port, a.blocks);
     rt.block_on(flush_server(&url));
-    let (set1, hset1) = redis_benchmark(server.port);
+    let (set1, hset1) = server.benchmark();
     rt.block_on(flush_server(&url));
     let limit_of = |set: f64, hset: f64| 1.0 / (1.0 / set + 1.0 / hset);
     let limit = (limit_of(set0, hset0) + limit_of(set1, hset1)) / 2.0;

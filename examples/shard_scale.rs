@@ -17,6 +17,11 @@ use std::time::{Duration, Instant};
 use kvindex::ingest::fixture::format_line;
 use rmpv::Value as V;
 
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use redis_server::RedisServer;
+
 /// One message holding one 1-block `BlockStored` (vLLM array era, int hash, GPU).
 fn message(seq: u64) -> Vec<Vec<u8>> {
     let tokens: Vec<V> = (0..16).map(|t| V::from(seq * 16 + t)).collect();
@@ -42,88 +47,6 @@ fn write_fixture(path: &Path, events: u64) {
         text.push('\n');
     }
     std::fs::write(path, text).expect("write the fixture");
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind :0");
-    listener.local_addr().expect("local addr").port()
-}
-
-/// A `redis-server` child, killed on drop.
-struct Redis(Child, u16);
-
-impl Redis {
-    fn start() -> Redis {
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis(child, port)
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.1.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli on PATH");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Waits until a FLUSHALL's lazy free is done (it would slow the next case).
-    fn flush(&self) {
-        self.cli(&["FLUSHALL"]);
-        while !self
-            .cli(&["INFO", "memory"])
-            .contains("lazyfree_pending_objects:0")
-        {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `redis-benchmark -P 64 -q -t hset,set`: (HSET/s, SET/s).
-fn redis_benchmark(redis: &Redis) -> (f64, f64) {
-    let out = Command::new("redis-benchmark")
-        .args([
-            "-p",
-            &redis.1.to_string(),
-            "-P",
-            "64",
-            "-q",
-            "-t",
-            "hset,set",
-        ])
-        .args(["-n", "1000000"])
-        .output()
-        .expect("redis-benchmark on PATH");
-    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
-    let rate = |name: &str| {
-        text.lines()
-            .filter_map(|l| l.trim().strip_prefix(name))
-            .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
-            .next_back()
-            .expect("a requests-per-second line")
-    };
-    (rate("HSET:"), rate("SET:"))
 }
 
 /// K concurrent replays, each its own pod and model; returns the wall time.
@@ -169,9 +92,9 @@ fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     let fixture = dir.path().join("one-block-events.jsonl");
     write_fixture(&fixture, events);
-    let redis = Redis::start();
-    let url = format!("redis://127.0.0.1:{}/0", redis.1);
-    let (hset, set) = redis_benchmark(&redis);
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (set, hset) = redis.benchmark();
     let limit = 1.0 / (1.0 / hset + 1.0 / set);
     println!(
         "redis-benchmark -P 64: HSET {hset:.0}/s, SET {set:.0}/s → {limit:.0} blocks/s (HSET + SET)"

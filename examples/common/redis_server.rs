@@ -1,0 +1,91 @@
+//! A `redis-server` of a bench's own on a free 127.0.0.1 port (no persistence), killed on
+//! drop, and `redis-benchmark -P 64` against it: the reference the Redis benches divide by.
+//! Shared by `benches/redis_ingest.rs` and `examples/shard_scale.rs`.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` child, killed on drop.
+pub struct RedisServer {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl RedisServer {
+    /// Starts one and waits until it accepts connections.
+    pub fn start() -> RedisServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on the PATH");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        RedisServer { child, port }
+    }
+
+    /// `redis://127.0.0.1:{port}/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// `redis-cli -p {port} ARGS…`, its stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli on the PATH");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// FLUSHALL, then waits until its lazy free is done (it would slow the next case).
+    pub fn flush(&self) {
+        self.cli(&["FLUSHALL"]);
+        while !self
+            .cli(&["INFO", "memory"])
+            .contains("lazyfree_pending_objects:0")
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `redis-benchmark -P 64 -t set,hset -n 1000000`: (SET/s, HSET/s).
+    pub fn benchmark(&self) -> (f64, f64) {
+        let out = Command::new("redis-benchmark")
+            .args(["-p", &self.port.to_string(), "-P", "64", "-q", "--csv"])
+            .args(["-t", "set,hset", "-n", "1000000"])
+            .output()
+            .expect("redis-benchmark on the PATH");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rps = |name: &str| {
+            text.lines()
+                .find_map(|l| {
+                    let mut cols = l.split(',').map(|c| c.trim_matches('"'));
+                    (cols.next() == Some(name)).then(|| cols.next()?.parse::<f64>().ok())?
+                })
+                .unwrap_or_else(|| panic!("no {name} figure in redis-benchmark's output: {text}"))
+        };
+        (rps("SET"), rps("HSET"))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
