@@ -14,7 +14,7 @@
 //! | module | job |
 //! | --- | --- |
 //! | [`wire`] | bytes → normalized events; every engine quirk lives here |
-//! | [`hash`] | kthena's standardized block hash and prompt chunking |
+//! | [`hash`] | kthena's standardized block hash, the chained XXH3 hash of `prefix` matching, prompt chunking |
 //! | [`medium`] | storage media, media bitsets, tier weights |
 //! | [`index`] | in-memory residency index, emits deltas |
 //! | [`redis_layout`] | kthena's Redis keys and values, written by `store`, read by `score`; URL redaction |
