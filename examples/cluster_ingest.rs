@@ -12,8 +12,14 @@
 //! Run: `cargo run --release --example cluster_ingest -- [--blocks N] [--rounds R]
 //! [--flush-max COMMANDS]` (`redis.flush_max_commands`, default 1000).
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+#[allow(dead_code)] // `benchmark` measures SET + HSET; this example measures HSET per topology
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use redis_server::{free_port, RedisServer};
 
 use kvindex::index::{Delta, Index, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
@@ -22,57 +28,24 @@ use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
 const BLOCK_SIZE: u32 = 16;
 
-/// A `redis-server` child, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(dir: &std::path::Path, cluster: bool) -> Server {
-        let port = free_port();
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir);
-        if cluster {
-            let conf = format!("nodes-{port}.conf");
-            let bus = free_port().to_string();
-            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file", &conf]);
-            cmd.args(["--cluster-port", &bus]);
+/// A single node or a cluster node (`--cluster-enabled`), its files in `dir`.
+fn server(dir: &std::path::Path, cluster: bool) -> RedisServer {
+    let port = free_port();
+    let mut extra = vec!["--dir".to_owned(), dir.display().to_string()];
+    if cluster {
+        for arg in ["--cluster-enabled", "yes", "--cluster-config-file"] {
+            extra.push(arg.to_owned());
         }
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Server { child, port }
+        extra.push(format!("nodes-{port}.conf"));
+        extra.push("--cluster-port".to_owned());
+        extra.push(free_port().to_string());
     }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
+    RedisServer::start_on(port, &extra)
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("its address").port()
+/// A node's URL as the cluster client takes it (no database number).
+fn node_url(server: &RedisServer) -> String {
+    format!("redis://127.0.0.1:{}", server.port)
 }
 
 fn cli(args: &[&str]) -> String {
@@ -84,8 +57,8 @@ fn cli(args: &[&str]) -> String {
 }
 
 /// Three masters in one cluster, ready (`cluster_state:ok` on every node).
-fn cluster(dir: &std::path::Path) -> Vec<Server> {
-    let nodes: Vec<Server> = (0..3).map(|_| Server::start(dir, true)).collect();
+fn cluster(dir: &std::path::Path) -> Vec<RedisServer> {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| server(dir, true)).collect();
     let addrs: Vec<String> = nodes
         .iter()
         .map(|n| format!("127.0.0.1:{}", n.port))
@@ -203,10 +176,10 @@ async fn main() {
     let blocks = arg("--blocks", 200_000);
     let rounds = arg("--rounds", 3);
     let dir = tempfile::tempdir().expect("a temp dir");
-    let single = Server::start(dir.path(), false);
+    let single = server(dir.path(), false);
     let nodes = cluster(dir.path());
-    let single_target = RedisTarget::Single(single.url());
-    let cluster_target = RedisTarget::Cluster(nodes.iter().map(Server::url).collect());
+    let single_target = RedisTarget::Single(node_url(&single));
+    let cluster_target = RedisTarget::Cluster(nodes.iter().map(node_url).collect());
     println!("blocks per case: {blocks}, rounds: {rounds} (median shown)");
     let mut salt = 1;
     for per_event in [1u64, 8] {

@@ -15,10 +15,12 @@
 mod churn;
 #[path = "common/measure.rs"]
 mod measure;
+#[allow(dead_code)] // the benchmark and cli helpers serve the other examples
+#[path = "common/redis_server.rs"]
+mod redis_server;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use churn::{message, Rng};
@@ -32,6 +34,7 @@ use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, RedisDump};
 use kvindex::wire::Engine;
 use measure::{messages_seen, rss_mib, strip};
+use redis_server::RedisServer;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 const POD: &str = "soak.default";
@@ -59,22 +62,6 @@ fn args() -> Args {
         }
     }
     a
-}
-
-fn start_redis(port: u16) -> Child {
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server must be installed");
-    let end = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < end, "redis-server did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
 }
 
 async fn start_daemon(text: &str) -> Daemon {
@@ -130,12 +117,9 @@ fn without_times(mut d: RedisDump) -> RedisDump {
 #[tokio::main]
 async fn main() {
     let a = args();
-    let redis_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let mut redis = start_redis(redis_port);
-    let url = format!("redis://127.0.0.1:{redis_port}/0");
+    let mut redis = RedisServer::start();
+    let redis_port = redis.port;
+    let url = redis.url();
     let mut publisher = PubSocket::new();
     let ep = publisher.bind("tcp://127.0.0.1:0").await.expect("bind");
     let zeromq::Endpoint::Tcp(_, port) = ep else {
@@ -175,9 +159,8 @@ async fn main() {
             next_event += a.duration / 4;
             match events.next() {
                 Some("redis restart") => {
-                    let _ = redis.kill();
-                    let _ = redis.wait();
-                    redis = start_redis(redis_port);
+                    drop(redis);
+                    redis = RedisServer::start_on(redis_port, &[]);
                     println!(
                         "| {} | redis-server killed and started again empty |",
                         now.as_secs()
@@ -254,8 +237,7 @@ async fn main() {
         field_diff,
         if mapping_diff == 0 { "equal" } else { "DIFFER" }
     );
-    let _ = redis.kill();
-    let _ = redis.wait();
+    drop(redis);
     let _ = std::fs::remove_dir_all(&dir);
     let clean = live == offline && field_diff == 0 && mapping_diff == 0;
     println!(

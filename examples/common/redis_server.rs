@@ -1,6 +1,7 @@
-//! A `redis-server` of a bench's own on a free 127.0.0.1 port (no persistence), killed on
-//! drop, and `redis-benchmark -P 64` against it: the reference the Redis benches divide by.
-//! Shared by `benches/redis_ingest.rs` and `examples/shard_scale.rs`.
+//! A `redis-server` of a bench's own on 127.0.0.1 (no persistence), killed on drop, and
+//! `redis-benchmark -P 64` against it: the reference the Redis benches divide by. Shared by
+//! `benches/redis_ingest.rs` and the `shard_scale`, `state_soak` and `cluster_ingest`
+//! examples.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,15 +14,18 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// Starts one and waits until it accepts connections.
+    /// Starts one on a free port and waits until it accepts connections.
     pub fn start() -> RedisServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        RedisServer::start_on(free_port(), &[])
+    }
+
+    /// Starts one on `port` with `extra` arguments (a cluster node's, say) and waits until it
+    /// accepts connections; a soak restarts Redis on the port its daemon knows.
+    pub fn start_on(port: u16, extra: &[String]) -> RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -81,6 +85,14 @@ impl RedisServer {
         };
         (rps("SET"), rps("HSET"))
     }
+}
+
+/// A 127.0.0.1 port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
 }
 
 impl Drop for RedisServer {
