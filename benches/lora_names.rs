@@ -23,25 +23,19 @@ use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, E
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
+// Only `rss_mib` serves here; the rest serves the soak examples.
+#[allow(dead_code)]
+#[path = "../examples/common/measure.rs"]
+mod measure;
 
 use counting_alloc::LIVE;
+use measure::rss_mib;
 
 const PER_BATCH: u64 = 100;
 const BLOCK_SIZE: u32 = 16;
 
 fn live_mib() -> f64 {
     LIVE.load(Ordering::Relaxed) as f64 / (1 << 20) as f64
-}
-
-/// Resident set size from `/proc/self/statm`, MiB.
-fn rss_mib() -> f64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: f64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0.0);
-    pages * 4096.0 / (1 << 20) as f64
 }
 
 /// This thread's CPU time: wall time is meaningless on a machine shared with other builds.
