@@ -134,6 +134,17 @@ pub enum RedisConn {
 }
 
 impl RedisConn {
+    /// How many pipelines a writer may keep on the wire at once, up to `wanted`. One
+    /// multiplexed connection keeps pipelines in the order they were queued; a cluster
+    /// connection splits each pipeline per master and retries redirected commands on its own,
+    /// which keeps order within one pipeline only, so it takes one at a time.
+    pub fn pipelines_in_flight(&self, wanted: usize) -> usize {
+        match self {
+            RedisConn::Single(_) => wanted,
+            RedisConn::Cluster(_) => 1,
+        }
+    }
+
     /// The masters to SCAN or ask for `INFO`: the server itself, or every cluster master as
     /// the cluster reports them now.
     ///

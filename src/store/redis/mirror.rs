@@ -897,17 +897,6 @@ impl Writer {
         self.push_watermarks(pipe, &all)
     }
 
-    /// How many pipelines may be on the wire at once. One multiplexed connection keeps
-    /// pipelines in the order they were queued (see `inflight.rs`); a cluster connection
-    /// splits each pipeline per master and may retry redirected commands on its own, which
-    /// keeps order within a pipeline only, so a cluster writer keeps one in flight.
-    fn in_flight_cap(&self) -> usize {
-        match self.conn {
-            RedisConn::Single(_) => MAX_IN_FLIGHT,
-            RedisConn::Cluster(_) => 1,
-        }
-    }
-
     /// Hands what is pending to Redis as one pipeline, once one of the [`MAX_IN_FLIGHT`]
     /// slots is free (waiting for the oldest answer otherwise). Its watermarks are those
     /// confirmed by earlier answers; the ones it completes are confirmed by its own.
@@ -916,7 +905,7 @@ impl Writer {
             self.settle_stamps();
             return;
         }
-        while self.inflight.len() >= self.in_flight_cap() {
+        while self.inflight.len() >= self.conn.pipelines_in_flight(MAX_IN_FLIGHT) {
             let (result, batch) = self.inflight.next().await;
             self.answered(result, batch);
             if self.dirty {
