@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::counters::EntryCounter;
+use super::counters::{CountDelta, EntryCounter};
 use super::delta::{Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Editor, CHAIN_DUPS};
 use super::source::SourceState;
@@ -85,6 +85,7 @@ impl Index {
             }
         }
         let stats = mutation.stats;
+        drop(mutation);
         state.settle();
         drop(state);
         if stats.blocks_removed > 0 || stats.clears > 0 {
@@ -217,6 +218,16 @@ struct Out<'a, S: DeltaSink> {
     engine: Engine,
     /// The pod's counter, looked up once per call rather than once per field.
     pod_entries: Arc<EntryCounter>,
+    /// This call's field changes, added to both counters when it ends.
+    counted: CountDelta,
+}
+
+impl<S: DeltaSink> Drop for Out<'_, S> {
+    /// Adds the call's counts, whichever way the call ended.
+    fn drop(&mut self) {
+        self.index.inner.entries.add(&self.counted);
+        self.pod_entries.add(&self.counted);
+    }
 }
 
 impl<S: DeltaSink> Out<'_, S> {
@@ -231,8 +242,7 @@ impl<S: DeltaSink> Out<'_, S> {
         if before == after {
             return;
         }
-        self.index.inner.entries.record(before, after);
-        self.pod_entries.record(before, after);
+        self.counted.record(before, after);
         self.sink.push(Delta::Field {
             model: ModelId(model),
             std_hash: std,
@@ -324,6 +334,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             rank: state.rank,
             engine: state.engine,
             pod_entries: index.inner.pod_entries.of(state.pod),
+            counted: CountDelta::default(),
         };
         Mutation {
             state,
@@ -469,7 +480,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 &mut self.state.dups,
                 (CHAIN_DUPS, from),
                 from,
-                who,
+                who.without_values(),
                 media,
                 true,
             );
@@ -480,7 +491,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 &mut self.state.dups,
                 (CHAIN_DUPS, to),
                 to,
-                who,
+                who.without_values(),
                 media,
                 true,
             );
@@ -508,6 +519,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             pod: self.state.pod,
             rank: self.state.rank,
             now: self.now,
+            pod_values: true,
         }
     }
 
@@ -532,7 +544,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 &mut self.state.dups,
                 dup_key,
                 chain,
-                who,
+                who.without_values(),
                 added,
                 new_copy,
             );
@@ -575,7 +587,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 &mut self.state.dups,
                 dup_key,
                 chain,
-                who,
+                who.without_values(),
                 removed,
                 slot_gone,
             );
@@ -653,7 +665,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let chains = &index.inner.chains;
         for slot in self.state.slots() {
             if slot.chain() != 0 {
-                layer::drop_resident(chains, slot.chain(), who);
+                layer::drop_resident(chains, slot.chain(), who.without_values());
             }
             let model = slot.model();
             let Some(blocks) = self.blocks.get(index, model) else {

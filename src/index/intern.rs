@@ -45,6 +45,11 @@ impl Interner {
         self.inner.read().by_name.get(name).copied()
     }
 
+    /// How many names were interned (ids are `0..len`).
+    pub(crate) fn len(&self) -> usize {
+        self.inner.read().names.len()
+    }
+
     /// The name behind `id` (empty for an id never handed out).
     pub(crate) fn name(&self, id: u32) -> Arc<str> {
         self.inner
