@@ -56,6 +56,13 @@ impl Index {
         self.inner.pods.get(name).map(PodId)
     }
 
+    /// The ids of pod identifiers `names`, in order (`None` for one never registered): one
+    /// lock for the whole list, for resolving a router's candidates.
+    pub fn pod_ids<S: AsRef<str>>(&self, names: &[S]) -> Vec<Option<PodId>> {
+        let ids = self.inner.pods.get_all(names);
+        ids.into_iter().map(|id| id.map(PodId)).collect()
+    }
+
     /// How many pod identifiers were ever registered: ids are `0..pod_count()` and never
     /// reused, so a name resolved once keeps its id.
     pub fn pod_count(&self) -> usize {

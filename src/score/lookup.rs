@@ -153,8 +153,8 @@ struct Slots {
 impl Slots {
     fn resolve<S: AsRef<str>>(index: &Index, names: &[S]) -> Slots {
         let pods_seen = index.pod_count();
-        let ids: Vec<Option<u32>> = (names.iter())
-            .map(|c| index.pod_id(c.as_ref()).map(|p| p.0))
+        let ids: Vec<Option<u32>> = (index.pod_ids(names).into_iter())
+            .map(|id| id.map(|p| p.0))
             .collect();
         let len = ids.iter().flatten().max().map_or(0, |m| *m as usize + 1);
         let mut slots = vec![NOT_CANDIDATE; len];
