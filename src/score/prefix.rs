@@ -144,6 +144,7 @@ fn score_without_freshness<L: Lookup>(
         let answer = lookup.for_each_owner_or_repeat(block, |owner| {
             if tracks.is_empty() {
                 tracks = vec![Fast::default(); candidates];
+                next.reserve(candidates);
             }
             let Some(t) = tracks.get_mut(owner.candidate) else {
                 return;
@@ -178,6 +179,7 @@ fn score_without_freshness<L: Lookup>(
                 repeats = 0;
                 std::mem::swap(&mut hit, &mut next);
                 next.clear();
+                next.reserve(candidates);
                 if hit.is_empty() {
                     break;
                 }
