@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::counters::slot_medium;
 use super::delta::{EngineState, FieldValue};
+use super::layer::LayerMap;
 use super::residents::{self, Resident, Residents};
 use super::source::{table_bytes, SourceState};
 use super::{Index, ModelBlocks, ModelId, PodId};
@@ -145,17 +146,12 @@ impl Index {
         let models: Vec<(u32, Arc<ModelBlocks>)> = self.inner.models.all_blocks();
         for (model, blocks) in &models {
             for entry in blocks.iter() {
-                let residents = entry.value().as_slice();
-                for (i, r) in residents.iter().enumerate() {
-                    // Visit each pod once: at its first resident.
-                    if residents[..i].iter().any(|p| p.pod() == r.pod()) {
-                        continue;
-                    }
-                    if let Some(value) = residents::pod_value(residents, r.pod()) {
-                        visit(ModelId(*model), *entry.key(), PodId(r.pod()), value);
-                    }
-                }
+                visit_fields(*model, *entry.key(), entry.value(), &mut visit);
             }
+        }
+        for entry in self.inner.models.lora_blocks().iter() {
+            let (model, std) = *entry.key();
+            visit_fields(model, std, entry.value(), &mut visit);
         }
     }
 
@@ -205,6 +201,9 @@ impl Index {
             stats.blocks += blocks.len();
             stats.heap_bytes += blocks_heap_bytes(blocks);
         }
+        let lora = self.inner.models.lora_blocks();
+        stats.blocks += lora.len();
+        stats.heap_bytes += blocks_heap_bytes(lora);
         stats.heap_bytes += blocks_heap_bytes(&self.inner.chains);
         for source in self.live_sources() {
             let state = source.lock();
@@ -248,9 +247,28 @@ impl Index {
     }
 }
 
+/// Calls `visit` once per pod resident in one std block, with the pod's value.
+fn visit_fields(
+    model: u32,
+    std: u64,
+    residents: &Residents,
+    visit: &mut impl FnMut(ModelId, u64, PodId, FieldValue),
+) {
+    let residents = residents.as_slice();
+    for (i, r) in residents.iter().enumerate() {
+        // Visit each pod once: at its first resident.
+        if residents[..i].iter().any(|p| p.pod() == r.pod()) {
+            continue;
+        }
+        if let Some(value) = residents::pod_value(residents, r.pod()) {
+            visit(ModelId(model), std, PodId(r.pod()), value);
+        }
+    }
+}
+
 /// Approximate heap bytes of one block map and its boxed resident lists.
-fn blocks_heap_bytes(blocks: &ModelBlocks) -> usize {
-    let mut bytes = table_bytes::<u64, Residents>(blocks.capacity());
+fn blocks_heap_bytes<K: Eq + std::hash::Hash>(blocks: &LayerMap<K>) -> usize {
+    let mut bytes = table_bytes::<K, Residents>(blocks.capacity());
     for entry in blocks.iter() {
         if let Residents::Many(v) = entry.value() {
             bytes += 24 + v.capacity() * std::mem::size_of::<Resident>();

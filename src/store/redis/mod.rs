@@ -50,7 +50,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::index::{Checkpoint, Delta, Index};
+use crate::index::{Checkpoint, Delta, DeltaChunk, Index};
 use crate::medium::TierWeights;
 pub use crate::redis_conn::{RedisConn, RedisTarget};
 
@@ -213,12 +213,19 @@ impl MirrorSender {
     /// Queues one batch of deltas and the checkpoint that covers them; waits when the queue
     /// is full (backpressure).
     pub async fn send(&self, deltas: Vec<Delta>, checkpoint: Option<Checkpoint>) {
-        if deltas.is_empty() && checkpoint.is_none() {
+        self.send_chunk(DeltaChunk::Deltas(deltas), checkpoint)
+            .await;
+    }
+
+    /// Queues one chunk (deltas, or a clear's blocks whole) and the checkpoint that covers
+    /// it and every chunk before it; waits when the queue is full (backpressure).
+    pub async fn send_chunk(&self, chunk: DeltaChunk, checkpoint: Option<Checkpoint>) {
+        if chunk.is_empty() && checkpoint.is_none() {
             return;
         }
         // Stamped before the wait, so time spent held back by a full queue counts.
         let handed = std::time::Instant::now();
-        let msg = Msg::Deltas(deltas, checkpoint, handed);
+        let msg = Msg::Deltas(chunk, checkpoint, handed);
         if self.tx.send(msg).await.is_err() {
             tracing::debug!("Dropped deltas: the Redis mirror has stopped.");
         }
@@ -228,10 +235,10 @@ impl MirrorSender {
 impl crate::index::DeltaMirror for MirrorSender {
     fn queue(
         &self,
-        deltas: Vec<Delta>,
+        chunk: DeltaChunk,
         checkpoint: Option<Checkpoint>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
-        Box::pin(self.send(deltas, checkpoint))
+        Box::pin(self.send_chunk(chunk, checkpoint))
     }
 }
 
