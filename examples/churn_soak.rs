@@ -56,15 +56,18 @@ fn args() -> Args {
     a
 }
 
-/// One row of the curve: RSS, the live heap (counting allocator), the index's estimate of
-/// its own heap and the goal for RSS from it.
+/// One row of the curve: messages sent and seen by the daemon (the difference waits in ZMQ),
+/// the mirror's queue (chunks), RSS, the live heap (counting allocator), the index's
+/// estimate of its own heap and the goal for RSS from it.
 fn sample(daemon: &Daemon, t: String, seq: u64) {
     let st = daemon.index.stats();
     let heap = st.heap_bytes as f64 / f64::from(1 << 20);
     let live =
         counting_alloc::LIVE.load(std::sync::atomic::Ordering::Relaxed) as f64 / f64::from(1 << 20);
+    let queue = daemon.mirror_stats().map_or(0, |m| m.queue_depth);
     println!(
-        "| {t} | {seq} | {:.1} | {live:.1} | {heap:.1} | {:.1} | {} | {} |",
+        "| {t} | {seq} | {} | {queue} | {:.1} | {live:.1} | {heap:.1} | {:.1} | {} | {} |",
+        messages_seen(daemon),
         rss_mib(),
         2.0 * heap + 32.0,
         st.entries,
@@ -103,8 +106,8 @@ async fn main() {
     let started = Instant::now();
     let mut next_sample = Duration::ZERO;
     let mut seq = 0u64;
-    println!("| t s | messages | RSS MiB | live heap MiB | index heap MiB (estimate) | goal: 2 × index + 32 MiB | entries | blocks |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| t s | messages sent | seen | mirror queue | RSS MiB | live heap MiB | index heap MiB (estimate) | goal: 2 × index + 32 MiB | entries | blocks |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     while started.elapsed() < a.duration {
         if started.elapsed() >= next_sample {
             sample(&daemon, started.elapsed().as_secs().to_string(), seq);
