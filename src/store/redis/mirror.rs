@@ -7,6 +7,8 @@
 //! slices, each flushed before the next is read), at most [`MAX_IN_FLIGHT`] pipelines are on
 //! the wire, the coalescing map is shrunk after a spike, and while all pipelines are in flight
 //! the writer stops reading its queue, so ingest waits (backpressure) and nothing is dropped.
+//! The queue itself holds at most [`super::MAX_QUEUED_DELTAS`] deltas whatever the number of
+//! chunks, and ingest hands a clear's blocks over whole (expanded here as they are read).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -57,7 +59,13 @@ pub(super) enum Msg {
     /// A chunk of one applied message's deltas (a clear's blocks whole, expanded here slice
     /// by slice), the checkpoint of its source that covers it and every chunk before it, and
     /// when ingest handed it over (for the write-latency histogram).
-    Deltas(DeltaChunk, Option<Checkpoint>, std::time::Instant),
+    /// The chunk's room in the queue, given back when the writer has absorbed it.
+    Deltas(
+        DeltaChunk,
+        Option<Checkpoint>,
+        std::time::Instant,
+        tokio::sync::OwnedSemaphorePermit,
+    ),
     /// Answer once everything queued before is in Redis.
     Flush(oneshot::Sender<()>),
     /// Write what is queued, answer, and stop.
@@ -540,8 +548,9 @@ impl Writer {
                 }
                 () = sleep_until(background) => self.entropy_tick().await,
                 msg = rx.recv() => match msg {
-                    Some(Msg::Deltas(deltas, checkpoint, stamp)) => {
+                    Some(Msg::Deltas(deltas, checkpoint, stamp, room)) => {
                         self.take_deltas(deltas, checkpoint, stamp).await;
+                        drop(room);
                     }
                     Some(Msg::Flush(done)) => {
                         self.waiters.push(done);
