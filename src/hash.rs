@@ -76,6 +76,14 @@ pub fn chain_hash(parent: ChainHash, tokens: &[u32]) -> ChainHash {
     h.max(1)
 }
 
+/// A bijective 64-bit mixer (the splitmix64 finalizer): spreads small ids over all bits, so
+/// an XOR of mixed values fingerprints a set.
+pub(crate) fn mix64(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 /// The chain hashes of a prompt of `model`, cut like [`prompt_block_hashes`].
 ///
 /// ```

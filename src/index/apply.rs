@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::counters::EntryCounter;
+use super::counters::{CountDelta, EntryCounter};
 use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Editor, CHAIN_DUPS};
 use super::source::SourceState;
@@ -85,6 +85,7 @@ impl Index {
             }
         }
         let stats = mutation.stats;
+        drop(mutation);
         state.settle();
         drop(state);
         if stats.blocks_removed > 0 || stats.clears > 0 {
@@ -222,6 +223,16 @@ struct Out<'a, S: DeltaSink> {
     engine: Engine,
     /// The pod's counter, looked up once per call rather than once per field.
     pod_entries: Arc<EntryCounter>,
+    /// This call's field changes, added to both counters when it ends.
+    counted: CountDelta,
+}
+
+impl<S: DeltaSink> Drop for Out<'_, S> {
+    /// Adds the call's counts, whichever way the call ended.
+    fn drop(&mut self) {
+        self.index.inner.entries.add(&self.counted);
+        self.pod_entries.add(&self.counted);
+    }
 }
 
 impl<S: DeltaSink> Out<'_, S> {
@@ -244,14 +255,13 @@ impl<S: DeltaSink> Out<'_, S> {
         });
     }
 
-    /// Counts a pod-level field change (whole index and this pod); returns whether the
-    /// field changed.
+    /// Counts a pod-level field change (added to the whole index and this pod when the call
+    /// ends); returns whether the field changed.
     fn count(&mut self, before: Option<FieldValue>, after: Option<FieldValue>) -> bool {
         if before == after {
             return false;
         }
-        self.index.inner.entries.record(before, after);
-        self.pod_entries.record(before, after);
+        self.counted.record(before, after);
         true
     }
 
@@ -354,6 +364,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             rank: state.rank,
             engine: state.engine,
             pod_entries: index.inner.pod_entries.of(state.pod),
+            counted: CountDelta::default(),
         };
         Mutation {
             state,
@@ -502,7 +513,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 &mut self.state.dups,
                 (CHAIN_DUPS, from),
                 from,
-                who,
+                who.without_values(),
                 media,
                 true,
             );
@@ -513,7 +524,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 &mut self.state.dups,
                 (CHAIN_DUPS, to),
                 to,
-                who,
+                who.without_values(),
                 media,
                 true,
             );
@@ -541,6 +552,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             pod: self.state.pod,
             rank: self.state.rank,
             now: self.now,
+            pod_values: true,
         }
     }
 
@@ -565,7 +577,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 &mut self.state.dups,
                 dup_key,
                 chain,
-                who,
+                who.without_values(),
                 added,
                 new_copy,
             );
@@ -610,7 +622,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 &mut self.state.dups,
                 dup_key,
                 chain,
-                who,
+                who.without_values(),
                 removed,
                 slot_gone,
             );
@@ -693,7 +705,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let chains = &index.inner.chains;
         for slot in self.state.slots() {
             if slot.chain() != 0 {
-                layer::drop_resident(chains, slot.chain(), who);
+                layer::drop_resident(chains, slot.chain(), who.without_values());
             }
             let model = slot.model();
             let Some(blocks) = self.blocks.get(index, model) else {

@@ -1,9 +1,9 @@
 //! Resident (block, pod) entry counters, kept as fields change so that metrics and
 //! `GET /v1/pods` read them in O(1) instead of walking the index.
 //!
-//! Every pod-level field change passes through [`EntryCounter::record`] twice: once for the
-//! whole index and once for the pod it belongs to. A change is computed under the block's
-//! map lock, so the counters are exact whenever no apply is in flight.
+//! Every pod-level field change is counted in the apply call's [`CountDelta`], which is added
+//! twice at the call's end: to the whole index's counter and to the pod's. So the counters
+//! are exact whenever no apply is in flight.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -21,20 +21,39 @@ pub(crate) struct EntryCounter {
     by_slot: [AtomicI64; MEDIA_SLOTS],
 }
 
-impl EntryCounter {
+/// Field changes counted by one apply call, added to the shared counters once at its end:
+/// a call changes many fields, and each shared counter is an atomic other threads touch.
+#[derive(Debug, Default)]
+pub(crate) struct CountDelta {
+    total: i64,
+    by_slot: [i64; MEDIA_SLOTS],
+}
+
+impl CountDelta {
     /// Counts one pod-level field going from `before` to `after`.
-    pub(crate) fn record(&self, before: Option<FieldValue>, after: Option<FieldValue>) {
+    pub(crate) fn record(&mut self, before: Option<FieldValue>, after: Option<FieldValue>) {
         let media = |v: Option<FieldValue>| v.map_or(MediaSet::EMPTY, |v| v.media);
         let (old, new) = (media(before), media(after));
         for m in old.difference(new).iter() {
-            self.by_slot[m.slot() as usize].fetch_sub(1, Ordering::Relaxed);
+            self.by_slot[m.slot() as usize] -= 1;
         }
         for m in new.difference(old).iter() {
-            self.by_slot[m.slot() as usize].fetch_add(1, Ordering::Relaxed);
+            self.by_slot[m.slot() as usize] += 1;
         }
-        let delta = i64::from(after.is_some()) - i64::from(before.is_some());
-        if delta != 0 {
-            self.total.fetch_add(delta, Ordering::Relaxed);
+        self.total += i64::from(after.is_some()) - i64::from(before.is_some());
+    }
+}
+
+impl EntryCounter {
+    /// Adds the changes one call counted.
+    pub(crate) fn add(&self, delta: &CountDelta) {
+        if delta.total != 0 {
+            self.total.fetch_add(delta.total, Ordering::Relaxed);
+        }
+        for (slot, n) in delta.by_slot.iter().enumerate() {
+            if *n != 0 {
+                self.by_slot[slot].fetch_add(*n, Ordering::Relaxed);
+            }
         }
     }
 

@@ -45,6 +45,19 @@ impl Interner {
         self.inner.read().by_name.get(name).copied()
     }
 
+    /// How many names were interned (ids are `0..len`).
+    pub(crate) fn len(&self) -> usize {
+        self.inner.read().names.len()
+    }
+
+    /// The ids of `names` (`None` for a name never interned), under one read lock.
+    pub(crate) fn get_all<S: AsRef<str>>(&self, names: &[S]) -> Vec<Option<u32>> {
+        let inner = self.inner.read();
+        (names.iter())
+            .map(|name| inner.by_name.get(name.as_ref()).copied())
+            .collect()
+    }
+
     /// The name behind `id` (empty for an id never handed out).
     pub(crate) fn name(&self, id: u32) -> Arc<str> {
         self.inner

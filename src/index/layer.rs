@@ -36,6 +36,28 @@ pub(crate) struct Editor {
     pub(crate) pod: u32,
     pub(crate) rank: u8,
     pub(crate) now: u32,
+    /// Whether the caller reads the pod's value before and after each edit: the std layer
+    /// does (fields are counted and mirrored); the chain layer does not, and skips the scans
+    /// of a block's residents that computing them takes.
+    pub(crate) pod_values: bool,
+}
+
+impl Editor {
+    /// The same editor, for a layer whose pod values nobody reads.
+    pub(crate) fn without_values(self) -> Editor {
+        Editor {
+            pod_values: false,
+            ..self
+        }
+    }
+
+    fn value_of(&self, residents: &Residents) -> Option<FieldValue> {
+        if self.pod_values {
+            residents.pod_value(self.pod)
+        } else {
+            None
+        }
+    }
 }
 
 /// The pod's value of a block before and after an edit.
@@ -67,36 +89,36 @@ pub(crate) fn add_media<K: Eq + Hash>(
         Entry::Occupied(occupied) => occupied,
     };
     let residents = entry.get_mut();
-    let before = residents.pod_value(who.pod);
+    let before = who.value_of(residents);
     let mut duplicate = false;
-    match residents.find_mut(who.pod, who.rank) {
-        None => residents.push(Resident::new(who.pod, who.rank, who.now, added)),
-        Some(resident) => {
-            let copies = resident.copies();
-            if new_copy {
-                duplicate = true;
-                if copies == 1 {
-                    let mut counts = [0u16; MEDIA_SLOTS];
-                    for m in resident.media().iter() {
-                        counts[m.slot() as usize] = 1;
-                    }
-                    dups.insert(dup_key, counts);
+    let edited = residents.edit(who.pod, who.rank, |resident| {
+        let copies = resident.copies();
+        if new_copy {
+            duplicate = true;
+            if copies == 1 {
+                let mut counts = [0u16; MEDIA_SLOTS];
+                for m in resident.media().iter() {
+                    counts[m.slot() as usize] = 1;
                 }
-                resident.set_copies(copies.saturating_add(1));
+                dups.insert(dup_key, counts);
             }
-            if resident.copies() > 1 {
-                if let Some(counts) = dups.get_mut(&dup_key) {
-                    for m in added.iter() {
-                        let c = &mut counts[m.slot() as usize];
-                        *c = c.saturating_add(1);
-                    }
-                }
-            }
-            resident.set_media(resident.media().union(added));
-            resident.stored_at = who.now;
+            resident.set_copies(copies.saturating_add(1));
         }
+        if resident.copies() > 1 {
+            if let Some(counts) = dups.get_mut(&dup_key) {
+                for m in added.iter() {
+                    let c = &mut counts[m.slot() as usize];
+                    *c = c.saturating_add(1);
+                }
+            }
+        }
+        resident.set_media(resident.media().union(added));
+        resident.stored_at = who.now;
+    });
+    if edited.is_none() {
+        residents.push(Resident::new(who.pod, who.rank, who.now, added));
     }
-    let after = residents.pod_value(who.pod);
+    let after = who.value_of(residents);
     ((before, after), duplicate)
 }
 
@@ -116,44 +138,46 @@ pub(crate) fn drop_media<K: Eq + Hash>(
         return None;
     };
     let residents = entry.get_mut();
-    let before = residents.pod_value(who.pod);
-    let resident = residents.find_mut(who.pod, who.rank)?;
-    let stored_at = resident.stored_at;
-    let copies = resident.copies();
-    if copies > 1 {
-        let counts = dups.entry(dup_key).or_insert([0; MEDIA_SLOTS]);
-        for m in removed.iter() {
-            let c = &mut counts[m.slot() as usize];
-            *c = c.saturating_sub(1);
-        }
-        let mut media = MediaSet::EMPTY;
-        for (slot, c) in counts.iter().enumerate() {
-            if *c > 0 {
-                media.insert(slot_medium(slot));
+    let before = who.value_of(residents);
+    let (stored_at, drop_resident) = residents.edit(who.pod, who.rank, |resident| {
+        let stored_at = resident.stored_at;
+        let copies = resident.copies();
+        if copies > 1 {
+            let counts = dups.entry(dup_key).or_insert([0; MEDIA_SLOTS]);
+            for m in removed.iter() {
+                let c = &mut counts[m.slot() as usize];
+                *c = c.saturating_sub(1);
             }
+            let mut media = MediaSet::EMPTY;
+            for (slot, c) in counts.iter().enumerate() {
+                if *c > 0 {
+                    media.insert(slot_medium(slot));
+                }
+            }
+            resident.set_media(media);
+        } else {
+            resident.set_media(resident.media().difference(removed));
         }
-        resident.set_media(media);
-    } else {
-        resident.set_media(resident.media().difference(removed));
-    }
-    let mut drop_resident = resident.media().is_empty();
-    if slot_gone {
-        let left = copies.saturating_sub(1);
-        resident.set_copies(left);
-        if left <= 1 {
-            dups.remove(&dup_key);
+        let mut drop_resident = resident.media().is_empty();
+        if slot_gone {
+            let left = copies.saturating_sub(1);
+            resident.set_copies(left);
+            if left <= 1 {
+                dups.remove(&dup_key);
+            }
+            drop_resident |= left == 0;
         }
-        drop_resident |= left == 0;
-    }
+        (stored_at, drop_resident)
+    })?;
     let after = if drop_resident {
         if residents.remove(who.pod, who.rank) {
             entry.remove();
             None
         } else {
-            entry.get().pod_value(who.pod)
+            who.value_of(entry.get())
         }
     } else {
-        residents.pod_value(who.pod)
+        who.value_of(residents)
     };
     Some(((before, after), stored_at))
 }
@@ -168,13 +192,15 @@ pub(crate) fn drop_resident<K: Eq + Hash>(
     let Entry::Occupied(mut entry) = blocks.entry(key) else {
         return None;
     };
-    let before = entry.get().pod_value(who.pod);
-    entry.get_mut().find_mut(who.pod, who.rank)?;
+    if !entry.get().contains(who.pod, who.rank) {
+        return None;
+    }
+    let before = who.value_of(entry.get());
     let after = if entry.get_mut().remove(who.pod, who.rank) {
         entry.remove();
         None
     } else {
-        entry.get().pod_value(who.pod)
+        who.value_of(entry.get())
     };
     Some((before, after))
 }

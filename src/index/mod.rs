@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | `mod.rs` | [`Index`] and its ids: register sources, the shared tables |
 //! | `apply.rs` | the mutation engine: apply batches, clear and forget sources, [`ApplyStats`] |
-//! | `query.rs` | the read side: owners of a block, walks, [`Index::dump`], [`IndexStats`] |
+//! | `query.rs` | the read side: owners of a block ([`LayerReader`]), walks, [`Index::dump`], [`IndexStats`] |
 //! | `counters.rs` | O(1) resident-entry counts, whole index and per pod, kept as fields change |
 //! | `source.rs` | per (pod, DP rank) engine-hash map, the set of blocks a source holds |
 //! | `residents.rs` | compact per-block list of resident sources |
@@ -44,7 +44,7 @@ pub use delta::{
     Checkpoint, ClearedBlocks, ClearedDeltas, Delta, DeltaChunk, DeltaMirror, DeltaSink, Discard,
     EngineState, FieldValue,
 };
-pub use query::{DumpEntry, IndexStats};
+pub use query::{DumpEntry, IndexStats, LayerReader, Visit};
 pub use walk::{OwnedPods, WalkCursor, WalkEntry};
 
 use crate::wire::Engine;

@@ -8,9 +8,9 @@ use serde::Serialize;
 use super::counters::slot_medium;
 use super::delta::{EngineState, FieldValue};
 use super::layer::LayerMap;
-use super::residents::{self, Resident, Residents};
+use super::residents::{self, Residents};
 use super::source::{table_bytes, SourceState};
-use super::{Index, ModelBlocks, ModelId, PodId};
+use super::{BlockRef, Blocks, Index, ModelBlocks, ModelId, PodId};
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
 
@@ -57,6 +57,19 @@ impl Index {
         self.inner.pods.get(name).map(PodId)
     }
 
+    /// The ids of pod identifiers `names`, in order (`None` for one never registered): one
+    /// lock for the whole list, for resolving a router's candidates.
+    pub fn pod_ids<S: AsRef<str>>(&self, names: &[S]) -> Vec<Option<PodId>> {
+        let ids = self.inner.pods.get_all(names);
+        ids.into_iter().map(|id| id.map(PodId)).collect()
+    }
+
+    /// How many pod identifiers were ever registered: ids are `0..pod_count()` and never
+    /// reused, so a name resolved once keeps its id.
+    pub fn pod_count(&self) -> usize {
+        self.inner.pods.len()
+    }
+
     /// The name of a model id.
     pub fn model_name(&self, id: ModelId) -> Arc<str> {
         self.inner.models.name(id.0)
@@ -98,6 +111,21 @@ impl Index {
                 visit(PodId(r.pod()), r.media(), r.stored_at);
             }
         };
+    }
+
+    /// Model `model`'s std blocks opened for many reads (`kthena` matching), or `None` when
+    /// no source holds a block of it.
+    pub fn std_layer(&self, model: ModelId) -> Option<LayerReader<'_>> {
+        self.blocks_of(model.0).map(|blocks| LayerReader {
+            blocks: Layer::Std(blocks),
+        })
+    }
+
+    /// The chain blocks of every model opened for many reads (`prefix` matching).
+    pub fn chain_layer(&self) -> LayerReader<'_> {
+        LayerReader {
+            blocks: Layer::Chain(&self.inner.chains),
+        }
     }
 
     /// The pod-level value of field `pod` of block `(model, std_hash)` now, or `None` when
@@ -270,9 +298,68 @@ fn visit_fields(
 fn blocks_heap_bytes<K: Eq + std::hash::Hash>(blocks: &LayerMap<K>) -> usize {
     let mut bytes = table_bytes::<K, Residents>(blocks.capacity());
     for entry in blocks.iter() {
-        if let Residents::Many(v) = entry.value() {
-            bytes += 24 + v.capacity() * std::mem::size_of::<Resident>();
-        }
+        bytes += entry.value().heap_bytes();
     }
     bytes
+}
+
+/// One residency layer opened for reading: a model's std blocks or the chain blocks. Holds
+/// the layer, so a query of many blocks resolves it once.
+pub struct LayerReader<'a> {
+    blocks: Layer<'a>,
+}
+
+enum Layer<'a> {
+    Std(Blocks),
+    Chain(&'a ModelBlocks),
+}
+
+/// What [`LayerReader::visit`] found for one block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visit {
+    /// No source holds the block.
+    Absent,
+    /// The residents' fingerprint equals the one given: nobody was visited.
+    Unchanged,
+    /// Every resident was visited; their fingerprint, for the next block's call.
+    Visited(u64),
+}
+
+impl LayerReader<'_> {
+    /// The residents of block `key`, from whichever map holds the layer (a LoRA adapter's
+    /// std blocks are in the adapters' shared map).
+    fn get(&self, key: u64) -> Option<BlockRef<'_>> {
+        match &self.blocks {
+            Layer::Std(blocks) => blocks.get(&key),
+            Layer::Chain(blocks) => blocks.get(&key).map(BlockRef::Own),
+        }
+    }
+
+    /// Whether any source holds block `key`.
+    pub fn contains(&self, key: u64) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Calls `visit(pod, media, stored_at)` for every resident of block `key` (a pod with
+    /// several DP ranks once per rank), unless the block's resident fingerprint equals
+    /// `unless`: then the block has the same (pod, rank, media) residents as the block that
+    /// fingerprint came from, and nobody is visited. Store times are not in the fingerprint.
+    pub fn visit(
+        &self,
+        key: u64,
+        unless: Option<u64>,
+        mut visit: impl FnMut(PodId, MediaSet, u32),
+    ) -> Visit {
+        let Some(entry) = self.get(key) else {
+            return Visit::Absent;
+        };
+        let fingerprint = entry.fingerprint();
+        if unless == Some(fingerprint) {
+            return Visit::Unchanged;
+        }
+        for r in entry.as_slice() {
+            visit(PodId(r.pod()), r.media(), r.stored_at);
+        }
+        Visit::Visited(fingerprint)
+    }
 }

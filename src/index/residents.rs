@@ -62,32 +62,81 @@ impl Resident {
 pub(crate) enum Residents {
     One(Resident),
     // Boxed on purpose: a thin pointer keeps `Residents` (and every map bucket) at 16 bytes.
-    #[allow(clippy::box_collection)]
-    Many(Box<Vec<Resident>>),
+    Many(Box<Many>),
+}
+
+/// Two or more residents, with the fingerprint of who they are.
+#[derive(Debug, Clone)]
+pub(crate) struct Many {
+    /// XOR of [`owner_key`] over `list`, kept as residents come, go and change media.
+    fingerprint: u64,
+    list: Vec<Resident>,
+}
+
+/// What a resident contributes to its block's fingerprint: who (pod, DP rank) and on which
+/// media, not when (a store time changes no score outside the freshness rule).
+fn owner_key(r: &Resident) -> u64 {
+    crate::hash::mix64(u64::from(r.pod_rank) << 32 | u64::from(r.media_copies & MEDIA_MASK))
 }
 
 impl Residents {
     pub(crate) fn as_slice(&self) -> &[Resident] {
         match self {
             Residents::One(r) => std::slice::from_ref(r),
-            Residents::Many(v) => v.as_slice(),
+            Residents::Many(m) => m.list.as_slice(),
         }
     }
 
-    pub(crate) fn find_mut(&mut self, pod: u32, rank: u8) -> Option<&mut Resident> {
-        let slice: &mut [Resident] = match self {
-            Residents::One(r) => std::slice::from_mut(r),
-            Residents::Many(v) => v.as_mut_slice(),
-        };
-        slice
-            .iter_mut()
-            .find(|r| r.pod() == pod && r.rank() == rank)
+    /// A 64-bit fingerprint of the set of (pod, DP rank, media) residents, whatever their
+    /// order or store times: two blocks with the same fingerprint have the same owners on
+    /// the same media (up to a 2^-64 collision, the same odds as the 64-bit block hashes
+    /// themselves), so a scorer may count the second exactly as the first.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        match self {
+            Residents::One(r) => owner_key(r),
+            Residents::Many(m) => m.fingerprint,
+        }
+    }
+
+    /// Runs `edit` on the resident of `(pod, rank)`, if any, keeping the fingerprint true.
+    pub(crate) fn edit<R>(
+        &mut self,
+        pod: u32,
+        rank: u8,
+        edit: impl FnOnce(&mut Resident) -> R,
+    ) -> Option<R> {
+        let is = |r: &Resident| r.pod() == pod && r.rank() == rank;
+        match self {
+            Residents::One(r) => is(r).then(|| edit(r)),
+            Residents::Many(m) => {
+                let r = m.list.iter_mut().find(|r| is(r))?;
+                let before = owner_key(r);
+                let out = edit(r);
+                m.fingerprint ^= before ^ owner_key(r);
+                Some(out)
+            }
+        }
+    }
+
+    /// Whether `(pod, rank)` is a resident.
+    pub(crate) fn contains(&self, pod: u32, rank: u8) -> bool {
+        self.as_slice()
+            .iter()
+            .any(|r| r.pod() == pod && r.rank() == rank)
     }
 
     pub(crate) fn push(&mut self, resident: Resident) {
         match self {
-            Residents::One(first) => *self = Residents::Many(Box::new(vec![*first, resident])),
-            Residents::Many(v) => v.push(resident),
+            Residents::One(first) => {
+                *self = Residents::Many(Box::new(Many {
+                    fingerprint: owner_key(first) ^ owner_key(&resident),
+                    list: vec![*first, resident],
+                }));
+            }
+            Residents::Many(m) => {
+                m.fingerprint ^= owner_key(&resident);
+                m.list.push(resident);
+            }
         }
     }
 
@@ -95,12 +144,34 @@ impl Residents {
     pub(crate) fn remove(&mut self, pod: u32, rank: u8) -> bool {
         match self {
             Residents::One(r) => r.pod() == pod && r.rank() == rank,
-            Residents::Many(v) => {
-                v.retain(|r| !(r.pod() == pod && r.rank() == rank));
-                if v.len() == 1 {
-                    *self = Residents::One(v[0]);
+            Residents::Many(m) => {
+                let Some(at) = m
+                    .list
+                    .iter()
+                    .position(|r| r.pod() == pod && r.rank() == rank)
+                else {
+                    return false;
+                };
+                let gone = m.list.swap_remove(at);
+                m.fingerprint ^= owner_key(&gone);
+                match m.list.as_slice() {
+                    [] => true,
+                    [last] => {
+                        *self = Residents::One(*last);
+                        false
+                    }
+                    _ => false,
                 }
-                v_is_empty(self)
+            }
+        }
+    }
+
+    /// Heap bytes behind the list (0 for one resident).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        match self {
+            Residents::One(_) => 0,
+            Residents::Many(m) => {
+                std::mem::size_of::<Many>() + m.list.capacity() * std::mem::size_of::<Resident>()
             }
         }
     }
@@ -109,10 +180,6 @@ impl Residents {
     pub(crate) fn pod_value(&self, pod: u32) -> Option<FieldValue> {
         pod_value(self.as_slice(), pod)
     }
-}
-
-fn v_is_empty(r: &Residents) -> bool {
-    matches!(r, Residents::Many(v) if v.is_empty())
 }
 
 /// Pod-level value of `pod` among `residents`.

@@ -215,13 +215,13 @@ impl Index {
         };
         let mut moved = false;
         let mut at = None;
-        if let Some(r) = entry.find_mut(pod.0, rank) {
+        entry.edit(pod.0, rank, |r| {
             if r.stored_at <= due && !r.media().is_empty() {
                 r.stored_at = now;
                 moved = true;
             }
             at = Some(r.stored_at);
-        }
+        });
         (entry.pod_value(pod.0), at, moved)
     }
 

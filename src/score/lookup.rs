@@ -3,8 +3,10 @@
 //! A lookup is built for one prompt and one candidate list, so backends can resolve pod
 //! names to candidate slots once and the scorer works on small integers only.
 
+use std::borrow::Cow;
+
 use super::prompt::MatchMode;
-use crate::index::{Index, ModelId};
+use crate::index::{Index, LayerReader, Visit};
 use crate::medium::{MediaSet, TierWeights, MEDIA_SLOTS};
 
 /// One holder of one block among the candidates, as a backend reports it.
@@ -29,6 +31,23 @@ pub trait Lookup {
     fn blocks(&self) -> usize;
     /// Calls `visit` for every candidate holding block `block` (`block < self.blocks()`).
     fn for_each_owner<F: FnMut(Owner)>(&mut self, block: usize, visit: F);
+
+    /// Like [`Lookup::for_each_owner`], except that a backend that can tell block `block`
+    /// has exactly the owners, on exactly the media, of block `block - 1` (the block asked
+    /// just before) may skip the visits and answer [`Owners::Repeat`]. The default visits.
+    fn for_each_owner_or_repeat<F: FnMut(Owner)>(&mut self, block: usize, visit: F) -> Owners {
+        self.for_each_owner(block, visit);
+        Owners::Visited
+    }
+}
+
+/// How [`Lookup::for_each_owner_or_repeat`] answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owners {
+    /// The owners were visited (maybe none).
+    Visited,
+    /// Same owners and media as the previous block; nobody was visited.
+    Repeat,
 }
 
 /// Weights per medium slot, filled on first use so one call pays only for the media it sees.
@@ -77,18 +96,103 @@ impl<'w> SlotWeights<'w> {
 /// Marks a pod id as "not a candidate" in the dense slot table.
 const NOT_CANDIDATE: u32 = u32::MAX;
 
-/// The in-memory backend: reads [`Index::for_each_resident`] (`kthena` mode, std hashes)
-/// or [`Index::for_each_chain_resident`] (`prefix` mode, chain hashes) block by block,
-/// lazily, so a prompt whose prefix stops matching early costs only the blocks up to that
-/// point.
-pub struct IndexLookup<'a> {
-    index: &'a Index,
-    model: Option<ModelId>,
-    mode: MatchMode,
-    blocks: &'a [u64],
-    /// Candidate slot per pod id (dense: pod ids are small integers handed out in order).
+/// Candidate pods resolved to index ids once, for many queries: a router's pod list.
+///
+/// Pod ids are never reused, so a resolved name keeps its id; only names the index did not
+/// know yet need resolving again, which [`Candidates::refresh`] does when pods were
+/// registered since.
+#[derive(Debug, Clone)]
+pub struct Candidates {
+    names: Vec<String>,
+    slots: Slots,
+}
+
+impl Candidates {
+    /// Resolves `names` (pod identifiers) in `index`. A name the index never saw holds
+    /// nothing; a name listed twice is reported at its first position.
+    pub fn new<S: AsRef<str>>(index: &Index, names: &[S]) -> Candidates {
+        Candidates {
+            names: names.iter().map(|n| n.as_ref().to_owned()).collect(),
+            slots: Slots::resolve(index, names),
+        }
+    }
+
+    /// The candidates' names, in candidate order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Number of candidates.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether there are no candidates.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// Resolves again when some names were unknown and the index registered pods since.
+    pub fn refresh(&mut self, index: &Index) {
+        if self.slots.unresolved > 0 && index.pod_count() != self.slots.pods_seen {
+            self.slots = Slots::resolve(index, &self.names);
+        }
+    }
+}
+
+/// Candidate slot per pod id (dense: pod ids are small integers handed out in order).
+#[derive(Debug, Clone, Default)]
+struct Slots {
     slots: Vec<u32>,
+    /// [`Index::pod_count`] when the names were resolved.
+    pods_seen: usize,
+    /// Names the index did not know then.
+    unresolved: usize,
+}
+
+impl Slots {
+    fn resolve<S: AsRef<str>>(index: &Index, names: &[S]) -> Slots {
+        let pods_seen = index.pod_count();
+        let ids: Vec<Option<u32>> = (index.pod_ids(names).into_iter())
+            .map(|id| id.map(|p| p.0))
+            .collect();
+        let len = ids.iter().flatten().max().map_or(0, |m| *m as usize + 1);
+        let mut slots = vec![NOT_CANDIDATE; len];
+        for (candidate, id) in ids.iter().enumerate() {
+            if let Some(id) = id {
+                let slot = &mut slots[*id as usize];
+                if *slot == NOT_CANDIDATE {
+                    *slot = candidate as u32;
+                }
+            }
+        }
+        Slots {
+            slots,
+            pods_seen,
+            unresolved: ids.iter().filter(|id| id.is_none()).count(),
+        }
+    }
+
+    /// The candidate position of pod id `pod`, if it is a candidate.
+    fn slot(&self, pod: u32) -> Option<usize> {
+        match self.slots.get(pod as usize) {
+            Some(&slot) if slot != NOT_CANDIDATE => Some(slot as usize),
+            _ => None,
+        }
+    }
+}
+
+/// The in-memory backend: reads the index's std blocks (`kthena` mode, std hashes) or chain
+/// blocks (`prefix` mode, chain hashes) block by block, lazily, so a prompt whose prefix
+/// stops matching early costs only the blocks up to that point. A block whose residents'
+/// fingerprint equals the previous block's is answered [`Owners::Repeat`] without a visit.
+pub struct IndexLookup<'a> {
+    layer: Option<LayerReader<'a>>,
+    blocks: &'a [u64],
+    candidates: Cow<'a, Slots>,
     weights: SlotWeights<'a>,
+    /// The block asked last and its residents' fingerprint (`None`: absent or not asked).
+    last: Option<(usize, u64)>,
 }
 
 impl<'a> IndexLookup<'a> {
@@ -115,29 +219,79 @@ impl<'a> IndexLookup<'a> {
         weights: &'a TierWeights,
         mode: MatchMode,
     ) -> IndexLookup<'a> {
-        let model = index.model_id(model);
-        let ids: Vec<Option<u32>> = candidates
-            .iter()
-            .map(|c| index.pod_id(c.as_ref()).map(|p| p.0))
-            .collect();
-        let len = ids.iter().flatten().max().map_or(0, |m| *m as usize + 1);
-        let mut slots = vec![NOT_CANDIDATE; len];
-        for (candidate, id) in ids.iter().enumerate() {
-            if let Some(id) = id {
-                let slot = &mut slots[*id as usize];
-                if *slot == NOT_CANDIDATE {
-                    *slot = candidate as u32;
-                }
-            }
+        let layer = IndexLookup::layer(index, model, mode);
+        // A prompt whose first block nobody holds scores nobody: resolve no names for it.
+        let first_held = (layer.as_ref())
+            .zip(blocks.first())
+            .is_some_and(|(layer, hash)| layer.contains(*hash));
+        let slots = if first_held {
+            Slots::resolve(index, candidates)
+        } else {
+            Slots::default()
+        };
+        IndexLookup::open(layer, blocks, Cow::Owned(slots), weights)
+    }
+
+    /// The same among candidates resolved beforehand ([`Candidates`]), so a query pays no
+    /// name lookups.
+    pub fn with_candidates(
+        index: &'a Index,
+        model: &str,
+        blocks: &'a [u64],
+        candidates: &'a Candidates,
+        weights: &'a TierWeights,
+        mode: MatchMode,
+    ) -> IndexLookup<'a> {
+        let layer = IndexLookup::layer(index, model, mode);
+        IndexLookup::open(layer, blocks, Cow::Borrowed(&candidates.slots), weights)
+    }
+
+    /// The layer `mode` reads for `model`. Chain hashes are seeded by the model's name, so
+    /// the chain layer needs no model id; an unknown model still holds nothing in `prefix`
+    /// mode (no chain of it was stored).
+    fn layer(index: &'a Index, model: &str, mode: MatchMode) -> Option<LayerReader<'a>> {
+        let model = index.model_id(model)?;
+        match mode {
+            MatchMode::Kthena => index.std_layer(model),
+            MatchMode::Prefix => Some(index.chain_layer()),
         }
+    }
+
+    fn open(
+        layer: Option<LayerReader<'a>>,
+        blocks: &'a [u64],
+        candidates: Cow<'a, Slots>,
+        weights: &'a TierWeights,
+    ) -> IndexLookup<'a> {
         IndexLookup {
-            index,
-            model,
-            mode,
+            layer,
             blocks,
-            slots,
+            candidates,
             weights: SlotWeights::new(weights),
+            last: None,
         }
+    }
+
+    /// Visits block `block`'s owners unless `unless` is their fingerprint.
+    fn visit<F: FnMut(Owner)>(&mut self, block: usize, unless: Option<u64>, mut visit: F) -> Visit {
+        let (Some(layer), Some(hash)) = (&self.layer, self.blocks.get(block)) else {
+            return Visit::Absent;
+        };
+        let candidates = &self.candidates;
+        let weights = &mut self.weights;
+        layer.visit(*hash, unless, |pod, media: MediaSet, stored_at| {
+            let Some(candidate) = candidates.slot(pod.0) else {
+                return;
+            };
+            if media.is_empty() {
+                return;
+            }
+            visit(Owner {
+                candidate,
+                weight: weights.best(media),
+                written_at: Some(u64::from(stored_at)),
+            });
+        })
     }
 }
 
@@ -146,28 +300,28 @@ impl Lookup for IndexLookup<'_> {
         self.blocks.len()
     }
 
-    fn for_each_owner<F: FnMut(Owner)>(&mut self, block: usize, mut visit: F) {
-        let (Some(model), Some(hash)) = (self.model, self.blocks.get(block)) else {
-            return;
-        };
-        let slots = &self.slots;
-        let weights = &mut self.weights;
-        let visit = |pod: crate::index::PodId, media: MediaSet, stored_at: u32| {
-            let Some(&candidate) = slots.get(pod.0 as usize) else {
-                return;
-            };
-            if candidate == NOT_CANDIDATE || media.is_empty() {
-                return;
+    fn for_each_owner<F: FnMut(Owner)>(&mut self, block: usize, visit: F) {
+        self.last = None;
+        if let Visit::Visited(fingerprint) = self.visit(block, None, visit) {
+            self.last = Some((block, fingerprint));
+        }
+    }
+
+    fn for_each_owner_or_repeat<F: FnMut(Owner)>(&mut self, block: usize, visit: F) -> Owners {
+        let previous = self.last.take();
+        let unless = previous
+            .filter(|(at, _)| at + 1 == block)
+            .map(|(_, fingerprint)| fingerprint);
+        match self.visit(block, unless, visit) {
+            Visit::Absent => Owners::Visited,
+            Visit::Unchanged => {
+                self.last = unless.map(|fingerprint| (block, fingerprint));
+                Owners::Repeat
             }
-            visit(Owner {
-                candidate: candidate as usize,
-                weight: weights.best(media),
-                written_at: Some(u64::from(stored_at)),
-            });
-        };
-        match self.mode {
-            MatchMode::Kthena => self.index.for_each_resident(model, *hash, visit),
-            MatchMode::Prefix => self.index.for_each_chain_resident(*hash, visit),
+            Visit::Visited(fingerprint) => {
+                self.last = Some((block, fingerprint));
+                Owners::Visited
+            }
         }
     }
 }

@@ -28,13 +28,14 @@ mod redis_lookup;
 
 pub use crate::medium::{TierWeights, WeightError};
 pub use backend::ScoreBackend;
-pub use lookup::{IndexLookup, Lookup, Owner};
+pub use lookup::{Candidates, IndexLookup, Lookup, Owner, Owners};
 pub use pd::{
     schedule, schedule_unmemoized, DecodeCandidate, KvScorer, Pair, PdError, PrefillGroups, Scorer,
     DEFAULT_TOP_N,
 };
 pub use prefix::{
-    kthena_score, score_index, score_index_with, score_prefix, PodScore, PrefixScores, SlotScore,
+    kthena_score, score_candidates, score_index, score_index_with, score_prefix, PodScore,
+    PrefixScores, SlotScore,
 };
 pub use prompt::{MatchMode, PromptError, PromptSettings};
 pub use redis_lookup::{RedisLookup, RedisLookupError, RedisOwners};

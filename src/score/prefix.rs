@@ -10,7 +10,7 @@
 
 use serde::Serialize;
 
-use super::lookup::{IndexLookup, Lookup};
+use super::lookup::{Candidates, IndexLookup, Lookup, Owners};
 use super::prompt::MatchMode;
 use crate::hash::StdHash;
 use crate::index::Index;
@@ -122,51 +122,106 @@ pub fn score_prefix<L: Lookup>(
 
 /// The common path: no freshness rule, so a report can be counted the moment it is seen
 /// (a later report of the same pod for the same block can only raise the block's weight).
+///
+/// A run of blocks with the same owners on the same media (the backend answers
+/// [`Owners::Repeat`]) is counted without visiting anyone: the pods that matched the block
+/// before the run match every block of it with the same weight. A pod's run is settled
+/// when the pod is next seen, or when it drops out or the prompt ends ([`Fast::extend`]).
 fn score_without_freshness<L: Lookup>(
     lookup: &mut L,
     candidates: usize,
     total: usize,
 ) -> Vec<SlotScore> {
-    #[derive(Clone, Copy)]
-    struct Fast {
-        matched: u32,
-        base: f64,
-        best: f64,
-        sum: f64,
-    }
-    let mut tracks = vec![
-        Fast {
-            matched: 0,
-            base: 0.0,
-            best: 0.0,
-            sum: 0.0
-        };
-        candidates
-    ];
+    // Allocated at the first owner seen, so a prompt nobody holds allocates nothing.
+    let mut tracks: Vec<Fast> = Vec::new();
+    // Candidates that matched the last visited block, those matching the current one, and
+    // how many repeated blocks followed the last visited one.
+    let mut hit: Vec<u32> = Vec::new();
+    let mut next: Vec<u32> = Vec::new();
+    let mut repeats = 0u32;
     for block in 0..total {
         let at = block as u32;
-        let mut hits = 0usize;
-        lookup.for_each_owner(block, |owner| {
+        let answer = lookup.for_each_owner_or_repeat(block, |owner| {
+            if tracks.is_empty() {
+                tracks = vec![Fast::default(); candidates];
+            }
             let Some(t) = tracks.get_mut(owner.candidate) else {
                 return;
             };
+            if repeats > 0 && t.matched + repeats == at {
+                // It matched the block before the run, so it matched the whole run.
+                t.extend(repeats);
+            }
             if t.matched == at {
                 t.matched = at + 1;
                 t.base = t.sum;
                 t.best = owner.weight;
                 t.sum = t.base + owner.weight;
-                hits += 1;
+                next.push(owner.candidate as u32);
             } else if t.matched == at + 1 && owner.weight > t.best {
                 // Matched earlier in this same block (another DP rank): keep the best.
                 t.best = owner.weight;
                 t.sum = t.base + owner.weight;
             }
         });
-        if hits == 0 {
-            break;
+        match answer {
+            Owners::Repeat if hit.is_empty() => break,
+            Owners::Repeat => repeats += 1,
+            Owners::Visited => {
+                // Pods of the last visited block not seen in this one stop after the run.
+                for &c in &hit {
+                    let t = &mut tracks[c as usize];
+                    if repeats > 0 && t.matched + repeats == at {
+                        t.extend(repeats);
+                    }
+                }
+                repeats = 0;
+                std::mem::swap(&mut hit, &mut next);
+                next.clear();
+                if hit.is_empty() {
+                    break;
+                }
+            }
         }
     }
+    for &c in &hit {
+        tracks[c as usize].extend(repeats);
+    }
     slot_scores(tracks.iter().map(|t| (t.matched, t.sum)), total)
+}
+
+/// A candidate's state on the common path.
+#[derive(Debug, Clone, Copy, Default)]
+struct Fast {
+    /// Blocks matched so far (counted up to the last visited block).
+    matched: u32,
+    /// Σ weight before the last matched block.
+    base: f64,
+    /// The pod's best weight for the last matched block.
+    best: f64,
+    sum: f64,
+}
+
+impl Fast {
+    /// Counts `blocks` more matched blocks of weight `best`, adding in kthena's order (one
+    /// block at a time), so the float sum is bit-identical to visiting each block.
+    fn extend(&mut self, blocks: u32) {
+        if blocks == 0 {
+            return;
+        }
+        self.matched += blocks;
+        // Whole numbers below 2^53 add exactly: n additions of 1.0 are one addition of n.
+        const EXACT: f64 = (1u64 << 53) as f64;
+        if self.best == 1.0 && self.sum.fract() == 0.0 && self.sum + f64::from(blocks) < EXACT {
+            self.base = self.sum + f64::from(blocks - 1);
+            self.sum += f64::from(blocks);
+            return;
+        }
+        for _ in 0..blocks {
+            self.base = self.sum;
+            self.sum += self.best;
+        }
+    }
 }
 
 /// One score per candidate that matched at least block 0, from its (matched, sum) track.
@@ -279,6 +334,22 @@ pub fn score_index_with<S: AsRef<str>>(
     PrefixScores::from_slots(blocks.len(), candidates, &slots)
 }
 
+/// Scores `candidates` (resolved beforehand, so a router that keeps its pod list pays no
+/// name lookups per query) for `blocks` of `model` from the in-memory index in `mode`.
+/// Returns only the candidates that hold block 0, in candidate order, unnamed.
+pub fn score_candidates(
+    index: &Index,
+    model: &str,
+    blocks: &[u64],
+    candidates: &Candidates,
+    weights: &TierWeights,
+    started_at: &[Option<u64>],
+    mode: MatchMode,
+) -> Vec<SlotScore> {
+    let mut lookup = IndexLookup::with_candidates(index, model, blocks, candidates, weights, mode);
+    score_prefix(&mut lookup, candidates.len(), started_at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +369,78 @@ mod tests {
                     weight,
                     written_at,
                 });
+            }
+        }
+    }
+
+    /// The same table, answering [`Owners::Repeat`] for a block whose owners equal the
+    /// previous block's (as the index does from fingerprints).
+    struct RepeatingTable(Table);
+
+    impl Lookup for RepeatingTable {
+        fn blocks(&self) -> usize {
+            self.0.blocks()
+        }
+        fn for_each_owner<F: FnMut(Owner)>(&mut self, block: usize, visit: F) {
+            self.0.for_each_owner(block, visit);
+        }
+        fn for_each_owner_or_repeat<F: FnMut(Owner)>(&mut self, block: usize, visit: F) -> Owners {
+            let rows = &(self.0).0;
+            let same = |a: &[(usize, f64, Option<u64>)], b: &[(usize, f64, Option<u64>)]| {
+                let key = |r: &[(usize, f64, Option<u64>)]| {
+                    let mut k: Vec<(usize, u64)> = r.iter().map(|o| (o.0, o.1.to_bits())).collect();
+                    k.sort_unstable();
+                    k
+                };
+                key(a) == key(b)
+            };
+            if block > 0 && !rows[block].is_empty() && same(&rows[block], &rows[block - 1]) {
+                return Owners::Repeat;
+            }
+            self.0.for_each_owner(block, visit);
+            Owners::Visited
+        }
+    }
+
+    #[test]
+    fn repeated_runs_score_bit_for_bit_as_visiting_every_block() {
+        let weights = [1.0, 0.8, 0.5, 0.25, 0.1, 0.0];
+        let mut seed = 7u64;
+        let mut below = |n: usize| {
+            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            (crate::hash::mix64(seed) % n as u64) as usize
+        };
+        for _ in 0..2_000 {
+            let candidates = 1 + below(5);
+            let blocks = 1 + below(39);
+            let mut rows: Vec<Vec<(usize, f64, Option<u64>)>> = Vec::new();
+            for b in 0..blocks {
+                if b > 0 && below(4) != 0 {
+                    // Mostly runs: the previous block's owners again, reordered.
+                    let mut row: Vec<(usize, f64, Option<u64>)> = rows[b - 1].clone();
+                    row.reverse();
+                    rows.push(row);
+                    continue;
+                }
+                let mut row = Vec::new();
+                for c in 0..candidates {
+                    for _ in 0..below(3) {
+                        row.push((c, weights[below(weights.len())], Some(1)));
+                    }
+                }
+                rows.push(row);
+            }
+            let plain = score_prefix(&mut Table(rows.clone()), candidates, &[]);
+            let runs = score_prefix(&mut RepeatingTable(Table(rows.clone())), candidates, &[]);
+            assert_eq!(plain.len(), runs.len(), "{rows:?}");
+            for (p, r) in plain.iter().zip(&runs) {
+                assert_eq!(p.matched_blocks, r.matched_blocks, "{rows:?}");
+                assert_eq!(
+                    p.weighted_sum.to_bits(),
+                    r.weighted_sum.to_bits(),
+                    "{rows:?}"
+                );
+                assert_eq!(p.score, r.score);
             }
         }
     }

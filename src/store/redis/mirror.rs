@@ -546,27 +546,49 @@ impl Writer {
                         self.flush_all().await;
                     }
                 }
-                () = sleep_until(background) => self.entropy_tick().await,
-                msg = rx.recv() => match msg {
-                    Some(Msg::Deltas(deltas, checkpoint, stamp, room)) => {
-                        self.take_deltas(deltas, checkpoint, stamp).await;
-                        drop(room);
+                () = sleep_until(background) => {
+                    // Deltas of events the index already applied must be pending before a
+                    // pass compares Redis with the index: otherwise it "repairs" (and
+                    // counts) what a queued delta is about to write anyway.
+                    while let Ok(msg) = rx.try_recv() {
+                        if self.on_msg(Some(msg)).await {
+                            return;
+                        }
                     }
-                    Some(Msg::Flush(done)) => {
-                        self.waiters.push(done);
-                        self.flush_everything().await;
-                        self.answer_waiters();
-                    }
-                    Some(Msg::Shutdown(done)) => {
-                        self.waiters.push(done);
-                        self.drain_before_exit().await;
+                    self.entropy_tick().await;
+                }
+                msg = rx.recv() => {
+                    if self.on_msg(msg).await {
                         return;
                     }
-                    None => {
-                        self.drain_before_exit().await;
-                        return;
-                    }
-                },
+                }
+            }
+        }
+    }
+
+    /// Handles one message from ingest (`None`: every sender is gone); true when the task
+    /// must end.
+    async fn on_msg(&mut self, msg: Option<Msg>) -> bool {
+        match msg {
+            Some(Msg::Deltas(deltas, checkpoint, stamp, room)) => {
+                self.take_deltas(deltas, checkpoint, stamp).await;
+                drop(room);
+                false
+            }
+            Some(Msg::Flush(done)) => {
+                self.waiters.push(done);
+                self.flush_everything().await;
+                self.answer_waiters();
+                false
+            }
+            Some(Msg::Shutdown(done)) => {
+                self.waiters.push(done);
+                self.drain_before_exit().await;
+                true
+            }
+            None => {
+                self.drain_before_exit().await;
+                true
             }
         }
     }

@@ -36,6 +36,7 @@ use dynamo_kv_router::protocols::{
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
 use kvindex::index::{Discard, Index, SourceId, SourceSpec};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
+use kvindex::score::Candidates;
 use kvindex::{MatchMode, Medium, PromptSettings, TierWeights};
 
 // ---------------------------------------------------------------------------------------
@@ -538,6 +539,8 @@ struct Kvindex {
     index: Index,
     sources: Vec<SourceId>,
     pods: Vec<String>,
+    /// The pod list resolved once, as a router keeps its candidates.
+    candidates: Candidates,
     weights: TierWeights,
     mode: MatchMode,
 }
@@ -559,10 +562,12 @@ impl Kvindex {
                     .expect("64 pods fit")
             })
             .collect();
+        let candidates = Candidates::new(&index, &pods);
         Kvindex {
             index,
             sources,
             pods,
+            candidates,
             weights: TierWeights::default(),
             mode,
         }
@@ -628,8 +633,20 @@ impl Peer for Kvindex {
         out
     }
     fn query_time(&self, prompt: &[usize], w: &Workload) -> Duration {
+        // What a router calls per request: scores by candidate position (Dynamo's answer
+        // is likewise keyed by worker id, unnamed and unsorted).
         let hashes = self.hashes(prompt, w);
-        timed(|| self.scores(&hashes))
+        timed(|| {
+            kvindex::score::score_candidates(
+                &self.index,
+                MODEL,
+                &hashes,
+                &self.candidates,
+                &self.weights,
+                &[],
+                self.mode,
+            )
+        })
     }
 }
 
