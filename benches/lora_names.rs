@@ -12,7 +12,8 @@
 //! case runs in a fresh index, in this order, within one process; the 1-name case runs
 //! first and again last as the reference.
 //!
-//! Run: `cargo bench --bench lora_names` (a few seconds).
+//! Run: `cargo bench --bench lora_names [-- CASE]` (a few seconds; `CASE` keeps only the
+//! cases whose name contains it, e.g. to profile one).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -164,6 +165,11 @@ fn main() {
         ),
         ("1 M blocks, 1 name (again)", M, 1, usize::MAX),
     ];
+    // An optional argument keeps only the cases whose name contains it (for profiling one).
+    let only: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let cases = cases
+        .into_iter()
+        .filter(|(name, ..)| only.as_deref().is_none_or(|o| name.contains(o)));
     println!("| case | ns/block | vs first case | dropped | live MiB before / ingested / removed | RSS MiB before / ingested / removed / trimmed | RSS removed vs before |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     let mut reference = None;

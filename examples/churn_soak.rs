@@ -1,10 +1,11 @@
 //! A bounded churn soak of `kvindex serve` (issue 14): one paced ZMQ publisher sends a
 //! churning stream (stores on GPU and CPU, ~40 % removes, an `AllBlocksCleared` every few
 //! thousand messages) into an in-process daemon for `--duration` seconds. Every
-//! `--sample-secs` it prints the process RSS next to the index's own heap estimate and the
-//! live heap, so the gap between them is visible; at the end it replays the same stream
-//! offline (written to a temporary fixture file, not held in memory) and prints the diff of
-//! the two indexes. Not a test: nothing is asserted.
+//! `--sample-secs` it prints the process RSS next to the live heap (a counting allocator),
+//! the index's own heap estimate and the issue's goal for RSS (2 × that estimate + 32 MiB),
+//! so the gap between them is visible; at the end it replays the same stream offline
+//! (written to a temporary fixture file, not held in memory) and prints the diff of the two
+//! indexes. Not a test: nothing is asserted.
 //!
 //! Run: `cargo run --release --example churn_soak -- --duration 600 [--sample-secs 30]
 //! [--redis redis://127.0.0.1:6379/15]` (with `--redis` the mirror runs too).
@@ -22,6 +23,8 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 #[path = "common/churn.rs"]
 mod churn;
+#[path = "../benches/common/counting_alloc.rs"]
+mod counting_alloc;
 #[path = "common/measure.rs"]
 mod measure;
 
@@ -51,6 +54,25 @@ fn args() -> Args {
         }
     }
     a
+}
+
+/// One row of the curve: messages sent and seen by the daemon (the difference waits in ZMQ),
+/// the mirror's queue (chunks), RSS, the live heap (counting allocator), the index's
+/// estimate of its own heap and the issue's goal for RSS from it.
+fn sample(daemon: &Daemon, t: String, seq: u64) {
+    let st = daemon.index.stats();
+    let heap = st.heap_bytes as f64 / f64::from(1 << 20);
+    let live =
+        counting_alloc::LIVE.load(std::sync::atomic::Ordering::Relaxed) as f64 / f64::from(1 << 20);
+    let queue = daemon.mirror_stats().map_or(0, |m| m.queue_depth);
+    println!(
+        "| {t} | {seq} | {} | {queue} | {:.1} | {live:.1} | {heap:.1} | {:.1} | {} | {} |",
+        messages_seen(daemon),
+        rss_mib(),
+        2.0 * heap + 32.0,
+        st.entries,
+        st.blocks
+    );
 }
 
 #[tokio::main]
@@ -84,19 +106,11 @@ async fn main() {
     let started = Instant::now();
     let mut next_sample = Duration::ZERO;
     let mut seq = 0u64;
-    println!("| t s | messages | RSS MiB | index heap MiB (estimate) | entries | blocks |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!("| t s | messages sent | seen | mirror queue | RSS MiB | live heap MiB | index heap MiB (estimate) | goal: 2 × index + 32 MiB | entries | blocks |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     while started.elapsed() < a.duration {
         if started.elapsed() >= next_sample {
-            let st = daemon.index.stats();
-            println!(
-                "| {} | {seq} | {:.1} | {:.1} | {} | {} |",
-                started.elapsed().as_secs(),
-                rss_mib(),
-                st.heap_bytes as f64 / f64::from(1 << 20),
-                st.entries,
-                st.blocks
-            );
+            sample(&daemon, started.elapsed().as_secs().to_string(), seq);
             next_sample += a.sample;
         }
         let frames = message(seq, &mut rng);
@@ -113,14 +127,10 @@ async fn main() {
     while messages_seen(&daemon) < seq && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let st = daemon.index.stats();
-    println!(
-        "| {} (end) | {seq} | {:.1} | {:.1} | {} | {} |",
-        started.elapsed().as_secs(),
-        rss_mib(),
-        st.heap_bytes as f64 / f64::from(1 << 20),
-        st.entries,
-        st.blocks
+    sample(
+        &daemon,
+        format!("{} (end)", started.elapsed().as_secs()),
+        seq,
     );
     let live = strip(daemon.index.dump());
     let seen = messages_seen(&daemon);

@@ -270,6 +270,11 @@ impl Daemon {
         self.cancel.clone()
     }
 
+    /// The Redis mirror's current figures, when Redis is configured.
+    pub fn mirror_stats(&self) -> Option<crate::store::redis::MirrorStats> {
+        self.mirror.as_ref().map(|m| m.stats())
+    }
+
     /// Stops accepting, stops subscribers, flushes and stops the mirror and exits, within
     /// `deadline`. Returns how the mirror stopped, when Redis is configured.
     pub async fn shutdown(self, deadline: Duration) -> Option<MirrorStop> {

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::counters::{CountDelta, EntryCounter};
-use super::delta::{Delta, DeltaSink, EngineState, FieldValue};
+use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Editor, CHAIN_DUPS};
 use super::source::SourceState;
-use super::{Index, IndexError, ModelBlocks, ModelId, PodId, SourceId};
+use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
 use crate::hash::{chain_hash, model_seed, std_hash};
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
 use crate::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
@@ -95,14 +95,11 @@ impl Index {
     }
 
     /// Gives back the chain map's memory once it is a quarter full or less, so a burst of
-    /// blocks does not keep its peak after it leaves (the std maps are per model and go
-    /// with their model; the chain map serves every model and stays).
+    /// blocks does not keep its peak after it leaves (a base model's std map goes with its
+    /// model; the chain map and the adapters' map serve every model and stay).
     fn shrink_chains(&self) {
-        let chains = &self.inner.chains;
-        let capacity = chains.capacity();
-        if capacity > 1024 && chains.len() * 4 < capacity {
-            chains.shrink_to_fit();
-        }
+        shrink_sparse(&self.inner.chains);
+        shrink_sparse(self.inner.models.lora_blocks());
     }
 
     /// Rebuilds one engine block of `source` from a checkpoint (a warm start): the block of
@@ -128,7 +125,7 @@ impl Index {
         } else {
             // Past the source's cap of distinct models the block is not restored (counted by
             // the caller as not rebuilt); the engine stores it again if it still holds it.
-            source.lora_model(model)
+            source.lora_model(model).map(|(id, _)| id)
         };
         if let Some(model) = model {
             let mut sink = super::Discard;
@@ -202,6 +199,14 @@ impl Index {
     }
 }
 
+/// Gives back a shared block map's memory once it is a quarter full or less.
+fn shrink_sparse<K: Eq + std::hash::Hash>(map: &layer::LayerMap<K>) {
+    let capacity = map.capacity();
+    if capacity > 1024 && map.len() * 4 < capacity {
+        map.shrink_to_fit();
+    }
+}
+
 /// A stored block's identities: kthena's std hash and the chain hash (0 when unknown).
 #[derive(Debug, Clone, Copy)]
 struct StoreHashes {
@@ -239,16 +244,25 @@ impl<S: DeltaSink> Out<'_, S> {
         before: Option<FieldValue>,
         after: Option<FieldValue>,
     ) {
-        if before == after {
+        if !self.count(before, after) {
             return;
         }
-        self.counted.record(before, after);
         self.sink.push(Delta::Field {
             model: ModelId(model),
             std_hash: std,
             pod: PodId(self.pod),
             value: after,
         });
+    }
+
+    /// Counts a pod-level field change (added to the whole index and this pod when the call
+    /// ends); returns whether the field changed.
+    fn count(&mut self, before: Option<FieldValue>, after: Option<FieldValue>) -> bool {
+        if before == after {
+            return false;
+        }
+        self.counted.record(before, after);
+        true
     }
 
     /// Tells the sink that `engine_hash` now maps to `std`, or to nothing; clones the hash
@@ -301,17 +315,33 @@ impl<S: DeltaSink> Out<'_, S> {
 #[derive(Default)]
 struct BlocksCache {
     model: u32,
-    blocks: Option<Arc<ModelBlocks>>,
+    blocks: Option<Blocks>,
 }
 
 impl BlocksCache {
-    fn get(&mut self, index: &Index, model: u32) -> Option<&ModelBlocks> {
+    fn get(&mut self, index: &Index, model: u32) -> Option<&Blocks> {
         if self.model != model || self.blocks.is_none() {
             self.blocks = index.blocks_of(model);
             self.model = model;
         }
-        self.blocks.as_deref()
+        self.blocks.as_ref()
     }
+
+    /// Keeps `blocks`, just looked up, as `model`'s.
+    fn prime(&mut self, model: u32, blocks: Blocks) {
+        self.model = model;
+        self.blocks = Some(blocks);
+    }
+}
+
+/// Calls a `layer` edit on the map holding `blocks`' block `std`, with the key that map uses.
+macro_rules! on_std_block {
+    ($edit:path, $blocks:expr, $dups:expr, $dup_key:expr, $std:expr $(, $arg:expr)*) => {
+        match $blocks {
+            Blocks::Own(map) => $edit(map, $dups, $dup_key, $std $(, $arg)*),
+            Blocks::Lora(map, model) => $edit(map, $dups, $dup_key, (*model, $std) $(, $arg)*),
+        }
+    };
 }
 
 /// One source's events being applied: the state every step shares.
@@ -356,7 +386,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         }
         let (model, seed) = match &stored.lora_name {
             Some(name) => match self.state.lora_model(name) {
-                Some(model) => (model, model_seed(name)),
+                Some((model, blocks)) => {
+                    self.blocks.prime(model, blocks);
+                    (model, model_seed(name))
+                }
                 None => {
                     self.stats.too_many_models += 1;
                     return;
@@ -553,14 +586,16 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return false;
         };
         let dup_key = (model, std);
-        let ((before, after), duplicate) = layer::add_media(
+        let dups = &mut self.state.dups;
+        let ((before, after), duplicate) = on_std_block!(
+            layer::add_media,
             blocks,
-            &mut self.state.dups,
+            dups,
             dup_key,
             std,
             who,
             added,
-            new_copy,
+            new_copy
         );
         self.out.field(model, std, before, after);
         duplicate
@@ -596,14 +631,16 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return 0;
         };
         let dup_key = (model, std);
-        let dropped = layer::drop_media(
+        let dups = &mut self.state.dups;
+        let dropped = on_std_block!(
+            layer::drop_media,
             blocks,
-            &mut self.state.dups,
+            dups,
             dup_key,
             std,
             who,
             removed,
-            slot_gone,
+            slot_gone
         );
         let Some(((before, after), stored_at)) = dropped else {
             return 0;
@@ -657,10 +694,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         }
     }
 
-    /// Drops every block of the source: its residents, then its engine-hash maps.
+    /// Drops every block of the source: its residents, then its engine-hash maps. A sink that
+    /// takes clears whole gets the maps themselves ([`ClearedBlocks`]) instead of three
+    /// deltas per block.
     fn clear(&mut self) {
         let who = self.editor();
         let wants_mappings = self.out.sink.wants_mappings();
+        let whole = self.out.sink.takes_cleared();
         let index = self.out.index;
         let chains = &index.inner.chains;
         for slot in self.state.slots() {
@@ -671,11 +711,26 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             let Some(blocks) = self.blocks.get(index, model) else {
                 continue;
             };
-            if let Some((before, after)) = layer::drop_resident(blocks, slot.std(), who) {
-                self.out.field(model, slot.std(), before, after);
+            let dropped = match blocks {
+                Blocks::Own(map) => layer::drop_resident(map, slot.std(), who),
+                Blocks::Lora(map, m) => layer::drop_resident(map, (*m, slot.std()), who),
+            };
+            if let Some((before, after)) = dropped {
+                if whole {
+                    self.out.count(before, after);
+                } else {
+                    self.out.field(model, slot.std(), before, after);
+                }
             }
         }
-        if wants_mappings {
+        if whole {
+            let blocks = self.state.take_blocks();
+            let (pod, rank, engine) = (PodId(self.out.pod), self.out.rank, self.out.engine);
+            let cleared = ClearedBlocks::new(pod, rank, engine, blocks);
+            if !cleared.is_empty() {
+                self.out.sink.push_cleared(cleared);
+            }
+        } else if wants_mappings {
             for (engine_hash, held) in self.state.entries() {
                 self.out.engine_state(held.model(), &engine_hash, None);
                 self.out.mapping_owned(engine_hash, None);

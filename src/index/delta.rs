@@ -1,5 +1,6 @@
 //! What the index tells its mirrors: one delta per changed Redis field or mapping key.
 
+use super::source::{HeldSlot, TakenBlocks};
 use super::{ModelId, PodId, SourceId};
 use crate::medium::MediaSet;
 use crate::wire::{BlockHash, Engine};
@@ -100,6 +101,136 @@ pub enum Delta {
     },
 }
 
+/// The engine blocks a source held when it was cleared, handed over whole instead of as
+/// three deltas per block: a clear of a large cache would otherwise build hundreds of
+/// thousands of deltas at once (tens of MB). The blocks are the source's own maps, which the
+/// clear would have freed; [`ClearedBlocks::into_deltas`] walks them lazily, so a mirror
+/// expands them slice by slice and never holds more than a slice of deltas.
+///
+/// The deltas are those of the clear, per engine block: the field of its std block
+/// (`value: None`: the field's value after the clear is the index's to tell, another DP rank
+/// of the pod may still hold the block, so a sink that takes clears whole must read field
+/// values from the index when it writes, as the Redis mirror does), its checkpoint entry gone
+/// and its mapping key gone. Only sinks that ask for them get them
+/// ([`DeltaSink::takes_cleared`]); others get the clear's deltas one by one as before.
+pub struct ClearedBlocks {
+    pod: PodId,
+    rank: u8,
+    engine: Engine,
+    blocks: TakenBlocks,
+}
+
+impl std::fmt::Debug for ClearedBlocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClearedBlocks")
+            .field("pod", &self.pod)
+            .field("rank", &self.rank)
+            .field("blocks", &self.blocks.len())
+            .finish()
+    }
+}
+
+impl ClearedBlocks {
+    pub(super) fn new(pod: PodId, rank: u8, engine: Engine, blocks: TakenBlocks) -> Self {
+        ClearedBlocks {
+            pod,
+            rank,
+            engine,
+            blocks,
+        }
+    }
+
+    /// Engine blocks the source held.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether the source held no engine block.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The clear's deltas, built one at a time (three per engine block).
+    pub fn into_deltas(self) -> ClearedDeltas {
+        ClearedDeltas {
+            pod: self.pod,
+            rank: self.rank,
+            engine: self.engine,
+            entries: Box::new(self.blocks.into_entries()),
+            queued: Vec::with_capacity(2),
+        }
+    }
+}
+
+/// The deltas of a [`ClearedBlocks`], built as they are read.
+pub struct ClearedDeltas {
+    pod: PodId,
+    rank: u8,
+    engine: Engine,
+    entries: Box<dyn Iterator<Item = (BlockHash, HeldSlot)> + Send>,
+    /// The rest of the current block's deltas, last first.
+    queued: Vec<Delta>,
+}
+
+impl Iterator for ClearedDeltas {
+    type Item = Delta;
+
+    fn next(&mut self) -> Option<Delta> {
+        if let Some(delta) = self.queued.pop() {
+            return Some(delta);
+        }
+        let (engine_hash, held) = self.entries.next()?;
+        let (pod, model) = (self.pod, ModelId(held.model()));
+        self.queued.push(Delta::Mapping {
+            pod,
+            engine: self.engine,
+            engine_hash: engine_hash.clone(),
+            std_hash: None,
+        });
+        self.queued.push(Delta::Engine {
+            pod,
+            rank: self.rank,
+            model,
+            engine_hash,
+            state: None,
+        });
+        Some(Delta::Field {
+            model,
+            std_hash: held.std(),
+            pod,
+            value: None,
+        })
+    }
+}
+
+/// A piece of what one message did, on its way to a mirror: some deltas, or a clear's
+/// blocks handed over whole.
+#[derive(Debug)]
+pub enum DeltaChunk {
+    /// Deltas in order.
+    Deltas(Vec<Delta>),
+    /// A cleared source's blocks ([`ClearedBlocks`]; boxed: four maps' headers).
+    Cleared(Box<ClearedBlocks>),
+}
+
+impl DeltaChunk {
+    /// The chunk's deltas in order (a clear's built as they are read).
+    pub fn into_deltas(self) -> Box<dyn Iterator<Item = Delta> + Send> {
+        match self {
+            DeltaChunk::Deltas(deltas) => Box::new(deltas.into_iter()),
+            DeltaChunk::Cleared(cleared) => Box::new((*cleared).into_deltas()),
+        }
+    }
+
+    /// Whether the chunk holds nothing to write.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            DeltaChunk::Deltas(deltas) => deltas.is_empty(),
+            DeltaChunk::Cleared(cleared) => cleared.is_empty(),
+        }
+    }
+}
+
 /// Receives the deltas of one `apply` call, in order.
 pub trait DeltaSink {
     /// Whether mapping-key deltas are wanted (building them clones engine hashes).
@@ -108,6 +239,17 @@ pub trait DeltaSink {
     }
     /// Takes one delta.
     fn push(&mut self, delta: Delta);
+    /// Whether a clear's blocks are taken whole ([`ClearedBlocks`], whose field deltas carry
+    /// no value) rather than as deltas one by one.
+    fn takes_cleared(&self) -> bool {
+        false
+    }
+    /// Takes a clear's blocks whole (only called when [`Self::takes_cleared`]).
+    fn push_cleared(&mut self, cleared: ClearedBlocks) {
+        for delta in cleared.into_deltas() {
+            self.push(delta);
+        }
+    }
 }
 
 impl DeltaSink for Vec<Delta> {
@@ -119,11 +261,11 @@ impl DeltaSink for Vec<Delta> {
 /// Where ingest hands the deltas of each message, asynchronously (the Redis mirror in the
 /// daemon): ingest holds this trait, not a concrete store, so it never depends on `store`.
 pub trait DeltaMirror: Send + Sync {
-    /// Queues one message's deltas and, when given, the source's checkpoint that covers
-    /// them; may wait while the mirror is behind (backpressure).
+    /// Queues one chunk of a message's deltas and, with its last chunk, the source's
+    /// checkpoint that covers them; may wait while the mirror is behind (backpressure).
     fn queue(
         &self,
-        deltas: Vec<Delta>,
+        chunk: DeltaChunk,
         checkpoint: Option<Checkpoint>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 use parking_lot::RwLock;
 
-use super::ModelBlocks;
+use super::{Blocks, LoraBlocks, ModelBlocks};
 
 /// A thread-safe, append-only interner (pods).
 #[derive(Default)]
@@ -73,16 +73,13 @@ impl Interner {
 /// model a little after its last block left still writes the right key.
 const FREED_NAMES_KEPT: usize = 16_384;
 
-/// Shards of a LoRA adapter's block map. DashMap's default is 4 × the cores (each shard a
-/// cache-padded lock, 128 bytes): fine for a few base models, but 32 KB per adapter on a
-/// 64-core host. Adapters' maps take few enough writers that 4 shards do.
-const LORA_SHARDS: usize = 4;
-
 /// Default cap on distinct models (base model and LoRA adapters) one source may hold.
 pub const DEFAULT_MAX_MODELS_PER_SOURCE: usize = 1024;
 
 /// Model names and their block maps, reference counted so that a model no source holds is
-/// freed (its name and its block map), whatever number of LoRA names an engine sends.
+/// freed (its name and its block map), whatever number of LoRA names an engine sends. Base
+/// models have a block map each; LoRA adapters share one, keyed by (model, std hash), so an
+/// adapter costs its name and two table slots.
 ///
 /// Why reclaim rather than cap the interner: adapters come and go over a daemon's life, so
 /// an append-only table either grows without bound or, capped, refuses new adapters forever.
@@ -92,24 +89,35 @@ pub const DEFAULT_MAX_MODELS_PER_SOURCE: usize = 1024;
 /// resolvable for the last [`FREED_NAMES_KEPT`] frees).
 pub(crate) struct ModelTable {
     inner: RwLock<ModelsInner>,
+    /// Every LoRA adapter's std blocks.
+    lora: Arc<LoraBlocks>,
     /// Distinct models one source may hold at once.
     pub(crate) max_per_source: usize,
 }
 
 #[derive(Default)]
 struct ModelsInner {
-    by_name: HashMap<Arc<str>, u32>,
+    by_name: HashMap<Arc<str>, Named>,
     live: HashMap<u32, LiveModel>,
     next: u32,
     freed: HashMap<u32, Arc<str>>,
     freed_order: std::collections::VecDeque<u32>,
 }
 
+/// A live name's id and whether it has a block map of its own (a base model), so a LoRA
+/// adapter's blocks are found from its name with one probe.
+#[derive(Debug, Clone, Copy)]
+struct Named {
+    id: u32,
+    own: bool,
+}
+
 struct LiveModel {
     name: Arc<str>,
     /// Sources holding the model (base model or blocks) and events being applied with it.
     refs: AtomicU32,
-    blocks: Arc<ModelBlocks>,
+    /// A base model's own block map; `None` for an adapter (its blocks are in the shared map).
+    blocks: Option<Arc<ModelBlocks>>,
 }
 
 impl Default for ModelTable {
@@ -123,6 +131,7 @@ impl ModelTable {
     pub(crate) fn new(max_per_source: usize) -> ModelTable {
         ModelTable {
             inner: RwLock::default(),
+            lora: Arc::default(),
             max_per_source: max_per_source.max(1),
         }
     }
@@ -130,44 +139,74 @@ impl ModelTable {
     /// The id of base model `name` with one more reference, allocated on first sight;
     /// `None` once ids are exhausted.
     pub(crate) fn acquire(&self, name: &str) -> Option<u32> {
-        self.acquire_with(name, ModelBlocks::default)
+        self.acquire_with(name, || Some(Arc::default()))
+            .map(|(id, _)| id)
     }
 
-    /// The same for a LoRA adapter (a smaller block map, see [`LORA_SHARDS`]).
-    pub(crate) fn acquire_lora(&self, name: &str) -> Option<u32> {
-        self.acquire_with(name, || {
-            ModelBlocks::with_hasher_and_shard_amount(Default::default(), LORA_SHARDS)
-        })
+    /// The same for a LoRA adapter (no map of its own: its blocks go to the shared map),
+    /// with its blocks. A name that is already live keeps the kind it was created with.
+    pub(crate) fn acquire_lora(&self, name: &str) -> Option<(u32, Blocks)> {
+        self.acquire_with(name, || None)
     }
 
-    fn acquire_with(&self, name: &str, blocks: impl FnOnce() -> ModelBlocks) -> Option<u32> {
+    fn acquire_with(
+        &self,
+        name: &str,
+        blocks: impl FnOnce() -> Option<Arc<ModelBlocks>>,
+    ) -> Option<(u32, Blocks)> {
         {
             let inner = self.inner.read();
-            if let Some(id) = inner.by_name.get(name) {
-                if let Some(live) = inner.live.get(id) {
-                    live.refs.fetch_add(1, Ordering::AcqRel);
-                    return Some(*id);
-                }
+            if let Some(found) = self.retain_named(&inner, name) {
+                return Some(found);
             }
         }
         let mut inner = self.inner.write();
-        if let Some(&id) = inner.by_name.get(name) {
-            if let Some(live) = inner.live.get(&id) {
-                live.refs.fetch_add(1, Ordering::AcqRel);
-                return Some(id);
-            }
+        if let Some(found) = self.retain_named(&inner, name) {
+            return Some(found);
         }
         let id = inner.next;
         inner.next = id.checked_add(1)?;
         let name: Arc<str> = Arc::from(name);
-        inner.by_name.insert(name.clone(), id);
+        let blocks = blocks();
+        let own = blocks.is_some();
+        inner.by_name.insert(name.clone(), Named { id, own });
+        let handle = self.handle(id, blocks.as_ref());
         let live = LiveModel {
             name,
             refs: AtomicU32::new(1),
-            blocks: Arc::new(blocks()),
+            blocks,
         };
         inner.live.insert(id, live);
-        Some(id)
+        Some((id, handle))
+    }
+
+    /// One more reference to live `name`, with its id and blocks.
+    fn retain_named(&self, inner: &ModelsInner, name: &str) -> Option<(u32, Blocks)> {
+        let id = inner.by_name.get(name)?.id;
+        let live = inner.live.get(&id)?;
+        live.refs.fetch_add(1, Ordering::AcqRel);
+        Some((id, self.handle(id, live.blocks.as_ref())))
+    }
+
+    /// The blocks of model `id` whose own map (a base model's) is `own`.
+    fn handle(&self, id: u32, own: Option<&Arc<ModelBlocks>>) -> Blocks {
+        match own {
+            Some(own) => Blocks::Own(own.clone()),
+            None => Blocks::Lora(self.lora.clone(), id),
+        }
+    }
+
+    /// The id and blocks of live `name`, without a reference: for a caller that already
+    /// holds one (a source that holds the model), so the model cannot be freed meanwhile.
+    /// A LoRA adapter is found with one probe.
+    pub(crate) fn lookup(&self, name: &str) -> Option<(u32, Blocks)> {
+        let inner = self.inner.read();
+        let named = *inner.by_name.get(name)?;
+        if !named.own {
+            return Some((named.id, Blocks::Lora(self.lora.clone(), named.id)));
+        }
+        let live = inner.live.get(&named.id)?;
+        Some((named.id, self.handle(named.id, live.blocks.as_ref())))
     }
 
     /// One more reference to a live `id` (the caller already holds one).
@@ -213,7 +252,7 @@ impl ModelTable {
 
     /// The id of a live `name`.
     pub(crate) fn get(&self, name: &str) -> Option<u32> {
-        self.inner.read().by_name.get(name).copied()
+        self.inner.read().by_name.get(name).map(|n| n.id)
     }
 
     /// The name behind `id` (a recently freed one too; empty for an unknown id).
@@ -227,19 +266,26 @@ impl ModelTable {
             .unwrap_or_else(|| Arc::from(""))
     }
 
-    /// The block map of a live model.
-    pub(crate) fn blocks(&self, id: u32) -> Option<Arc<ModelBlocks>> {
-        self.inner.read().live.get(&id).map(|l| l.blocks.clone())
+    /// The std blocks of a live model.
+    pub(crate) fn blocks(&self, id: u32) -> Option<Blocks> {
+        let inner = self.inner.read();
+        let live = inner.live.get(&id)?;
+        Some(self.handle(id, live.blocks.as_ref()))
     }
 
-    /// Every live model's block map.
+    /// Every live base model's own block map (adapters' blocks are in [`Self::lora_blocks`]).
     pub(crate) fn all_blocks(&self) -> Vec<(u32, Arc<ModelBlocks>)> {
         let inner = self.inner.read();
         inner
             .live
             .iter()
-            .map(|(id, l)| (*id, l.blocks.clone()))
+            .filter_map(|(id, l)| Some((*id, l.blocks.clone()?)))
             .collect()
+    }
+
+    /// The map of every LoRA adapter's std blocks, keyed by (model, std hash).
+    pub(crate) fn lora_blocks(&self) -> &LoraBlocks {
+        &self.lora
     }
 
     /// Live models (for tests and figures).

@@ -9,17 +9,23 @@
 //! resident counts its engine copies and, past one, per-medium counts sit in the source's
 //! `dups` map under `dup_key`.
 
+use std::hash::Hash;
+
 use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
 use hashbrown::HashMap;
 
 use super::counters::slot_medium;
 use super::delta::FieldValue;
 use super::residents::{Resident, Residents};
-use super::ModelBlocks;
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 
 /// Per-medium engine-copy counts of blocks a source holds more than once.
 pub(crate) type DupCounts = HashMap<(u32, u64), [u16; MEDIA_SLOTS]>;
+
+/// A block map of one layer: a base model's (keyed by std hash), the LoRA adapters' (by
+/// model and std hash) or the chain blocks' (by chain hash).
+pub(crate) type LayerMap<K> = DashMap<K, Residents, hashbrown::DefaultHashBuilder>;
 
 /// The dup-count model id of chain blocks (never a model id: ids stop below `u32::MAX`).
 pub(crate) const CHAIN_DUPS: u32 = u32::MAX;
@@ -60,11 +66,11 @@ pub(crate) type Change = (Option<FieldValue>, Option<FieldValue>);
 /// Adds `added` media (and one engine copy when `new_copy`) to the editor's resident of
 /// block `key`. Returns the pod's value before and after, and whether the source now holds
 /// the block through more than one engine block.
-pub(crate) fn add_media(
-    blocks: &ModelBlocks,
+pub(crate) fn add_media<K: Eq + Hash>(
+    blocks: &LayerMap<K>,
     dups: &mut DupCounts,
     dup_key: (u32, u64),
-    key: u64,
+    key: K,
     who: Editor,
     added: MediaSet,
     new_copy: bool,
@@ -119,11 +125,11 @@ pub(crate) fn add_media(
 /// Takes `removed` media off the editor's resident of block `key`; `slot_gone` when the
 /// engine block itself is no longer held. Returns the pod's value before and after and the
 /// resident's last store time, or `None` when the source holds no such block.
-pub(crate) fn drop_media(
-    blocks: &ModelBlocks,
+pub(crate) fn drop_media<K: Eq + Hash>(
+    blocks: &LayerMap<K>,
     dups: &mut DupCounts,
     dup_key: (u32, u64),
-    key: u64,
+    key: K,
     who: Editor,
     removed: MediaSet,
     slot_gone: bool,
@@ -178,7 +184,11 @@ pub(crate) fn drop_media(
 
 /// Removes the editor's resident of block `key` whatever its media (a source clear).
 /// Returns the pod's value before and after, or `None` when the source holds no such block.
-pub(crate) fn drop_resident(blocks: &ModelBlocks, key: u64, who: Editor) -> Option<Change> {
+pub(crate) fn drop_resident<K: Eq + Hash>(
+    blocks: &LayerMap<K>,
+    key: K,
+    who: Editor,
+) -> Option<Change> {
     let Entry::Occupied(mut entry) = blocks.entry(key) else {
         return None;
     };

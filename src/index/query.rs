@@ -7,9 +7,10 @@ use serde::Serialize;
 
 use super::counters::slot_medium;
 use super::delta::{EngineState, FieldValue};
+use super::layer::LayerMap;
 use super::residents::{self, Residents};
 use super::source::{table_bytes, SourceState};
-use super::{Index, ModelBlocks, ModelId, PodId};
+use super::{BlockRef, Blocks, Index, ModelBlocks, ModelId, PodId};
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
 
@@ -173,17 +174,12 @@ impl Index {
         let models: Vec<(u32, Arc<ModelBlocks>)> = self.inner.models.all_blocks();
         for (model, blocks) in &models {
             for entry in blocks.iter() {
-                let residents = entry.value().as_slice();
-                for (i, r) in residents.iter().enumerate() {
-                    // Visit each pod once: at its first resident.
-                    if residents[..i].iter().any(|p| p.pod() == r.pod()) {
-                        continue;
-                    }
-                    if let Some(value) = residents::pod_value(residents, r.pod()) {
-                        visit(ModelId(*model), *entry.key(), PodId(r.pod()), value);
-                    }
-                }
+                visit_fields(*model, *entry.key(), entry.value(), &mut visit);
             }
+        }
+        for entry in self.inner.models.lora_blocks().iter() {
+            let (model, std) = *entry.key();
+            visit_fields(model, std, entry.value(), &mut visit);
         }
     }
 
@@ -233,6 +229,9 @@ impl Index {
             stats.blocks += blocks.len();
             stats.heap_bytes += blocks_heap_bytes(blocks);
         }
+        let lora = self.inner.models.lora_blocks();
+        stats.blocks += lora.len();
+        stats.heap_bytes += blocks_heap_bytes(lora);
         stats.heap_bytes += blocks_heap_bytes(&self.inner.chains);
         for source in self.live_sources() {
             let state = source.lock();
@@ -276,9 +275,28 @@ impl Index {
     }
 }
 
+/// Calls `visit` once per pod resident in one std block, with the pod's value.
+fn visit_fields(
+    model: u32,
+    std: u64,
+    residents: &Residents,
+    visit: &mut impl FnMut(ModelId, u64, PodId, FieldValue),
+) {
+    let residents = residents.as_slice();
+    for (i, r) in residents.iter().enumerate() {
+        // Visit each pod once: at its first resident.
+        if residents[..i].iter().any(|p| p.pod() == r.pod()) {
+            continue;
+        }
+        if let Some(value) = residents::pod_value(residents, r.pod()) {
+            visit(ModelId(model), std, PodId(r.pod()), value);
+        }
+    }
+}
+
 /// Approximate heap bytes of one block map and its boxed resident lists.
-fn blocks_heap_bytes(blocks: &ModelBlocks) -> usize {
-    let mut bytes = table_bytes::<u64, Residents>(blocks.capacity());
+fn blocks_heap_bytes<K: Eq + std::hash::Hash>(blocks: &LayerMap<K>) -> usize {
+    let mut bytes = table_bytes::<K, Residents>(blocks.capacity());
     for entry in blocks.iter() {
         bytes += entry.value().heap_bytes();
     }
@@ -292,7 +310,7 @@ pub struct LayerReader<'a> {
 }
 
 enum Layer<'a> {
-    Std(Arc<ModelBlocks>),
+    Std(Blocks),
     Chain(&'a ModelBlocks),
 }
 
@@ -308,16 +326,18 @@ pub enum Visit {
 }
 
 impl LayerReader<'_> {
-    fn blocks(&self) -> &ModelBlocks {
+    /// The residents of block `key`, from whichever map holds the layer (a LoRA adapter's
+    /// std blocks are in the adapters' shared map).
+    fn get(&self, key: u64) -> Option<BlockRef<'_>> {
         match &self.blocks {
-            Layer::Std(blocks) => blocks.as_ref(),
-            Layer::Chain(blocks) => blocks,
+            Layer::Std(blocks) => blocks.get(&key),
+            Layer::Chain(blocks) => blocks.get(&key).map(BlockRef::Own),
         }
     }
 
     /// Whether any source holds block `key`.
     pub fn contains(&self, key: u64) -> bool {
-        self.blocks().contains_key(&key)
+        self.get(key).is_some()
     }
 
     /// Calls `visit(pod, media, stored_at)` for every resident of block `key` (a pod with
@@ -330,7 +350,7 @@ impl LayerReader<'_> {
         unless: Option<u64>,
         mut visit: impl FnMut(PodId, MediaSet, u32),
     ) -> Visit {
-        let Some(entry) = self.blocks().get(&key) else {
+        let Some(entry) = self.get(key) else {
             return Visit::Absent;
         };
         let fingerprint = entry.fingerprint();

@@ -17,6 +17,7 @@ use hashbrown::HashMap;
 use super::intern::ModelTable;
 use super::layer::DupCounts;
 use super::walk::{partition_of_bits, partition_of_bytes};
+use super::Blocks;
 
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
@@ -130,6 +131,48 @@ pub(crate) fn table_bytes<K, V>(capacity: usize) -> usize {
     buckets * (std::mem::size_of::<(K, V)>() + 1)
 }
 
+/// Engine blocks taken out of a source whole, when a clear hands them to a mirror rather
+/// than one delta per block: the maps the clear would have freed, walked once by the mirror
+/// (in slices) and freed when the walk ends.
+pub(crate) struct TakenBlocks {
+    base: u32,
+    ints: HashMap<IntKey, EngineSlot>,
+    bytes: HashMap<Box<[u8]>, EngineSlot>,
+    lora_ints: HashMap<IntKey, HeldSlot>,
+    lora_bytes: HashMap<Box<[u8]>, HeldSlot>,
+}
+
+impl TakenBlocks {
+    /// Number of engine blocks taken.
+    pub(crate) fn len(&self) -> usize {
+        self.ints.len() + self.bytes.len() + self.lora_ints.len() + self.lora_bytes.len()
+    }
+
+    /// Every (engine hash as it was sent, slot), consuming the maps.
+    pub(crate) fn into_entries(
+        self,
+    ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + Send + 'static {
+        let base = self.base;
+        let int_hash = |bits: u64, slot: &EngineSlot| {
+            if slot.negative() {
+                BlockHash::Neg(bits as i64)
+            } else {
+                BlockHash::Int(bits)
+            }
+        };
+        let ints = self.ints.into_iter().map(move |(k, slot)| {
+            let held = HeldSlot { slot, model: base };
+            (int_hash(int_bits(&k), &slot), held)
+        });
+        let lora_ints = (self.lora_ints.into_iter())
+            .map(move |(k, held)| (int_hash(int_bits(&k), &held.slot), held));
+        let bytes = (self.bytes.into_iter())
+            .map(move |(k, slot)| (BlockHash::Bytes(k), HeldSlot { slot, model: base }));
+        let lora_bytes = (self.lora_bytes.into_iter()).map(|(k, held)| (BlockHash::Bytes(k), held));
+        ints.chain(lora_ints).chain(bytes).chain(lora_bytes)
+    }
+}
+
 /// The state of one event source.
 pub(crate) struct SourceState {
     pub(crate) pod: u32,
@@ -211,20 +254,25 @@ impl SourceState {
         }
     }
 
-    /// The id of LoRA `name`, referenced until this call settles ([`Self::settle`]);
-    /// `None` when the source already holds its cap of distinct models (or ids ran out).
-    pub(crate) fn lora_model(&mut self, name: &str) -> Option<u32> {
-        if self.models.len() >= self.table.max_per_source {
-            // At the cap only a model this source holds is admitted, and a refused name
-            // allocates nothing. Such a model cannot be freed meanwhile: this source holds it.
-            let id = self.table.get(name)?;
-            if !(self.models.contains_key(&id) || id == self.base_model) {
-                return None;
+    /// The id and blocks of LoRA `name`; `None` when the source already holds its cap of
+    /// distinct models (or ids ran out). A model the source does not hold yet is referenced
+    /// until this call settles ([`Self::settle`]); one it holds needs no reference (it
+    /// cannot be freed meanwhile: this source holds it), so a block of a held adapter costs
+    /// one probe of the name table, whatever the number of names.
+    pub(crate) fn lora_model(&mut self, name: &str) -> Option<(u32, Blocks)> {
+        if let Some((id, blocks)) = self.table.lookup(name) {
+            if self.models.contains_key(&id) || id == self.base_model {
+                return Some((id, blocks));
             }
         }
-        let id = self.table.acquire_lora(name)?;
+        if self.models.len() >= self.table.max_per_source {
+            // At the cap only a model this source holds is admitted, and a refused name
+            // allocates nothing.
+            return None;
+        }
+        let (id, blocks) = self.table.acquire_lora(name)?;
         self.deferred.push(id);
-        Some(id)
+        Some((id, blocks))
     }
 
     /// Drops the references deferred during this call; call once the call's block-map edits
@@ -455,6 +503,18 @@ impl SourceState {
                 .chain(self.lora_bytes.values())
                 .copied(),
         )
+    }
+
+    /// Takes the engine-hash maps out whole (after their residents were removed), for a
+    /// clear that hands them to a mirror; [`Self::clear`] then does the rest.
+    pub(crate) fn take_blocks(&mut self) -> TakenBlocks {
+        TakenBlocks {
+            base: self.base_model,
+            ints: std::mem::take(&mut self.ints),
+            bytes: std::mem::take(&mut self.bytes),
+            lora_ints: std::mem::take(&mut self.lora_ints),
+            lora_bytes: std::mem::take(&mut self.lora_bytes),
+        }
     }
 
     /// Drops every engine block (after their residents were removed); the maps give their

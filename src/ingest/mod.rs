@@ -6,6 +6,7 @@
 //! | `seq.rs` | [`SeqTracker`]: in order, gap, duplicate, restart — pure |
 //! | `pipeline.rs` | [`SourcePipeline`]: frames → seq tracking → index for one source, pure; [`Observer`]: counters, metrics and logs in one place |
 //! | `stats.rs` | [`IngestStats`] counters |
+//! | `mirror_sink.rs` | [`MirrorSink`]: a message's deltas to a mirror in bounded chunks, clears whole |
 //! | `offline.rs` | [`OfflineReplay`], [`replay_files`]: recorded streams through the same path |
 //! | `failure_log.rs` | `FailureLog`: which connect failures are logged at WARN (first, then rate-limited) |
 //! | `subscriber.rs` | one SUB socket + task per (target, DP rank): connect loop, recv, replay I/O |
@@ -18,6 +19,7 @@
 pub mod discovery;
 mod failure_log;
 pub mod fixture;
+mod mirror_sink;
 mod offline;
 mod pipeline;
 pub mod replay_client;
@@ -29,6 +31,7 @@ pub mod supervisor;
 mod target;
 
 pub(crate) use failure_log::WARN_EVERY;
+pub use mirror_sink::{MirrorSink, CHUNK_DELTAS};
 pub use offline::{load_files, replay_files, LoadedFile, OfflineError, OfflineReplay};
 pub use pipeline::{Observer, Outcome, SourcePipeline, DEFAULT_MAX_FRAME_BYTES};
 pub use seq::{SeqDecision, SeqTracker};

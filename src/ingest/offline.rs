@@ -6,10 +6,11 @@ use std::path::PathBuf;
 
 use tracing::Instrument;
 
-use crate::index::{Delta, DeltaMirror, DeltaSink, Discard, Index, IndexError, SourceSpec};
+use crate::index::{DeltaMirror, DeltaSink, Discard, Index, IndexError, SourceSpec};
 use crate::wire::Engine;
 
 use super::fixture::{self, FixtureError, RecordedMessage};
+use super::mirror_sink::MirrorSink;
 use super::pipeline::{Observer, Outcome, SourcePipeline};
 use super::stats::IngestStats;
 use super::unix_now;
@@ -133,9 +134,9 @@ impl OfflineReplay {
             self.start_file();
             for line in lines {
                 tick();
-                let mut deltas: Vec<Delta> = Vec::new();
+                let mut deltas = MirrorSink::new();
                 self.offer_line(line, &mut deltas)?;
-                mirror.queue(deltas, None).await;
+                deltas.hand_over(mirror, None).await;
             }
             Ok(())
         }

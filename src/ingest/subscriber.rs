@@ -16,11 +16,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket};
 
-use crate::index::{Checkpoint, Delta, DeltaMirror, DeltaSink, Index, SourceId, SourceSpec};
+use crate::index::{
+    Checkpoint, ClearedBlocks, Delta, DeltaMirror, DeltaSink, Index, SourceId, SourceSpec,
+};
 use crate::metrics::SourceMetrics;
 use crate::wire::Engine;
 
 use super::failure_log::FailureLog;
+use super::mirror_sink::MirrorSink;
 use super::pipeline::{Observer, SourcePipeline};
 use super::replay_client::{self, ReplayLimits};
 use super::stats::IngestStats;
@@ -125,7 +128,7 @@ pub struct SubscriberCtx {
 /// Collects deltas only when a mirror wants them.
 enum Sink {
     Discard,
-    Collect(Vec<Delta>),
+    Collect(MirrorSink),
 }
 
 impl DeltaSink for Sink {
@@ -133,8 +136,16 @@ impl DeltaSink for Sink {
         matches!(self, Sink::Collect(_))
     }
     fn push(&mut self, delta: Delta) {
-        if let Sink::Collect(v) = self {
-            v.push(delta);
+        if let Sink::Collect(sink) = self {
+            sink.push(delta);
+        }
+    }
+    fn takes_cleared(&self) -> bool {
+        matches!(self, Sink::Collect(_))
+    }
+    fn push_cleared(&mut self, cleared: ClearedBlocks) {
+        if let Sink::Collect(sink) = self {
+            sink.push_cleared(cleared);
         }
     }
 }
@@ -207,11 +218,11 @@ async fn restarted_while_away(
     if inherited.as_ref().is_none_or(|old| old == run) {
         return false;
     }
-    let mut deltas: Vec<Delta> = Vec::new();
-    let _ = ctx.index.clear_source(source, &mut deltas);
+    let mut sink = MirrorSink::new();
+    let _ = ctx.index.clear_source(source, &mut sink);
     observer.engine_restarted_while_away(inherited.as_deref().unwrap_or(""), run);
     if let Some(mirror) = &ctx.mirror {
-        mirror.queue(deltas, None).await;
+        sink.hand_over(mirror.as_ref(), None).await;
     }
     true
 }
@@ -338,7 +349,7 @@ impl Worker {
         let started = Instant::now();
         self.ctx.status.lock().last_message = Some(started);
         let mut sink = if self.ctx.mirror.is_some() {
-            Sink::Collect(Vec::new())
+            Sink::Collect(MirrorSink::new())
         } else {
             Sink::Discard
         };
@@ -383,7 +394,8 @@ impl Worker {
             st.stats.clone_from(self.observer.stats());
         }
         if let (Sink::Collect(deltas), Some(mirror)) = (sink, &self.ctx.mirror) {
-            // The checkpoint rides with the deltas it covers, so the mirror writes it after them.
+            // The checkpoint rides with the last chunk of the deltas it covers, so the mirror
+            // writes it after all of them.
             let seq = self.pipeline.last_seq();
             let checkpoint = seq
                 .filter(|_| seq != self.checkpointed)
@@ -393,7 +405,7 @@ impl Worker {
                 });
             if !deltas.is_empty() || checkpoint.is_some() {
                 self.checkpointed = seq;
-                mirror.queue(deltas, checkpoint).await;
+                deltas.hand_over(mirror.as_ref(), checkpoint).await;
             }
         }
         self.metrics.pipeline(started.elapsed().as_secs_f64());

@@ -7,8 +7,8 @@ use crate::util;
 
 use std::time::Duration;
 
-use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
-use kvindex::ingest::unix_now;
+use kvindex::index::{Checkpoint, Delta, DeltaChunk, Index, SourceSpec};
+use kvindex::ingest::{unix_now, MirrorSink, CHUNK_DELTAS};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, MappingEntry, MirrorHandle, RedisConfig, RedisDump};
@@ -253,4 +253,182 @@ fn a_long_churn_of_few_keys_with_every_pipeline_slot_busy_ends_equal_to_the_inde
     let (got, want, peak) = rt.block_on(run(&url, &ops, 2, true));
     assert_eq!(got, want);
     assert!(peak >= 2, "pipelines in flight at once: {peak}");
+}
+
+/// One `BlockStored` of engine block `hash` (tokens from the hash alone, so every rank maps
+/// it to the same std block).
+fn store(hash: u64) -> Event {
+    let tokens = vec![hash as u32 + 1; 4];
+    Event::BlockStored(BlockStored::new(
+        vec![BlockHash::Int(hash)],
+        tokens,
+        4,
+        Medium::GPU,
+    ))
+}
+
+/// Applies `events` to `source` through a [`MirrorSink`] and hands it over with the
+/// source's checkpoint at `seq`.
+async fn apply_and_hand_over(
+    index: &Index,
+    sender: &kvindex::store::redis::MirrorSender,
+    source: kvindex::index::SourceId,
+    events: Vec<Event>,
+    seq: u64,
+) {
+    let mut sink = MirrorSink::new();
+    index
+        .apply(source, &EngineBatch::of(events), unix_now(), &mut sink)
+        .unwrap();
+    sink.hand_over(sender, Some(Checkpoint { source, seq }))
+        .await;
+}
+
+/// A clear of more engine blocks than a chunk holds, in the middle of a message, reaches
+/// Redis through ingest's [`MirrorSink`]: the cleared blocks go to the writer whole and are
+/// expanded over many small pipelines. Redis ends equal to the index (the fields another DP
+/// rank still holds are kept), a warm start from the checkpoint rebuilds the same index, and
+/// the watermark of the clear's message, written after all of its data, is never seen
+/// while Redis still lacks any of it.
+#[test]
+fn a_clear_larger_than_a_chunk_reaches_redis_in_slices_before_its_watermark() {
+    let server = OwnRedis::start(None, &[]);
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(clear_in_slices(&url));
+}
+
+async fn clear_in_slices(url: &str) {
+    flushall(url).await;
+    let index = Index::new();
+    let sources: Vec<_> = (0..2u8)
+        .map(|rank| {
+            index
+                .register_source(&SourceSpec {
+                    pod: POD.to_owned(),
+                    model: MODEL.to_owned(),
+                    engine: Engine::Vllm,
+                    dp_rank: rank,
+                })
+                .unwrap()
+        })
+        .collect();
+    let config = RedisConfig {
+        target: kvindex::store::redis::RedisTarget::Single(url.to_owned()),
+        flush_max_commands: 256,
+        flush_interval: Duration::from_millis(1),
+        checkpoint: true,
+        verify: false,
+        anti_entropy_interval: Duration::from_secs(86_400),
+        anti_entropy_max_commands_per_s: 1,
+        ..RedisConfig::default()
+    };
+    let mirror = MirrorHandle::start(config.clone(), index.clone(), TierWeights::default())
+        .await
+        .unwrap();
+    tokio::time::timeout(WAIT, mirror.flush())
+        .await
+        .unwrap()
+        .unwrap();
+    let sender = mirror.sender();
+    // Rank 0 holds 2 chunks' worth of engine blocks (three deltas each when cleared one by
+    // one), rank 1 every seventh of them.
+    let blocks = 2 * CHUNK_DELTAS as u64;
+    let mut seqs = [0u64; 2];
+    for (rank, step) in [(0usize, 1u64), (1, 7)] {
+        let hashes: Vec<u64> = (0..blocks).step_by(step as usize).collect();
+        for part in hashes.chunks(500) {
+            seqs[rank] += 1;
+            let events = part.iter().map(|h| store(*h)).collect();
+            apply_and_hand_over(&index, &sender, sources[rank], events, seqs[rank]).await;
+        }
+    }
+    tokio::time::timeout(WAIT, mirror.flush())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        redis_now(url).await,
+        expected_of(&index),
+        "before the clear"
+    );
+
+    seqs[0] += 1;
+    let clear_seq = seqs[0];
+    // Watches the watermark while the clear is written: the first time it shows the clear's
+    // seq, Redis must already hold everything the clear did.
+    let watcher = {
+        let url = url.to_owned();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            while tokio::time::Instant::now() < deadline {
+                if watermark_seq(&url).await == Some(clear_seq) {
+                    return Some(redis_now(&url).await);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            None
+        })
+    };
+    let events = vec![
+        store(blocks + 1),
+        Event::AllBlocksCleared,
+        store(blocks + 2),
+    ];
+    let mut sink = MirrorSink::new();
+    index
+        .apply(sources[0], &EngineBatch::of(events), unix_now(), &mut sink)
+        .unwrap();
+    let cleared: Vec<usize> = sink
+        .chunks()
+        .iter()
+        .filter_map(|c| match c {
+            DeltaChunk::Cleared(cleared) => Some(cleared.len()),
+            DeltaChunk::Deltas(_) => None,
+        })
+        .collect();
+    assert_eq!(
+        cleared,
+        vec![blocks as usize + 1],
+        "the clear's blocks go whole"
+    );
+    assert_eq!(sink.chunks().len(), 3, "stores, the clear, stores");
+    let checkpoint = Checkpoint {
+        source: sources[0],
+        seq: clear_seq,
+    };
+    sink.hand_over(&sender, Some(checkpoint)).await;
+    tokio::time::timeout(WAIT, mirror.flush())
+        .await
+        .unwrap()
+        .unwrap();
+    let want = expected_of(&index);
+    assert_eq!(
+        want.blocks.len() as u64,
+        blocks / 7 + 2,
+        "rank 1's and the new"
+    );
+    assert_eq!(redis_now(url).await, want, "after the clear");
+    assert_eq!(watermark_seq(url).await, Some(clear_seq));
+    let at_watermark = watcher.await.unwrap().expect("the watermark was written");
+    assert_eq!(at_watermark, want, "Redis when the watermark first showed");
+    mirror.shutdown(WAIT).await;
+
+    // The checkpoint written with the clear rebuilds the same index.
+    let restored = Index::new();
+    let again = MirrorHandle::start(config, restored.clone(), TierWeights::default())
+        .await
+        .unwrap();
+    again.shutdown(WAIT).await;
+    assert_eq!(restored.dump(), index.dump());
+}
+
+/// Kthena's keys of the pod in Redis now, TTLs checked and normalised.
+async fn redis_now(url: &str) -> RedisDump {
+    let mut got = dump(url, None, Some(POD)).await.unwrap();
+    for m in got.mappings.values_mut() {
+        assert!((86_000..=86_400).contains(&m.ttl), "TTL {}", m.ttl);
+        m.ttl = 86_400;
+    }
+    got
 }

@@ -11,10 +11,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::sourced::{DiscoveredTarget, EngineIdentity, TargetSource};
-use crate::index::{Delta, DeltaMirror, Index};
+use crate::index::{DeltaMirror, Index};
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::status::{resident_blocks, PodCounters, PodStatus, PodsView};
 use crate::ingest::subscriber::{self, LinkState, RankStatus, SubscriberCtx, SubscriberSpec};
+use crate::ingest::MirrorSink;
 use crate::ingest::Target;
 use crate::shard::Shard;
 
@@ -136,7 +137,7 @@ impl Supervisor {
 
     /// Forgets restored sources no target claimed: their blocks leave the index and Redis.
     async fn forget_orphans(&self, orphans: Vec<(String, u8)>) {
-        let mut deltas: Vec<Delta> = Vec::new();
+        let mut deltas = MirrorSink::new();
         for (pod, rank) in &orphans {
             let source = self
                 .index
@@ -149,9 +150,7 @@ impl Supervisor {
             info!(pod = %pod, rank, "Forgot a source restored from the checkpoint that no target claims.");
         }
         if let Some(mirror) = &self.mirror {
-            if !deltas.is_empty() {
-                mirror.queue(deltas, None).await;
-            }
+            deltas.hand_over(mirror.as_ref(), None).await;
         }
     }
 
@@ -295,13 +294,11 @@ impl Supervisor {
                 abort.abort();
             }
         }
-        let mut deltas: Vec<Delta> = Vec::new();
+        let mut deltas = MirrorSink::new();
         self.index.forget_pod(id, &mut deltas);
         crate::metrics::forget_target(id);
         if let Some(mirror) = &self.mirror {
-            if !deltas.is_empty() {
-                mirror.queue(deltas, None).await;
-            }
+            deltas.hand_over(mirror.as_ref(), None).await;
         }
     }
 

@@ -7,6 +7,8 @@
 //! slices, each flushed before the next is read), at most [`MAX_IN_FLIGHT`] pipelines are on
 //! the wire, the coalescing map is shrunk after a spike, and while all pipelines are in flight
 //! the writer stops reading its queue, so ingest waits (backpressure) and nothing is dropped.
+//! The queue itself holds at most [`super::MAX_QUEUED_DELTAS`] deltas whatever the number of
+//! chunks, and ingest hands a clear's blocks over whole (expanded here as they are read).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,7 +26,7 @@ use super::checkpoint::{
 };
 use super::inflight::{Batch, InFlight, LatencyHistogram, MarkAt, MAX_IN_FLIGHT};
 use super::{MirrorError, RedisConfig};
-use crate::index::{Checkpoint, Delta, Index, ModelId, PodId, SourceId};
+use crate::index::{Checkpoint, Delta, DeltaChunk, Index, ModelId, PodId, SourceId};
 use crate::medium::TierWeights;
 use crate::redis_conn::{ClusterConn, ClusterSettings, RedisConn, RedisTarget};
 use crate::redis_layout::{push_block_key, push_field_value, push_mapping_key, MAPPING_TTL_SECS};
@@ -54,9 +56,16 @@ const SHRINK_FACTOR: usize = 4;
 /// What ingest and the handle send to the writer, in one ordered queue.
 #[derive(Debug)]
 pub(super) enum Msg {
-    /// Deltas of one applied message, the checkpoint of its source that covers them, and
-    /// when ingest handed them over (for the write-latency histogram).
-    Deltas(Vec<Delta>, Option<Checkpoint>, std::time::Instant),
+    /// A chunk of one applied message's deltas (a clear's blocks whole, expanded here slice
+    /// by slice), the checkpoint of its source that covers it and every chunk before it, and
+    /// when ingest handed it over (for the write-latency histogram).
+    /// The chunk's room in the queue, given back when the writer has absorbed it.
+    Deltas(
+        DeltaChunk,
+        Option<Checkpoint>,
+        std::time::Instant,
+        tokio::sync::OwnedSemaphorePermit,
+    ),
     /// Answer once everything queued before is in Redis.
     Flush(oneshot::Sender<()>),
     /// Write what is queued, answer, and stop.
@@ -561,8 +570,9 @@ impl Writer {
     /// must end.
     async fn on_msg(&mut self, msg: Option<Msg>) -> bool {
         match msg {
-            Some(Msg::Deltas(deltas, checkpoint, stamp)) => {
+            Some(Msg::Deltas(deltas, checkpoint, stamp, room)) => {
                 self.take_deltas(deltas, checkpoint, stamp).await;
+                drop(room);
                 false
             }
             Some(Msg::Flush(done)) => {
@@ -621,17 +631,17 @@ impl Writer {
         }
     }
 
-    /// Absorbs one message's deltas, in slices of at most one flush each: a message larger
-    /// than a pipeline (a clear of a large cache) is flushed as it is read, so neither the
-    /// coalescing map nor a pipeline grows with it.
+    /// Absorbs one chunk's deltas, in slices of at most one flush each: a chunk larger than a
+    /// pipeline (a clear of a large cache, whose deltas are built as they are read) is flushed
+    /// as it is read, so neither the coalescing map nor a pipeline grows with it.
     async fn take_deltas(
         &mut self,
-        deltas: Vec<Delta>,
+        chunk: DeltaChunk,
         checkpoint: Option<Checkpoint>,
         stamp: std::time::Instant,
     ) {
-        let mut rest = deltas.into_iter();
-        while rest.len() > 0 {
+        let mut rest = chunk.into_deltas().peekable();
+        while rest.peek().is_some() {
             self.absorb(&mut rest);
             if !self.dirty && self.flush_due() {
                 self.flush_now().await;
@@ -677,7 +687,7 @@ impl Writer {
     }
 
     /// Absorbs deltas from `rest` until they run out or a flush is due.
-    fn absorb(&mut self, rest: &mut std::vec::IntoIter<Delta>) {
+    fn absorb(&mut self, rest: &mut impl Iterator<Item = Delta>) {
         for delta in rest.by_ref() {
             if matches!(delta, Delta::UnknownRemove { .. }) {
                 self.queue_adopt(delta);

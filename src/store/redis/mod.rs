@@ -47,10 +47,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::index::{Checkpoint, Delta, Index};
+use crate::index::{Checkpoint, Delta, DeltaChunk, Index};
 use crate::medium::TierWeights;
 pub use crate::redis_conn::{RedisConn, RedisTarget};
 
@@ -74,7 +74,8 @@ pub struct RedisConfig {
     pub flush_max_commands: usize,
     /// Flush at least this often while commands are pending.
     pub flush_interval: Duration,
-    /// Delta batches queued before ingest waits (backpressure).
+    /// Delta batches queued before ingest waits (backpressure); the queue also holds at most
+    /// [`MAX_QUEUED_DELTAS`] deltas.
     pub queue_capacity: usize,
     /// Keep kvindex's checkpoint (`kvindex:` keys: per-source watermarks and engine-block
     /// state) in the same pipelines, and rebuild the index from it at start: what lets a
@@ -207,18 +208,49 @@ pub struct MirrorStats {
 #[derive(Debug, Clone)]
 pub struct MirrorSender {
     tx: mpsc::Sender<Msg>,
+    /// Deltas queued and not yet taken by the writer ([`MAX_QUEUED_DELTAS`]).
+    room: Arc<Semaphore>,
+}
+
+/// Deltas (or cleared blocks) the queue holds at most, whatever the number of chunks: the
+/// queue's bound in memory (~5 MB), where `queue_capacity` bounds chunks. In a churning soak
+/// with Redis the slower side, a queue of 1,024 full 100-event messages held ~20 MB of
+/// deltas, more than the index itself. A chunk larger than this enters alone.
+pub const MAX_QUEUED_DELTAS: usize = 65_536;
+
+/// The room `chunk` takes in the queue: its deltas (a clear's blocks, which hold less than a
+/// delta each), at most the whole queue.
+fn weight(chunk: &DeltaChunk) -> u32 {
+    let n = match chunk {
+        DeltaChunk::Deltas(deltas) => deltas.len(),
+        DeltaChunk::Cleared(cleared) => cleared.len(),
+    };
+    n.clamp(1, MAX_QUEUED_DELTAS) as u32
 }
 
 impl MirrorSender {
     /// Queues one batch of deltas and the checkpoint that covers them; waits when the queue
     /// is full (backpressure).
     pub async fn send(&self, deltas: Vec<Delta>, checkpoint: Option<Checkpoint>) {
-        if deltas.is_empty() && checkpoint.is_none() {
+        self.send_chunk(DeltaChunk::Deltas(deltas), checkpoint)
+            .await;
+    }
+
+    /// Queues one chunk (deltas, or a clear's blocks whole) and the checkpoint that covers
+    /// it and every chunk before it; waits when the queue is full (backpressure).
+    pub async fn send_chunk(&self, chunk: DeltaChunk, checkpoint: Option<Checkpoint>) {
+        if chunk.is_empty() && checkpoint.is_none() {
             return;
         }
         // Stamped before the wait, so time spent held back by a full queue counts.
         let handed = std::time::Instant::now();
-        let msg = Msg::Deltas(deltas, checkpoint, handed);
+        // Room first, then a slot: the room is given back once the writer has absorbed the
+        // chunk, so what waits in the queue stays bounded in deltas too.
+        let Ok(room) = self.room.clone().acquire_many_owned(weight(&chunk)).await else {
+            tracing::debug!("Dropped deltas: the Redis mirror has stopped.");
+            return;
+        };
+        let msg = Msg::Deltas(chunk, checkpoint, handed, room);
         if self.tx.send(msg).await.is_err() {
             tracing::debug!("Dropped deltas: the Redis mirror has stopped.");
         }
@@ -228,10 +260,10 @@ impl MirrorSender {
 impl crate::index::DeltaMirror for MirrorSender {
     fn queue(
         &self,
-        deltas: Vec<Delta>,
+        chunk: DeltaChunk,
         checkpoint: Option<Checkpoint>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
-        Box::pin(self.send(deltas, checkpoint))
+        Box::pin(self.send_chunk(chunk, checkpoint))
     }
 }
 
@@ -253,6 +285,7 @@ pub enum MirrorStop {
 #[derive(Debug)]
 pub struct MirrorHandle {
     tx: mpsc::Sender<Msg>,
+    room: Arc<Semaphore>,
     shared: Arc<Shared>,
     /// Taken by the first [`MirrorHandle::shutdown`]; a std lock, held only to take it.
     task: Mutex<Option<JoinHandle<()>>>,
@@ -289,6 +322,7 @@ impl MirrorHandle {
         let task = tokio::spawn(writer.run(rx));
         Ok(MirrorHandle {
             tx,
+            room: Arc::new(Semaphore::new(MAX_QUEUED_DELTAS)),
             shared,
             task: Mutex::new(Some(task)),
             url,
@@ -305,6 +339,7 @@ impl MirrorHandle {
     pub fn sender(&self) -> MirrorSender {
         MirrorSender {
             tx: self.tx.clone(),
+            room: Arc::clone(&self.room),
         }
     }
 
