@@ -7,7 +7,7 @@ use crate::util;
 
 use std::time::Duration;
 
-use kvindex::index::{Checkpoint, Delta, DeltaChunk, Index, SourceSpec};
+use kvindex::index::{Checkpoint, Delta, DeltaChunk, Index, SourceId, SourceSpec};
 use kvindex::ingest::{unix_now, MirrorSink, CHUNK_DELTAS};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
@@ -121,13 +121,10 @@ async fn watermark_seq(url: &str) -> Option<u64> {
     mark["seq"].as_u64()
 }
 
-/// Runs `ops` through a mirror whose flushes hold `flush` commands and checks the watermark
-/// of rank 0 against its last seq (checkpoint on); returns what Redis holds, what the index
-/// says it should, and the most pipelines that were in flight at once.
-async fn run(url: &str, ops: &[Op], flush: usize, checkpoint: bool) -> (RedisDump, RedisDump, u64) {
-    flushall(url).await;
+/// An index with the two DP ranks of `POD` registered.
+fn two_rank_index() -> (Index, Vec<SourceId>) {
     let index = Index::new();
-    let sources: Vec<_> = (0..2u8)
+    let sources = (0..2u8)
         .map(|rank| {
             index
                 .register_source(&SourceSpec {
@@ -139,7 +136,12 @@ async fn run(url: &str, ops: &[Op], flush: usize, checkpoint: bool) -> (RedisDum
                 .unwrap()
         })
         .collect();
-    let config = RedisConfig {
+    (index, sources)
+}
+
+/// A mirror of `url` flushing `flush` commands at most, with no background passes.
+fn mirror_config(url: &str, flush: usize, checkpoint: bool) -> RedisConfig {
+    RedisConfig {
         target: kvindex::store::redis::RedisTarget::Single(url.to_owned()),
         flush_max_commands: flush,
         flush_interval: Duration::from_millis(1),
@@ -148,7 +150,16 @@ async fn run(url: &str, ops: &[Op], flush: usize, checkpoint: bool) -> (RedisDum
         anti_entropy_interval: Duration::from_secs(86_400),
         anti_entropy_max_commands_per_s: 1,
         ..RedisConfig::default()
-    };
+    }
+}
+
+/// Runs `ops` through a mirror whose flushes hold `flush` commands and checks the watermark
+/// of rank 0 against its last seq (checkpoint on); returns what Redis holds, what the index
+/// says it should, and the most pipelines that were in flight at once.
+async fn run(url: &str, ops: &[Op], flush: usize, checkpoint: bool) -> (RedisDump, RedisDump, u64) {
+    flushall(url).await;
+    let (index, sources) = two_rank_index();
+    let config = mirror_config(url, flush, checkpoint);
     let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default())
         .await
         .unwrap();
@@ -300,29 +311,8 @@ fn a_clear_larger_than_a_chunk_reaches_redis_in_slices_before_its_watermark() {
 
 async fn clear_in_slices(url: &str) {
     flushall(url).await;
-    let index = Index::new();
-    let sources: Vec<_> = (0..2u8)
-        .map(|rank| {
-            index
-                .register_source(&SourceSpec {
-                    pod: POD.to_owned(),
-                    model: MODEL.to_owned(),
-                    engine: Engine::Vllm,
-                    dp_rank: rank,
-                })
-                .unwrap()
-        })
-        .collect();
-    let config = RedisConfig {
-        target: kvindex::store::redis::RedisTarget::Single(url.to_owned()),
-        flush_max_commands: 256,
-        flush_interval: Duration::from_millis(1),
-        checkpoint: true,
-        verify: false,
-        anti_entropy_interval: Duration::from_secs(86_400),
-        anti_entropy_max_commands_per_s: 1,
-        ..RedisConfig::default()
-    };
+    let (index, sources) = two_rank_index();
+    let config = mirror_config(url, 256, true);
     let mirror = MirrorHandle::start(config.clone(), index.clone(), TierWeights::default())
         .await
         .unwrap();
