@@ -89,15 +89,15 @@ impl Index {
         state.settle();
         drop(state);
         if stats.blocks_removed > 0 || stats.clears > 0 {
-            self.shrink_chains();
+            self.shrink_shared();
         }
         Ok(stats)
     }
 
-    /// Gives back the chain map's memory once it is a quarter full or less, so a burst of
+    /// Gives back the shared maps' memory once each is a quarter full or less, so a burst of
     /// blocks does not keep its peak after it leaves (a base model's std map goes with its
     /// model; the chain map and the adapters' map serve every model and stay).
-    fn shrink_chains(&self) {
+    fn shrink_shared(&self) {
         shrink_sparse(&self.inner.chains);
         shrink_sparse(self.inner.models.lora_blocks());
     }
@@ -157,7 +157,7 @@ impl Index {
         Mutation::new(self, &mut state, sink, 0).clear();
         state.settle();
         drop(state);
-        self.shrink_chains();
+        self.shrink_shared();
         Ok(())
     }
 
@@ -176,7 +176,7 @@ impl Index {
             Mutation::new(self, &mut state, sink, 0).clear();
             (state.pod, state.rank)
         };
-        self.shrink_chains();
+        self.shrink_shared();
         if let Some(slot) = self.inner.sources.write().get_mut(source.0 as usize) {
             *slot = None;
         }

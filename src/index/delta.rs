@@ -222,12 +222,17 @@ impl DeltaChunk {
         }
     }
 
+    /// Deltas in the chunk, or engine blocks of a clear (each of which makes three).
+    pub fn len(&self) -> usize {
+        match self {
+            DeltaChunk::Deltas(deltas) => deltas.len(),
+            DeltaChunk::Cleared(cleared) => cleared.len(),
+        }
+    }
+
     /// Whether the chunk holds nothing to write.
     pub fn is_empty(&self) -> bool {
-        match self {
-            DeltaChunk::Deltas(deltas) => deltas.is_empty(),
-            DeltaChunk::Cleared(cleared) => cleared.is_empty(),
-        }
+        self.len() == 0
     }
 }
 

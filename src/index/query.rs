@@ -86,16 +86,11 @@ impl Index {
         &self,
         model: ModelId,
         std_hash: u64,
-        mut visit: impl FnMut(PodId, MediaSet, u32),
+        visit: impl FnMut(PodId, MediaSet, u32),
     ) {
-        let Some(blocks) = self.blocks_of(model.0) else {
-            return;
-        };
-        if let Some(entry) = blocks.get(&std_hash) {
-            for r in entry.as_slice() {
-                visit(PodId(r.pod()), r.media(), r.stored_at);
-            }
-        };
+        if let Some(layer) = self.std_layer(model) {
+            layer.visit(std_hash, None, visit);
+        }
     }
 
     /// Calls `visit(pod, media, stored_at)` for every resident of chain block `chain` (the
@@ -104,13 +99,9 @@ impl Index {
     pub fn for_each_chain_resident(
         &self,
         chain: crate::hash::ChainHash,
-        mut visit: impl FnMut(PodId, MediaSet, u32),
+        visit: impl FnMut(PodId, MediaSet, u32),
     ) {
-        if let Some(entry) = self.inner.chains.get(&chain) {
-            for r in entry.as_slice() {
-                visit(PodId(r.pod()), r.media(), r.stored_at);
-            }
-        };
+        self.chain_layer().visit(chain, None, visit);
     }
 
     /// Model `model`'s std blocks opened for many reads (`kthena` matching), or `None` when

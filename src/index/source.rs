@@ -72,6 +72,16 @@ impl EngineSlot {
         self.packed() & NEG_FLAG != 0
     }
 
+    /// The engine hash of an int key's 64 `bits` as it was sent: signed when this slot's
+    /// hash came negative.
+    fn int_hash(&self, bits: u64) -> BlockHash {
+        if self.negative() {
+            BlockHash::Neg(bits as i64)
+        } else {
+            BlockHash::Int(bits)
+        }
+    }
+
     /// Media of this engine block.
     pub(crate) fn media(&self) -> MediaSet {
         MediaSet::from_bits(self.media)
@@ -153,19 +163,12 @@ impl TakenBlocks {
         self,
     ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + Send + 'static {
         let base = self.base;
-        let int_hash = |bits: u64, slot: &EngineSlot| {
-            if slot.negative() {
-                BlockHash::Neg(bits as i64)
-            } else {
-                BlockHash::Int(bits)
-            }
-        };
         let ints = self.ints.into_iter().map(move |(k, slot)| {
             let held = HeldSlot { slot, model: base };
-            (int_hash(int_bits(&k), &slot), held)
+            (slot.int_hash(int_bits(&k)), held)
         });
         let lora_ints = (self.lora_ints.into_iter())
-            .map(move |(k, held)| (int_hash(int_bits(&k), &held.slot), held));
+            .map(move |(k, held)| (held.slot.int_hash(int_bits(&k)), held));
         let bytes = (self.bytes.into_iter())
             .map(move |(k, slot)| (BlockHash::Bytes(k), HeldSlot { slot, model: base }));
         let lora_bytes = (self.lora_bytes.into_iter()).map(|(k, held)| (BlockHash::Bytes(k), held));
@@ -349,12 +352,7 @@ impl SourceState {
         }
         let old = old?;
         self.count_out(old.model);
-        let twin = if old.slot.negative() {
-            BlockHash::Neg(bits as i64)
-        } else {
-            BlockHash::Int(bits)
-        };
-        Some((twin, old))
+        Some((old.slot.int_hash(bits), old))
     }
 
     /// Takes an int key out of whichever map holds it.
@@ -443,18 +441,11 @@ impl SourceState {
             slot: *slot,
             model: base,
         };
-        let int_hash = |bits: u64, s: &HeldSlot| {
-            if s.slot.negative() {
-                BlockHash::Neg(bits as i64)
-            } else {
-                BlockHash::Int(bits)
-            }
-        };
         let ints = self.ints.iter().map(move |(k, s)| (int_bits(k), held(s)));
         let ints = ints.chain(self.lora_ints.iter().map(|(k, s)| (int_bits(k), *s)));
         let ints = ints
             .filter(move |(bits, _)| keep_int(*bits))
-            .map(move |(bits, s)| (int_hash(bits, &s), s));
+            .map(move |(bits, s)| (s.slot.int_hash(bits), s));
         let bytes = self.bytes.iter().map(move |(k, s)| (k, held(s)));
         let bytes = bytes.chain(self.lora_bytes.iter().map(|(k, s)| (k, *s)));
         let bytes = bytes

@@ -38,18 +38,17 @@ impl MirrorSink {
     /// Queues every chunk in order, `checkpoint` with the last one (or alone when nothing
     /// was collected); waits while the mirror's queue is full.
     pub async fn hand_over(self, mirror: &dyn DeltaMirror, checkpoint: Option<Checkpoint>) {
-        let mut chunks = self.chunks.into_iter().filter(|c| !c.is_empty()).peekable();
-        if chunks.peek().is_none() {
-            if checkpoint.is_some() {
-                mirror
-                    .queue(DeltaChunk::Deltas(Vec::new()), checkpoint)
-                    .await;
+        let mut chunks: Vec<DeltaChunk> =
+            self.chunks.into_iter().filter(|c| !c.is_empty()).collect();
+        if chunks.is_empty() {
+            if checkpoint.is_none() {
+                return;
             }
-            return;
+            chunks.push(DeltaChunk::Deltas(Vec::new()));
         }
-        while let Some(chunk) = chunks.next() {
-            let last = chunks.peek().is_none();
-            mirror.queue(chunk, checkpoint.filter(|_| last)).await;
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            mirror.queue(chunk, checkpoint.filter(|_| i == last)).await;
         }
     }
 }

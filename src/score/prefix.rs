@@ -149,10 +149,7 @@ fn score_without_freshness<L: Lookup>(
             let Some(t) = tracks.get_mut(owner.candidate) else {
                 return;
             };
-            if repeats > 0 && t.matched + repeats == at {
-                // It matched the block before the run, so it matched the whole run.
-                t.extend(repeats);
-            }
+            t.settle_run(repeats, at);
             if t.matched == at {
                 t.matched = at + 1;
                 t.base = t.sum;
@@ -171,10 +168,7 @@ fn score_without_freshness<L: Lookup>(
             Owners::Visited => {
                 // Pods of the last visited block not seen in this one stop after the run.
                 for &c in &hit {
-                    let t = &mut tracks[c as usize];
-                    if repeats > 0 && t.matched + repeats == at {
-                        t.extend(repeats);
-                    }
+                    tracks[c as usize].settle_run(repeats, at);
                 }
                 repeats = 0;
                 std::mem::swap(&mut hit, &mut next);
@@ -205,6 +199,14 @@ struct Fast {
 }
 
 impl Fast {
+    /// Before block `at`: a pod that matched the block before a run of `repeats` repeated
+    /// blocks matched the whole run, which is counted now.
+    fn settle_run(&mut self, repeats: u32, at: u32) {
+        if repeats > 0 && self.matched + repeats == at {
+            self.extend(repeats);
+        }
+    }
+
     /// Counts `blocks` more matched blocks of weight `best`, adding in kthena's order (one
     /// block at a time), so the float sum is bit-identical to visiting each block.
     fn extend(&mut self, blocks: u32) {

@@ -153,21 +153,26 @@ fn mirror_config(url: &str, flush: usize, checkpoint: bool) -> RedisConfig {
     }
 }
 
+/// A mirror of `index` past its start-up reconcile, so what follows goes through flushes,
+/// not the rewrite.
+async fn started_mirror(config: RedisConfig, index: &Index) -> MirrorHandle {
+    let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default())
+        .await
+        .unwrap();
+    tokio::time::timeout(WAIT, mirror.flush())
+        .await
+        .unwrap()
+        .unwrap();
+    mirror
+}
+
 /// Runs `ops` through a mirror whose flushes hold `flush` commands and checks the watermark
 /// of rank 0 against its last seq (checkpoint on); returns what Redis holds, what the index
 /// says it should, and the most pipelines that were in flight at once.
 async fn run(url: &str, ops: &[Op], flush: usize, checkpoint: bool) -> (RedisDump, RedisDump, u64) {
     flushall(url).await;
     let (index, sources) = two_rank_index();
-    let config = mirror_config(url, flush, checkpoint);
-    let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default())
-        .await
-        .unwrap();
-    // The start-up reconcile first: what follows goes through flushes, not the rewrite.
-    tokio::time::timeout(WAIT, mirror.flush())
-        .await
-        .unwrap()
-        .unwrap();
+    let mirror = started_mirror(mirror_config(url, flush, checkpoint), &index).await;
     let sender = mirror.sender();
     let mut seqs = [0u64; 2];
     for op in ops {
@@ -313,13 +318,7 @@ async fn clear_in_slices(url: &str) {
     flushall(url).await;
     let (index, sources) = two_rank_index();
     let config = mirror_config(url, 256, true);
-    let mirror = MirrorHandle::start(config.clone(), index.clone(), TierWeights::default())
-        .await
-        .unwrap();
-    tokio::time::timeout(WAIT, mirror.flush())
-        .await
-        .unwrap()
-        .unwrap();
+    let mirror = started_mirror(config.clone(), &index).await;
     let sender = mirror.sender();
     // Rank 0 holds 2 chunks' worth of engine blocks (three deltas each when cleared one by
     // one), rank 1 every seventh of them.

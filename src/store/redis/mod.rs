@@ -221,11 +221,7 @@ pub const MAX_QUEUED_DELTAS: usize = 65_536;
 /// The room `chunk` takes in the queue: its deltas (a clear's blocks, which hold less than a
 /// delta each), at most the whole queue.
 fn weight(chunk: &DeltaChunk) -> u32 {
-    let n = match chunk {
-        DeltaChunk::Deltas(deltas) => deltas.len(),
-        DeltaChunk::Cleared(cleared) => cleared.len(),
-    };
-    n.clamp(1, MAX_QUEUED_DELTAS) as u32
+    chunk.len().clamp(1, MAX_QUEUED_DELTAS) as u32
 }
 
 impl MirrorSender {
