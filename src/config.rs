@@ -78,6 +78,9 @@ pub struct RawIngest {
     pub max_frame_bytes: Option<Spanned<usize>>,
     /// Distinct models (base + LoRA adapters) one source may hold (default 1024).
     pub max_models_per_source: Option<Spanned<usize>>,
+    /// Whether to compute kthena's std hashes and keep their layer (default true; `false`
+    /// makes the in-memory index `prefix`-only, and needs no `redis:`).
+    pub std_hashes: Option<Spanned<bool>>,
 }
 
 /// `redis:` as written.
@@ -180,6 +183,19 @@ pub struct IngestLimits {
     pub max_frame_bytes: usize,
     /// Distinct models one source (target DP rank) may hold at once.
     pub max_models_per_source: usize,
+    /// Whether the index computes kthena's std hashes and keeps their layer
+    /// ([`crate::index::IndexOptions::std_layer`]).
+    pub std_hashes: bool,
+}
+
+impl IngestLimits {
+    /// The index these limits ask for.
+    pub fn index_options(&self) -> crate::index::IndexOptions {
+        crate::index::IndexOptions {
+            max_models_per_source: self.max_models_per_source,
+            std_layer: self.std_hashes,
+        }
+    }
 }
 
 impl Default for IngestLimits {
@@ -187,6 +203,7 @@ impl Default for IngestLimits {
         IngestLimits {
             max_frame_bytes: crate::ingest::DEFAULT_MAX_FRAME_BYTES,
             max_models_per_source: crate::index::DEFAULT_MAX_MODELS_PER_SOURCE,
+            std_hashes: true,
         }
     }
 }
@@ -390,7 +407,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
         .discovery
         .and_then(|d| d.kubernetes)
         .and_then(|k| validate_kubernetes(k, env, &mut issues));
-    let ingest = validate_ingest(raw.ingest.unwrap_or_default(), &mut issues);
+    let ingest = validate_ingest(raw.ingest.unwrap_or_default(), redis.is_some(), &mut issues);
     let shard = validate_shard(raw.shard, env, redis.is_some(), &mut issues);
     if issues.0.is_empty() {
         Ok(Config {
@@ -691,8 +708,15 @@ impl ShardValue {
 }
 
 /// `ingest:`: every limit at least 1.
-fn validate_ingest(section: RawIngest, issues: &mut Issues) -> IngestLimits {
+fn validate_ingest(section: RawIngest, redis: bool, issues: &mut Issues) -> IngestLimits {
     let mut limits = IngestLimits::default();
+    if let Some(std_hashes) = section.std_hashes {
+        if !std_hashes.value && redis {
+            let what = "false needs no `redis:`: the mirror writes kthena's std hashes";
+            issues.add("ingest.std_hashes", line_of(&std_hashes), what);
+        }
+        limits.std_hashes = std_hashes.value;
+    }
     if let Some(v) = at_least_one("ingest.max_frame_bytes", section.max_frame_bytes, issues) {
         limits.max_frame_bytes = v;
     }
@@ -1009,6 +1033,7 @@ impl Config {
             "ingest": {
                 "max_frame_bytes": self.ingest.max_frame_bytes,
                 "max_models_per_source": self.ingest.max_models_per_source,
+                "std_hashes": self.ingest.std_hashes,
             },
             "shard": {
                 "index": self.shard.index,

@@ -76,6 +76,14 @@ pub fn chain_hash(parent: ChainHash, tokens: &[u32]) -> ChainHash {
     h.max(1)
 }
 
+/// A cheap content identity of one block's `tokens` (XXH3, below 2^63): what a `prefix`-only
+/// index keeps in place of the SHA-256 std hash, to tell an engine hash reused for other
+/// content. Never written anywhere: kthena's std hash is [`std_hash`].
+pub(crate) fn content_hash(tokens: &[u32]) -> u64 {
+    const CONTENT_SEED: u64 = 0x6b76_696e_6465_7801;
+    chain_hash(CONTENT_SEED, tokens) & !(1 << 63)
+}
+
 /// A bijective 64-bit mixer (the splitmix64 finalizer): spreads small ids over all bits, so
 /// an XOR of mixed values fingerprints a set.
 pub(crate) fn mix64(mut x: u64) -> u64 {

@@ -56,7 +56,7 @@ pub use daemon::{Daemon, DaemonError};
 pub use hash::{
     chain_hash, prompt_block_hashes, prompt_chain_hashes, std_hash, ChainHash, StdHash,
 };
-pub use index::{Delta, DeltaSink, DumpEntry, Index, IndexStats};
+pub use index::{Delta, DeltaSink, DumpEntry, Index, IndexOptions, IndexStats};
 pub use medium::{MediaSet, Medium, TierWeights, WeightError};
 pub use redis_conn::{RedisConn, RedisTarget};
 pub use score::{

@@ -149,6 +149,13 @@ pub(super) fn prompt_blocks(
             "prefix matching needs the in-memory index: this replica scores from Redis, which holds kthena's keys",
         ));
     }
+    let kthena = mode == Some(MatchMode::Kthena) || (tokens.is_none() && hashes.is_some());
+    if kthena && !backend.matches_kthena() {
+        return Err(ApiError::bad_field(
+            if mode.is_some() { "match" } else { "block_hashes" },
+            "kthena matching needs kthena's std hashes: this index is prefix-only (ingest.std_hashes: false); send `tokens` with `\"match\": \"prefix\"`",
+        ));
+    }
     match (tokens, hashes) {
         (Some(_), Some(_)) => Err(ApiError::bad_field(
             "block_hashes",

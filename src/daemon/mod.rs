@@ -112,7 +112,7 @@ impl Daemon {
     ) -> Result<Daemon, DaemonError> {
         let cancel = CancellationToken::new();
         let accept = cancel.child_token();
-        let index = Index::with_max_models_per_source(config.ingest.max_models_per_source);
+        let index = Index::with_options(config.ingest.index_options());
         let fds = fds::raise_and_split();
         // Installed before the mirror starts, so its start-up counts are kept.
         let metrics = crate::metrics::install();

@@ -13,7 +13,7 @@ use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Editor, CHAIN_DUPS};
 use super::source::SourceState;
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
-use crate::hash::{chain_hash, model_seed, std_hash};
+use crate::hash::{chain_hash, content_hash, model_seed, std_hash};
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
 use crate::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 
@@ -353,6 +353,8 @@ struct Mutation<'a, S: DeltaSink> {
     /// Unix second recorded as the store time.
     now: u32,
     stats: ApplyStats,
+    /// Whether the std layer is kept; without it entries are counted on the chain layer.
+    std_layer: bool,
 }
 
 impl<'a, S: DeltaSink> Mutation<'a, S> {
@@ -372,6 +374,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             blocks: BlocksCache::default(),
             now,
             stats: ApplyStats::default(),
+            std_layer: index.inner.std_layer,
         }
     }
 
@@ -387,7 +390,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let (model, seed) = match &stored.lora_name {
             Some(name) => match self.state.lora_model(name) {
                 Some((model, blocks)) => {
-                    self.blocks.prime(model, blocks);
+                    if self.std_layer {
+                        self.blocks.prime(model, blocks);
+                    }
                     (model, model_seed(name))
                 }
                 None => {
@@ -420,10 +425,14 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             } else {
                 chain_hash(parent, tokens)
             };
-            let block = Some(StoreHashes {
-                std: std_hash(tokens),
-                chain,
-            });
+            // Without the std layer nothing reads kthena's SHA-256: a cheap content hash
+            // still tells an engine hash reused for other content.
+            let std = if self.std_layer {
+                std_hash(tokens)
+            } else {
+                content_hash(tokens)
+            };
+            let block = Some(StoreHashes { std, chain });
             parent = self.store_block(model, hash, block, media);
         }
     }
@@ -504,30 +513,52 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         if let Some((_, slot)) = self.state.find_mut(hash, model) {
             slot.set_chain(to);
         }
-        let who = self.editor();
+        let who = self.chain_editor();
         let index = self.out.index;
         let chains = &index.inner.chains;
         if from != 0 {
-            layer::drop_media(
+            let dropped = layer::drop_media(
                 chains,
                 &mut self.state.dups,
                 (CHAIN_DUPS, from),
                 from,
-                who.without_values(),
+                who,
                 media,
                 true,
             );
+            if let Some(((before, after), _)) = dropped {
+                self.count_chain(before, after);
+            }
         }
         if to != 0 {
-            layer::add_media(
+            let ((before, after), _) = layer::add_media(
                 chains,
                 &mut self.state.dups,
                 (CHAIN_DUPS, to),
                 to,
-                who.without_values(),
+                who,
                 media,
                 true,
             );
+            self.count_chain(before, after);
+        }
+    }
+
+    /// The editor of chain-layer edits: pod values are read only where entries are counted
+    /// on that layer (no std layer).
+    fn chain_editor(&self) -> Editor {
+        let who = self.editor();
+        if self.std_layer {
+            who.without_values()
+        } else {
+            who
+        }
+    }
+
+    /// Counts a chain-layer field change when the chain layer is the one counted.
+    fn count_chain(&mut self, before: Option<FieldValue>, after: Option<FieldValue>) {
+        if !self.std_layer {
+            self.out.count(before, after);
         }
     }
 
@@ -568,22 +599,27 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         new_copy: bool,
     ) -> bool {
         let who = self.editor();
+        let mut chain_duplicate = false;
         if chain != 0 {
+            let chain_who = self.chain_editor();
             let index = self.out.index;
             let chains = &index.inner.chains;
             let dup_key = (CHAIN_DUPS, chain);
-            layer::add_media(
+            let ((before, after), duplicate) = layer::add_media(
                 chains,
                 &mut self.state.dups,
                 dup_key,
                 chain,
-                who.without_values(),
+                chain_who,
                 added,
                 new_copy,
             );
+            self.count_chain(before, after);
+            chain_duplicate = duplicate;
         }
         let Some(blocks) = self.blocks.get(self.out.index, model) else {
-            return false;
+            // No std layer: a duplicate is a chain block held through another engine hash.
+            return chain_duplicate;
         };
         let dup_key = (model, std);
         let dups = &mut self.state.dups;
@@ -613,22 +649,29 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         slot_gone: bool,
     ) -> u32 {
         let who = self.editor();
+        let mut chain_stored_at = 0;
         if chain != 0 {
+            let chain_who = self.chain_editor();
             let index = self.out.index;
             let chains = &index.inner.chains;
             let dup_key = (CHAIN_DUPS, chain);
-            layer::drop_media(
+            let dropped = layer::drop_media(
                 chains,
                 &mut self.state.dups,
                 dup_key,
                 chain,
-                who.without_values(),
+                chain_who,
                 removed,
                 slot_gone,
             );
+            if let Some(((before, after), stored_at)) = dropped {
+                self.count_chain(before, after);
+                chain_stored_at = stored_at;
+            }
         }
         let Some(blocks) = self.blocks.get(self.out.index, model) else {
-            return 0;
+            // No std layer: the chain resident's store time is the one kept.
+            return chain_stored_at;
         };
         let dup_key = (model, std);
         let dups = &mut self.state.dups;
@@ -703,9 +746,14 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let whole = self.out.sink.takes_cleared();
         let index = self.out.index;
         let chains = &index.inner.chains;
+        let chain_who = self.chain_editor();
+        let count_chains = !self.std_layer;
         for slot in self.state.slots() {
             if slot.chain() != 0 {
-                layer::drop_resident(chains, slot.chain(), who.without_values());
+                let dropped = layer::drop_resident(chains, slot.chain(), chain_who);
+                if let (true, Some((before, after))) = (count_chains, dropped) {
+                    self.out.count(before, after);
+                }
             }
             let model = slot.model();
             let Some(blocks) = self.blocks.get(index, model) else {

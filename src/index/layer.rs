@@ -17,7 +17,7 @@ use hashbrown::HashMap;
 
 use super::counters::slot_medium;
 use super::delta::FieldValue;
-use super::residents::{Resident, Residents};
+use super::residents::{merge, own_value, Resident, Residents};
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 
 /// Per-medium engine-copy counts of blocks a source holds more than once.
@@ -51,11 +51,18 @@ impl Editor {
         }
     }
 
-    fn value_of(&self, residents: &Residents) -> Option<FieldValue> {
+    /// The pod's value before and after an edit of its resident from `old` to `new`, given
+    /// what its other DP ranks hold (`others`); nothing for a layer whose values nobody reads.
+    fn values(
+        &self,
+        others: Option<FieldValue>,
+        old: Option<FieldValue>,
+        new: Option<FieldValue>,
+    ) -> Change {
         if self.pod_values {
-            residents.pod_value(self.pod)
+            (merge(others, old), merge(others, new))
         } else {
-            None
+            (None, None)
         }
     }
 }
@@ -89,36 +96,41 @@ pub(crate) fn add_media<K: Eq + Hash>(
         Entry::Occupied(occupied) => occupied,
     };
     let residents = entry.get_mut();
-    let before = who.value_of(residents);
     let mut duplicate = false;
-    let edited = residents.edit(who.pod, who.rank, |resident| {
-        let copies = resident.copies();
-        if new_copy {
-            duplicate = true;
-            if copies == 1 {
-                let mut counts = [0u16; MEDIA_SLOTS];
-                for m in resident.media().iter() {
-                    counts[m.slot() as usize] = 1;
+    let (edited, others) =
+        residents.edit_with_others(who.pod, who.rank, who.pod_values, |resident| {
+            let copies = resident.copies();
+            if new_copy {
+                duplicate = true;
+                if copies == 1 {
+                    let mut counts = [0u16; MEDIA_SLOTS];
+                    for m in resident.media().iter() {
+                        counts[m.slot() as usize] = 1;
+                    }
+                    dups.insert(dup_key, counts);
                 }
-                dups.insert(dup_key, counts);
+                resident.set_copies(copies.saturating_add(1));
             }
-            resident.set_copies(copies.saturating_add(1));
-        }
-        if resident.copies() > 1 {
-            if let Some(counts) = dups.get_mut(&dup_key) {
-                for m in added.iter() {
-                    let c = &mut counts[m.slot() as usize];
-                    *c = c.saturating_add(1);
+            if resident.copies() > 1 {
+                if let Some(counts) = dups.get_mut(&dup_key) {
+                    for m in added.iter() {
+                        let c = &mut counts[m.slot() as usize];
+                        *c = c.saturating_add(1);
+                    }
                 }
             }
+            resident.set_media(resident.media().union(added));
+            resident.stored_at = who.now;
+        });
+    let (old, new) = match edited {
+        Some(((), old, new)) => (own_value(&old), own_value(&new)),
+        None => {
+            let resident = Resident::new(who.pod, who.rank, who.now, added);
+            residents.push(resident);
+            (None, own_value(&resident))
         }
-        resident.set_media(resident.media().union(added));
-        resident.stored_at = who.now;
-    });
-    if edited.is_none() {
-        residents.push(Resident::new(who.pod, who.rank, who.now, added));
-    }
-    let after = who.value_of(residents);
+    };
+    let (before, after) = who.values(others, old, new);
     ((before, after), duplicate)
 }
 
@@ -138,8 +150,7 @@ pub(crate) fn drop_media<K: Eq + Hash>(
         return None;
     };
     let residents = entry.get_mut();
-    let before = who.value_of(residents);
-    let (stored_at, drop_resident) = residents.edit(who.pod, who.rank, |resident| {
+    let edit = |resident: &mut Resident| {
         let stored_at = resident.stored_at;
         let copies = resident.copies();
         if copies > 1 {
@@ -168,17 +179,18 @@ pub(crate) fn drop_media<K: Eq + Hash>(
             drop_resident |= left == 0;
         }
         (stored_at, drop_resident)
-    })?;
-    let after = if drop_resident {
+    };
+    let (edited, others) = residents.edit_with_others(who.pod, who.rank, who.pod_values, edit);
+    let ((stored_at, drop_resident), old, new) = edited?;
+    let new = if drop_resident {
         if residents.remove(who.pod, who.rank) {
             entry.remove();
-            None
-        } else {
-            who.value_of(entry.get())
         }
+        None
     } else {
-        who.value_of(residents)
+        own_value(&new)
     };
+    let (before, after) = who.values(others, own_value(&old), new);
     Some(((before, after), stored_at))
 }
 
@@ -192,15 +204,11 @@ pub(crate) fn drop_resident<K: Eq + Hash>(
     let Entry::Occupied(mut entry) = blocks.entry(key) else {
         return None;
     };
-    if !entry.get().contains(who.pod, who.rank) {
-        return None;
-    }
-    let before = who.value_of(entry.get());
-    let after = if entry.get_mut().remove(who.pod, who.rank) {
+    let residents = entry.get_mut();
+    let (edited, others) = residents.edit_with_others(who.pod, who.rank, who.pod_values, |_| ());
+    let ((), old, _) = edited?;
+    if residents.remove(who.pod, who.rank) {
         entry.remove();
-        None
-    } else {
-        who.value_of(entry.get())
-    };
-    Some((before, after))
+    }
+    Some(who.values(others, own_value(&old), None))
 }

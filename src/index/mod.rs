@@ -180,7 +180,6 @@ pub struct Index {
     inner: Arc<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
     /// Model names and their block maps (one concurrent map per live model).
     models: Arc<ModelTable>,
@@ -195,6 +194,52 @@ struct Inner {
     entries: EntryCounter,
     /// The same per pod, so `GET /v1/pods` needs no walk either.
     pod_entries: PodCounters,
+    /// Whether kthena's std layer is kept (see [`IndexOptions::std_layer`]).
+    std_layer: bool,
+}
+
+impl Default for Inner {
+    fn default() -> Inner {
+        Inner::with_options(IndexOptions::default())
+    }
+}
+
+impl Inner {
+    fn with_options(options: IndexOptions) -> Inner {
+        Inner {
+            models: Arc::new(ModelTable::new(options.max_models_per_source)),
+            pods: Interner::default(),
+            sources: RwLock::default(),
+            pod_sources: RwLock::default(),
+            chains: ModelBlocks::default(),
+            entries: EntryCounter::default(),
+            pod_entries: PodCounters::default(),
+            std_layer: options.std_layer,
+        }
+    }
+}
+
+/// How an index is built ([`Index::with_options`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexOptions {
+    /// Distinct models (base model and LoRA adapters) one source may hold; stores of one
+    /// more are dropped and counted ([`ApplyStats::too_many_models`]).
+    pub max_models_per_source: usize,
+    /// Whether to keep kthena's std layer: the content-only SHA-256 std hash of every block
+    /// and its residents, which the Redis mirror, checkpoints, `dump` and `kthena` matching
+    /// read. Without it the index is `prefix`-only: no SHA-256 is computed and no std map is
+    /// kept (stores are about twice as fast and entries smaller), entry counts come from the
+    /// chain blocks, and `kthena` queries find nothing (the API refuses them).
+    pub std_layer: bool,
+}
+
+impl Default for IndexOptions {
+    fn default() -> IndexOptions {
+        IndexOptions {
+            max_models_per_source: DEFAULT_MAX_MODELS_PER_SOURCE,
+            std_layer: true,
+        }
+    }
 }
 
 impl Index {
@@ -207,13 +252,22 @@ impl Index {
     /// and LoRA adapters); stores of one more are dropped and counted
     /// ([`ApplyStats::too_many_models`]). Default [`DEFAULT_MAX_MODELS_PER_SOURCE`].
     pub fn with_max_models_per_source(max: usize) -> Index {
-        let inner = Inner {
-            models: Arc::new(ModelTable::new(max)),
-            ..Inner::default()
-        };
+        Index::with_options(IndexOptions {
+            max_models_per_source: max,
+            ..IndexOptions::default()
+        })
+    }
+
+    /// An empty index built with `options`.
+    pub fn with_options(options: IndexOptions) -> Index {
         Index {
-            inner: Arc::new(inner),
+            inner: Arc::new(Inner::with_options(options)),
         }
+    }
+
+    /// Whether the index keeps kthena's std layer ([`IndexOptions::std_layer`]).
+    pub fn has_std_layer(&self) -> bool {
+        self.inner.std_layer
     }
 
     /// Registers a source, or returns the id it already has.
@@ -349,7 +403,11 @@ impl Index {
             .ok_or(IndexError::UnknownSource(id.0))
     }
 
+    /// Model `model`'s std blocks; `None` when it holds none or the index keeps no std layer.
     fn blocks_of(&self, model: u32) -> Option<Blocks> {
+        if !self.inner.std_layer {
+            return None;
+        }
         self.inner.models.blocks(model)
     }
 

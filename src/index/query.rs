@@ -209,12 +209,21 @@ impl Index {
     pub fn stats(&self) -> IndexStats {
         let mut stats = IndexStats::default();
         let mut by_medium = [0usize; MEDIA_SLOTS];
-        self.for_each_field(|_, _, _, value| {
+        let mut count = |value: FieldValue| {
             stats.entries += 1;
             for m in value.media.iter() {
                 by_medium[m.slot() as usize] += 1;
             }
-        });
+        };
+        if self.inner.std_layer {
+            self.for_each_field(|_, _, _, value| count(value));
+        } else {
+            // A `prefix`-only index counts what it matches: (chain block, pod) entries.
+            for entry in self.inner.chains.iter() {
+                visit_fields(0, 0, entry.value(), &mut |_, _, _, value| count(value));
+            }
+            stats.blocks += self.inner.chains.len();
+        }
         let models = self.inner.models.all_blocks();
         for (_, blocks) in &models {
             stats.blocks += blocks.len();

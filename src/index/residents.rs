@@ -118,11 +118,59 @@ impl Residents {
         }
     }
 
-    /// Whether `(pod, rank)` is a resident.
-    pub(crate) fn contains(&self, pod: u32, rank: u8) -> bool {
-        self.as_slice()
-            .iter()
-            .any(|r| r.pod() == pod && r.rank() == rank)
+    /// One pass over the residents for an edit of `(pod, rank)`: runs `edit` on its resident,
+    /// if any, keeping the fingerprint true, and returns the resident as it was and as it is
+    /// with `edit`'s result; plus, when `others` is asked, the value the pod has through its
+    /// other DP ranks (gathered in the same pass, so an edit that reports the pod's value
+    /// before and after scans a block's residents once, not three times).
+    pub(crate) fn edit_with_others<R>(
+        &mut self,
+        pod: u32,
+        rank: u8,
+        others: bool,
+        edit: impl FnOnce(&mut Resident) -> R,
+    ) -> (Option<(R, Resident, Resident)>, Option<FieldValue>) {
+        let run = |r: &mut Resident| {
+            let old = *r;
+            let out = edit(r);
+            (out, old, *r)
+        };
+        match self {
+            Residents::One(r) => {
+                let is = r.pod() == pod && r.rank() == rank;
+                let other = if others && !is && r.pod() == pod {
+                    own_value(r)
+                } else {
+                    None
+                };
+                (is.then(|| run(r)), other)
+            }
+            Residents::Many(m) => {
+                let mut at = None;
+                let mut other = None;
+                for (i, r) in m.list.iter().enumerate() {
+                    if r.pod() != pod {
+                        continue;
+                    }
+                    if r.rank() == rank {
+                        at = Some(i);
+                        if !others {
+                            break;
+                        }
+                    } else if others {
+                        other = merge(other, own_value(r));
+                    }
+                }
+                let edited = at.map(|i| {
+                    let r = &mut m.list[i];
+                    let before = owner_key(r);
+                    let done = run(r);
+                    m.fingerprint ^= before ^ owner_key(&m.list[i]);
+                    done
+                });
+                (edited, other)
+            }
+        }
     }
 
     pub(crate) fn push(&mut self, resident: Resident) {
@@ -179,6 +227,26 @@ impl Residents {
     /// The pod-level value of `pod`: union of its ranks' media, latest store time.
     pub(crate) fn pod_value(&self, pod: u32) -> Option<FieldValue> {
         pod_value(self.as_slice(), pod)
+    }
+}
+
+/// What one resident contributes to its pod's value: nothing once it is on no medium.
+pub(crate) fn own_value(r: &Resident) -> Option<FieldValue> {
+    (!r.media().is_empty()).then(|| FieldValue {
+        stored_at: r.stored_at,
+        media: r.media(),
+    })
+}
+
+/// Two contributions to one pod's value combined: media united, the latest store time.
+pub(crate) fn merge(a: Option<FieldValue>, b: Option<FieldValue>) -> Option<FieldValue> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(FieldValue {
+            stored_at: a.stored_at.max(b.stored_at),
+            media: a.media.union(b.media),
+        }),
+        (a, None) => a,
+        (None, b) => b,
     }
 }
 

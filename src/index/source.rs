@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 
 use super::intern::ModelTable;
@@ -309,6 +310,9 @@ impl SourceState {
         if let Some(slot) = self.ints.get_mut(&key) {
             return (slot.negative() == negative).then_some((base, slot));
         }
+        if self.lora_ints.is_empty() {
+            return None;
+        }
         let held = self.lora_ints.get_mut(&key)?;
         (held.slot.negative() == negative).then_some((held.model, &mut held.slot))
     }
@@ -344,12 +348,36 @@ impl SourceState {
         };
         let key = int_key(bits);
         let slot = EngineSlot::new(std, chain, negative, media);
-        let old = self.take_int(key);
-        if model == self.base_model {
-            self.ints.insert(key, slot);
+        let base = self.base_model;
+        // One probe of the map the block goes to (a store is the hot path); the other map
+        // is probed only when it holds anything, as a key is in at most one of them.
+        let old = if model == base {
+            let old = match self.ints.entry(key) {
+                Entry::Occupied(mut held) => Some(HeldSlot {
+                    slot: std::mem::replace(held.get_mut(), slot),
+                    model: base,
+                }),
+                Entry::Vacant(vacant) => {
+                    vacant.insert(slot);
+                    None
+                }
+            };
+            old.or_else(|| (!self.lora_ints.is_empty()).then(|| self.lora_ints.remove(&key))?)
         } else {
-            self.lora_ints.insert(key, HeldSlot { slot, model });
-        }
+            let held = HeldSlot { slot, model };
+            let old = match self.lora_ints.entry(key) {
+                Entry::Occupied(mut old) => Some(std::mem::replace(old.get_mut(), held)),
+                Entry::Vacant(vacant) => {
+                    vacant.insert(held);
+                    None
+                }
+            };
+            old.or_else(|| {
+                self.ints
+                    .remove(&key)
+                    .map(|slot| HeldSlot { slot, model: base })
+            })
+        };
         let old = old?;
         self.count_out(old.model);
         Some((old.slot.int_hash(bits), old))

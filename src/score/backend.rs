@@ -81,6 +81,15 @@ impl ScoreBackend {
         !self.is_redis()
     }
 
+    /// Whether this backend can match kthena's content-only std hashes: Redis always, the
+    /// in-memory index when it keeps their layer (`ingest.std_hashes`).
+    pub fn matches_kthena(&self) -> bool {
+        match self {
+            ScoreBackend::Index(index) => index.has_std_layer(),
+            ScoreBackend::Redis(_) => true,
+        }
+    }
+
     /// The match mode of a request that names none: `prefix` where it is possible.
     pub fn default_mode(&self) -> MatchMode {
         if self.matches_prefix() {

@@ -7,7 +7,7 @@ use axum::http::{header, Request, StatusCode};
 use kvindex::api::{router, serve, ApiLimits, ApiState};
 use kvindex::config::{Target, TcpEndpoint};
 use kvindex::hash::prompt_block_hashes;
-use kvindex::index::{Discard, Index, SourceSpec};
+use kvindex::index::{Discard, Index, IndexOptions, SourceSpec};
 use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::ingest::supervisor::Supervisor;
 use kvindex::ingest::{PodStatus, PodsView};
@@ -146,7 +146,11 @@ async fn score_accepts_block_hashes_as_numbers_or_strings_and_weight_overrides()
 /// Pod `s.ns` holds the chains A·x and B·y; the spliced prompt A·y shares both blocks'
 /// tokens with it but only A as a prefix.
 fn spliced_app() -> axum::Router {
-    let index = Index::new();
+    spliced_app_with(IndexOptions::default())
+}
+
+fn spliced_app_with(options: IndexOptions) -> axum::Router {
+    let index = Index::with_options(options);
     let spec = SourceSpec {
         pod: "s.ns".into(),
         model: "m".into(),
@@ -201,6 +205,37 @@ async fn score_matches_chains_by_default_and_content_only_in_kthena_mode() {
     let (_, kthena) = post(spliced_app(), "/v1/pd/schedule", pd("kthena")).await;
     assert_eq!(prefix["pairs"][0]["prefill_score"], json!(50.0));
     assert_eq!(kthena["pairs"][0]["prefill_score"], json!(100.0));
+}
+
+#[tokio::test]
+async fn a_prefix_only_index_scores_chains_and_refuses_kthena_naming_the_field() {
+    let lean = || {
+        spliced_app_with(IndexOptions {
+            std_layer: false,
+            ..IndexOptions::default()
+        })
+    };
+    let spliced: Vec<u32> = [vec![10u32; 16], vec![40u32; 16]].concat();
+    let natural: Vec<u32> = [vec![10u32; 16], vec![20u32; 16]].concat();
+    let req = |tokens: &[u32]| json!({"model": "m", "tokens": tokens, "pods": ["s.ns"]});
+    for (tokens, matched) in [(&natural, 2), (&spliced, 1)] {
+        let (status, body) = post(lean(), "/v1/score", req(tokens)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            body["scores"][0]["matched_blocks"],
+            json!(matched),
+            "{body}"
+        );
+    }
+    let mut kthena = req(&natural);
+    kthena["match"] = json!("kthena");
+    let (status, body) = post(lean(), "/v1/score", kthena).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["field"], json!("match"), "{body}");
+    let hashes = json!({"model": "m", "block_hashes": [1, 2], "pods": ["s.ns"]});
+    let (status, body) = post(lean(), "/v1/score", hashes).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["field"], json!("block_hashes"), "{body}");
 }
 
 #[tokio::test]

@@ -93,6 +93,22 @@ fn other_zero_counts_are_refused_with_their_lines() {
 }
 
 #[test]
+fn a_prefix_only_index_is_refused_with_a_mirror_and_taken_without_one() {
+    let found = issues("redis:\n  url: redis://127.0.0.1:6379\ningest:\n  std_hashes: false\n");
+    let got: Vec<_> = found.iter().map(|i| (i.field.as_str(), i.line)).collect();
+    assert_eq!(got, [("ingest.std_hashes", Some(4))]);
+    let config = Config::from_str("ingest:\n  std_hashes: false\n").expect("valid without redis");
+    assert!(!config.ingest.std_hashes);
+    assert!(!config.ingest.index_options().std_layer);
+    assert!(
+        Config::from_str("")
+            .expect("empty config")
+            .ingest
+            .std_hashes
+    );
+}
+
+#[test]
 fn replay_ports_overlapping_a_later_rank_are_refused() {
     // The example as it shipped before: rank 1 would publish on the replay port 5558.
     let found = issues(&target("tcp://h:5557", "tcp://h:5558", 2));

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use kvindex::index::{Discard, Index, SourceId, SourceSpec};
+use kvindex::index::{Discard, Index, IndexOptions, SourceId, SourceSpec};
 use kvindex::medium::{MediaSet, Medium, TierWeights};
 use kvindex::score::{score_index_with, MatchMode, PromptSettings};
 use kvindex::store::redis::checkpoint;
@@ -280,7 +280,11 @@ impl Model {
 }
 
 fn new_index() -> (Index, Vec<SourceId>) {
-    let index = Index::new();
+    index_with(IndexOptions::default())
+}
+
+fn index_with(options: IndexOptions) -> (Index, Vec<SourceId>) {
+    let index = Index::with_options(options);
     let ids = SOURCES
         .iter()
         .map(|(pod, rank)| {
@@ -316,16 +320,31 @@ fn index_scores(
 }
 
 /// The first (batch, prompt, mode) where index and model disagree, if any.
+/// Also checks a `prefix`-only index (no std layer) fed the same stream: its `prefix` scores
+/// equal the model's, and its O(1) entry counters equal both its own walk and the full
+/// index's (chain block, pod) entries.
 fn first_divergence(stream: &[(usize, Vec<Op>)], prompts: &[(Vec<u8>, bool)]) -> Option<String> {
     let (index, ids) = new_index();
+    let (lean, _) = index_with(IndexOptions {
+        std_layer: false,
+        ..IndexOptions::default()
+    });
     let mut model = Model::default();
     for (n, (source, ops)) in stream.iter().enumerate() {
         let batch = EngineBatch::of(ops.iter().map(to_event).collect());
-        index
-            .apply(ids[*source], &batch, 1_000 + n as u32, &mut Discard)
-            .ok()?;
+        let now = 1_000 + n as u32;
+        index.apply(ids[*source], &batch, now, &mut Discard).ok()?;
+        lean.apply(ids[*source], &batch, now, &mut Discard).ok()?;
         for op in ops {
             model.apply(*source, op);
+        }
+        let walked = lean.stats().entries as u64;
+        let counted = lean.entry_counts().0;
+        let chain_entries = index.chain_entries() as u64;
+        if walked != counted || counted != chain_entries {
+            return Some(format!(
+                "after batch {n}: prefix-only index counts {counted}, walks {walked}; the full index has {chain_entries} chain entries"
+            ));
         }
         for (prompt, lora) in prompts {
             let name = if *lora { ADAPTER } else { BASE };
@@ -337,6 +356,13 @@ fn first_divergence(stream: &[(usize, Vec<Op>)], prompts: &[(Vec<u8>, bool)]) ->
                         "after batch {n}, {mode:?} {name} {prompt:?}: model {want:?}, index {got:?}"
                     ));
                 }
+            }
+            let want = model.scores(name, prompt, MatchMode::Prefix);
+            let got = index_scores(&lean, name, prompt, MatchMode::Prefix);
+            if want != got {
+                return Some(format!(
+                    "after batch {n}, prefix-only index, {name} {prompt:?}: model {want:?}, index {got:?}"
+                ));
             }
         }
     }

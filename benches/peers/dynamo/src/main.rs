@@ -30,13 +30,13 @@ use std::time::{Duration, Instant};
 use dynamo_kv_router::indexer::{SyncIndexer, WorkerTask};
 use dynamo_kv_router::protocols::{
     compute_block_hash_for_seq, BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent,
-    KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData, LocalBlockHash, OverlapScores,
-    RouterEvent,
+    KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData, LocalBlockHash,
+    OverlapScores, RouterEvent,
 };
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
-use kvindex::index::{Discard, Index, SourceId, SourceSpec};
-use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
+use kvindex::index::{Discard, Index, IndexOptions, SourceId, SourceSpec};
 use kvindex::score::Candidates;
+use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 use kvindex::{MatchMode, Medium, PromptSettings, TierWeights};
 
 // ---------------------------------------------------------------------------------------
@@ -546,8 +546,22 @@ struct Kvindex {
 }
 
 impl Kvindex {
+    /// An index with kthena's std layer (what a mirror or `kthena` matching needs).
     fn new(mode: MatchMode) -> Kvindex {
-        let index = Index::new();
+        Kvindex::with_options(mode, IndexOptions::default())
+    }
+
+    /// The `prefix`-only index: no std layer, no SHA-256.
+    fn prefix_only() -> Kvindex {
+        let options = IndexOptions {
+            std_layer: false,
+            ..IndexOptions::default()
+        };
+        Kvindex::with_options(MatchMode::Prefix, options)
+    }
+
+    fn with_options(mode: MatchMode, options: IndexOptions) -> Kvindex {
+        let index = Index::with_options(options);
         let pods: Vec<String> = (0..PODS).map(pod_name).collect();
         let sources = pods
             .iter()
@@ -601,9 +615,10 @@ impl Kvindex {
 
 impl Peer for Kvindex {
     fn name(&self) -> &'static str {
-        match self.mode {
-            MatchMode::Prefix => "kvindex prefix",
-            MatchMode::Kthena => "kvindex kthena",
+        match (self.mode, self.index.has_std_layer()) {
+            (MatchMode::Prefix, false) => "kvindex prefix-only",
+            (MatchMode::Prefix, true) => "kvindex prefix",
+            (MatchMode::Kthena, _) => "kvindex kthena",
         }
     }
     fn apply(&mut self, ops: &[Op], w: &Workload, _hashed: bool) -> (usize, Duration) {
@@ -893,6 +908,16 @@ fn main() {
     let queries = query_sets(&mut w, &mut rng);
     let splices = spliced(&mut w, &mut rng);
 
+    if std::env::args().nth(1).as_deref() == Some("profile") {
+        // Only kvindex's `prefix`-only store, remove and clear, for a profiler.
+        for _ in 0..RUNS {
+            let mut peer = Kvindex::prefix_only();
+            for ops in [&stores_8, &stores_1, &removes, &clears] {
+                peer.apply(ops, &w, true);
+            }
+        }
+        return;
+    }
     println!(
         "workload: {PODS} pods, {} prompts × {PROMPT_BLOCKS} blocks × {BLOCK} tokens, {} resident (block, pod) entries, {} store events of 1 block / {} of 8, {} blocks removed, {} cleared",
         w.prompts.len(),
@@ -903,7 +928,7 @@ fn main() {
         cleared_entries,
     );
 
-    let peers: [(&str, Box<dyn Fn() -> Box<dyn Peer>>); 4] = [
+    let peers: [(&str, Box<dyn Fn() -> Box<dyn Peer>>); 5] = [
         (
             "radix",
             Box::new(|| {
@@ -914,6 +939,10 @@ fn main() {
         ),
         ("crtc", Box::new(|| Box::new(Crtc::new()) as Box<dyn Peer>)),
         (
+            "kvindex prefix-only",
+            Box::new(|| Box::new(Kvindex::prefix_only()) as Box<dyn Peer>),
+        ),
+        (
             "kvindex",
             Box::new(|| Box::new(Kvindex::new(MatchMode::Prefix)) as Box<dyn Peer>),
         ),
@@ -922,9 +951,10 @@ fn main() {
             Box::new(|| Box::new(Kvindex::new(MatchMode::Kthena)) as Box<dyn Peer>),
         ),
     ];
-    // The index is one structure whatever the mode: its store, remove, clear and memory
-    // figures are measured once (as `kvindex prefix`); `kthena` queries are timed apart.
-    let columns: Vec<Column> = peers[..3]
+    // Two kvindex builds: `prefix`-only (no std layer: the in-memory index a router needs)
+    // and with kthena's std layer (what a Redis mirror or `kthena` matching needs), both
+    // queried in `prefix` mode; `kthena` queries of the latter are timed apart.
+    let columns: Vec<Column> = peers[..4]
         .iter()
         .map(|(_, make)| {
             measure(
@@ -969,62 +999,70 @@ fn main() {
 }
 
 fn print_table(c: &[Column], q: &QuerySets) {
-    let [radix, crtc, kv] = [&c[0], &c[1], &c[2]];
-    println!("\n| figure | Dynamo RadixTree | Dynamo CRTC | kvindex | kvindex ÷ RadixTree |");
-    println!("|---|---|---|---|---|");
-    let row = |name: &str, r: f64, t: Option<f64>, k: f64, higher_better: bool| {
-        let ratio = if higher_better { k / r } else { r / k };
-        let t = t.map_or("–".to_owned(), |t| format!("{t:.2}"));
-        println!("| {name} | {r:.2} | {t} | {k:.2} | {ratio:.2}× |");
+    let [radix, crtc, kv, kv_std] = [&c[0], &c[1], &c[2], &c[3]];
+    println!(
+        "\n| figure | Dynamo RadixTree | Dynamo CRTC | kvindex prefix-only | ÷ RadixTree | kvindex + std layer | ÷ RadixTree |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    // `crtc`: whether the CRTC column has the figure; `higher`: whether more is better (the
+    // ratio is then kvindex ÷ RadixTree, else RadixTree ÷ kvindex: > 1 is kvindex ahead).
+    let row = |name: &str, figure: &dyn Fn(&Column) -> f64, crtc_has: bool, higher: bool| {
+        let r = figure(radix);
+        let ratio = |k: f64| if higher { k / r } else { r / k };
+        let t = if crtc_has {
+            format!("{:.2}", figure(crtc))
+        } else {
+            "–".to_owned()
+        };
+        let (k, k_std) = (figure(kv), figure(kv_std));
+        println!(
+            "| {name} | {r:.2} | {t} | {k:.2} | {:.2}× | {k_std:.2} | {:.2}× |",
+            ratio(k),
+            ratio(k_std)
+        );
     };
     row(
         "store, 1-block events, with hashing (M blocks/s)",
-        radix.store_1,
-        None,
-        kv.store_1,
+        &|c| c.store_1,
+        false,
         true,
     );
     row(
         "store, 8-block events, with hashing",
-        radix.store_8,
-        None,
-        kv.store_8,
+        &|c| c.store_8,
+        false,
         true,
     );
     row(
         "store, 8-block, no hashing",
-        radix.store_8_nohash,
-        Some(crtc.store_8_nohash),
-        kv.store_8_nohash,
+        &|c| c.store_8_nohash,
+        true,
         true,
     );
-    row("remove", radix.remove, Some(crtc.remove), kv.remove, true);
-    row("clear", radix.clear, Some(crtc.clear), kv.clear, true);
+    row("remove", &|c| c.remove, true, true);
+    row("clear", &|c| c.clear, true, true);
     row(
         "memory after store (B per resident entry; ratio: RadixTree ÷ kvindex)",
-        radix.bytes_per_entry,
-        Some(crtc.bytes_per_entry),
-        kv.bytes_per_entry,
+        &|c| c.bytes_per_entry,
+        true,
         false,
     );
     for (i, name) in q.names.iter().enumerate() {
         row(
             &format!("query 128 blocks × 64 pods, {name}, p50 (µs; ratio: RadixTree ÷ kvindex)"),
-            radix.queries[i].p50,
-            Some(crtc.queries[i].p50),
-            kv.queries[i].p50,
+            &|c| c.queries[i].p50,
+            true,
             false,
         );
         row(
             &format!("same, {name}, p99 (µs)"),
-            radix.queries[i].p99,
-            Some(crtc.queries[i].p99),
-            kv.queries[i].p99,
+            &|c| c.queries[i].p99,
+            true,
             false,
         );
     }
     println!(
-        "events refused: RadixTree {}, CRTC {}, kvindex {}",
-        radix.refused, crtc.refused, kv.refused
+        "events refused: RadixTree {}, CRTC {}, kvindex prefix-only {}, kvindex {}",
+        radix.refused, crtc.refused, kv.refused, kv_std.refused
     );
 }
