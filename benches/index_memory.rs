@@ -7,13 +7,15 @@
 //! block's resident list and every source's engine-hash map (the map `BlockRemoved` resolves
 //! through). hashbrown tables double at powers of two, so several sizes are reported; the
 //! "8 pods" cases store every block on 8 pods (shared prefixes, one list of 8 residents).
-//! Goal (issue 2): ≤ 64 bytes per entry at 1 M entries.
+//! Goal (issue 2): ≤ 64 bytes per entry at 1 M entries; issue 12: ≤ 32. Each case runs
+//! twice: with kthena's std layer (the default) and `prefix`-only (`IndexOptions::std_layer`
+//! false: no std map, no SHA-256).
 //!
 //! Run: `cargo bench --bench index_memory` (prints a table; takes a few seconds).
 
 use std::sync::atomic::Ordering;
 
-use kvindex::index::{Discard, Index, SourceSpec};
+use kvindex::index::{Discard, Index, IndexOptions, SourceSpec};
 use kvindex::medium::Medium;
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
@@ -30,8 +32,11 @@ const BLOCK_SIZE: u32 = 16;
 const EVENTS_PER_BATCH: usize = 512;
 
 /// One case: `pods` sources each holding the same `blocks` blocks.
-fn measure(blocks: usize, pods: usize) -> (usize, f64, usize) {
-    let index = Index::new();
+fn measure(blocks: usize, pods: usize, std_layer: bool) -> (usize, f64, usize) {
+    let index = Index::with_options(IndexOptions {
+        std_layer,
+        ..IndexOptions::default()
+    });
     let sources: Vec<_> = (0..pods)
         .map(|p| {
             index
@@ -99,13 +104,20 @@ fn main() {
         (125_000, 8),
         (187_500, 8),
     ];
-    println!("| pods | blocks | (block, pod) entries | measured bytes/entry | stats() estimate bytes/entry |");
-    println!("| --- | --- | --- | --- | --- |");
-    for (blocks, pods) in cases {
-        let (entries, per_entry, estimate) = measure(blocks, pods);
-        println!(
-            "| {pods} | {blocks} | {entries} | {per_entry:.1} | {:.1} |",
-            estimate as f64 / entries as f64
-        );
+    println!("| index | pods | blocks | (block, pod) entries | measured bytes/entry | stats() estimate bytes/entry |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for std_layer in [true, false] {
+        let name = if std_layer {
+            "+ std layer"
+        } else {
+            "prefix-only"
+        };
+        for (blocks, pods) in cases {
+            let (entries, per_entry, estimate) = measure(blocks, pods, std_layer);
+            println!(
+                "| {name} | {pods} | {blocks} | {entries} | {per_entry:.1} | {:.1} |",
+                estimate as f64 / entries as f64
+            );
+        }
     }
 }

@@ -20,6 +20,9 @@
 //! A block whose parent the source does not know has no chain hash and is in the std layer
 //! only (it can never be a false hit).
 //!
+//! The std layer is optional ([`IndexOptions::std_layer`]): a `prefix`-only index computes no
+//! SHA-256 and keeps no std map; its entry counts then come from the chain layer.
+//!
 //! Concurrency: blocks live in one concurrent map per model (sharded locks, readers never
 //! wait for a whole-index lock); each source's state sits behind its own mutex, which only
 //! that source's ingest task takes on the hot path.
