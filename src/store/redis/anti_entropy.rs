@@ -57,6 +57,10 @@ use crate::wire::{BlockHash, Engine};
 const TICK: Duration = Duration::from_secs(1);
 /// Pause between chunks of an unthrottled pass: queued deltas are absorbed in between.
 const FAST_TICK: Duration = Duration::from_millis(1);
+/// How long a key the SCAN found to delete waits before it is checked again and deleted:
+/// ingest removes a block from the index before it hands the delta over, so for that long a
+/// key can be gone from the index while its delete is still on its way, not drift.
+const SUSPECT_GRACE: Duration = Duration::from_secs(1);
 /// Commands per chunk of an unthrottled pass.
 const FAST_CHUNK: usize = 10_000;
 /// How often Redis is asked for its `run_id` and the sentinel key.
@@ -77,6 +81,8 @@ pub(super) struct EntropyStats {
     pub(super) adopted_removes: AtomicU64,
     pub(super) repairs_deleted: AtomicU64,
     pub(super) repairs_written: AtomicU64,
+    /// Suspects of the current pass ([`Suspect`]).
+    pub(super) suspects: AtomicU64,
     pub(super) refreshed: AtomicU64,
     pub(super) redis_resets: AtomicU64,
     pub(super) passes: AtomicU64,
@@ -117,6 +123,9 @@ struct Pass {
     buffer: Vec<WalkEntry>,
     started: Instant,
     started_unix: u32,
+    /// Keys the SCAN found that the index does not hold, waiting out [`SUSPECT_GRACE`]
+    /// before they are checked again and deleted (oldest first).
+    suspects: Vec<Suspect>,
     /// Counts of this pass, for its closing log line.
     deleted: u64,
     written: u64,
@@ -137,11 +146,21 @@ impl Pass {
             buffer: Vec::new(),
             started: Instant::now(),
             started_unix: unix_now(),
+            suspects: Vec::new(),
             deleted: 0,
             written: 0,
             refreshed: 0,
         }
     }
+}
+
+/// A key the SCAN would delete: a field of an owned pod the index does not hold, or a
+/// stale mapping key.
+struct Suspect {
+    found: Instant,
+    key: String,
+    /// The field, for a block key; `None` for a mapping key.
+    field: Option<(PodId, Arc<str>)>,
 }
 
 /// What one chunk of the index walk sends: writes, and reads to compare.
@@ -299,6 +318,8 @@ impl Writer {
             stale.extend(keys);
         }
         self.entropy.pass = Some(Pass::new(Mode::Rewrite, stale));
+        // A verify it replaced drops its suspects: the rewrite compares everything anyway.
+        self.shared.entropy.suspects.store(0, Ordering::Relaxed);
         // A verify follows every reconcile; a fast one when the outage record was dropped.
         if self.config.verify {
             let wanted = self.entropy.verify_after.unwrap_or(false) || fast;
@@ -671,13 +692,14 @@ impl Writer {
             return Ok((1, true));
         };
         let mut scan = scan.clone();
-        let mut spent = 1;
+        let mut spent = self.confirm_suspects(pass).await?;
         if scan.masters.is_empty() {
             scan.masters = self.conn.masters().await?;
             spent += 1;
         }
         let Some(master) = scan.masters.get(scan.at).cloned() else {
-            return Ok((spent, true));
+            // The scan is over; the pass ends once its last suspects are settled.
+            return Ok((spent.max(1), pass.suspects.is_empty()));
         };
         let count = budget.clamp(SCAN_COUNT_MIN, SCAN_COUNT_MAX);
         let mut cmd = redis::cmd("SCAN");
@@ -699,10 +721,11 @@ impl Writer {
                     blocks.push((key, self.index.model_id(model), std));
                 }
             } else if self.stale_mapping_key(&owned, key) {
-                writes.del(key).ignore();
-                writes_n += 1;
-                pass.deleted += 1;
-                self.repaired(RepairDirection::Deleted);
+                pass.suspects.push(Suspect {
+                    found: Instant::now(),
+                    key: key.clone(),
+                    field: None,
+                });
             }
         }
         if !blocks.is_empty() && !names.is_empty() {
@@ -728,9 +751,76 @@ impl Writer {
             scan.at += 1;
         }
         scan.cursor = next;
-        let done = scan.at >= scan.masters.len();
+        let done = scan.at >= scan.masters.len() && pass.suspects.is_empty();
+        self.count_suspects(pass);
         pass.phase = Phase::Scan(scan);
         Ok((spent + writes_n, done))
+    }
+
+    /// Deletes the suspects past [`SUSPECT_GRACE`] that Redis still holds and the index still
+    /// does not (read again now); returns the commands spent.
+    async fn confirm_suspects(&mut self, pass: &mut Pass) -> Result<usize, redis::RedisError> {
+        let ripe = (pass.suspects.iter())
+            .take_while(|s| s.found.elapsed() >= SUSPECT_GRACE)
+            .count();
+        if ripe == 0 {
+            return Ok(0);
+        }
+        let mut reads = redis::pipe();
+        for suspect in &pass.suspects[..ripe] {
+            match &suspect.field {
+                Some((_, name)) => reads.hexists(&suspect.key, &**name),
+                None => reads.exists(&suspect.key),
+            };
+        }
+        let present: Vec<bool> = reads.query_async(&mut self.conn).await?;
+        let suspects: Vec<Suspect> = pass.suspects.drain(..ripe).collect();
+        let owned = self.index.owned_pods();
+        let mut writes = redis::pipe();
+        let mut writes_n = 0;
+        for (suspect, present) in suspects.iter().zip(present) {
+            let gone = present
+                && match &suspect.field {
+                    Some((pod, _)) => self.field_gone(&owned, &suspect.key, *pod),
+                    None => self.stale_mapping_key(&owned, &suspect.key),
+                };
+            if !gone {
+                continue;
+            }
+            match &suspect.field {
+                Some((_, name)) => writes.hdel(&suspect.key, &**name).ignore(),
+                None => writes.del(&suspect.key).ignore(),
+            };
+            writes_n += 1;
+            pass.deleted += 1;
+            self.repaired(RepairDirection::Deleted);
+        }
+        self.count_suspects(pass);
+        if writes_n > 0 {
+            self.send_background(&writes).await?;
+        }
+        Ok(ripe + writes_n)
+    }
+
+    /// Publishes how many suspects wait.
+    fn count_suspects(&self, pass: &Pass) {
+        let n = pass.suspects.len() as u64;
+        self.shared.entropy.suspects.store(n, Ordering::Relaxed);
+    }
+
+    /// Whether owned `pod` holds no field of block key `key` in the index now.
+    fn field_gone(&self, owned: &OwnedPods, key: &str, pod: PodId) -> bool {
+        let Some((model, std)) = split_block_key(key) else {
+            return false;
+        };
+        let Ok(std) = std.parse::<u64>() else {
+            return false;
+        };
+        let model = self.index.model_id(model);
+        owned.contains(pod)
+            && model
+                .and_then(|m| self.index.field_value(m, std, pod))
+                .is_none()
     }
 
     /// Whether `key` is a mapping key of an owned pod whose engine hash no source of the pod
@@ -761,9 +851,12 @@ impl Writer {
             let Some(got) = got else { continue };
             match model.and_then(|m| self.index.field_value(m, *std, *pod)) {
                 None => {
-                    writes.hdel(*key, &**name).ignore();
-                    pass.deleted += 1;
-                    self.repaired(RepairDirection::Deleted);
+                    pass.suspects.push(Suspect {
+                        found: Instant::now(),
+                        key: (*key).to_owned(),
+                        field: Some((*pod, name.clone())),
+                    });
+                    continue;
                 }
                 Some(v) => {
                     let want = field_value(v, self.config.value_format, &self.weights);

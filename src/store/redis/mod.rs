@@ -192,6 +192,9 @@ pub struct MirrorStats {
     pub adopted_removes: u64,
     /// Anti-entropy repairs that deleted a field or mapping key the index does not hold.
     pub repairs_deleted: u64,
+    /// Keys anti-entropy found the index no longer holds, waiting out a grace period (a
+    /// delete may still be on its way from ingest) before they are checked again.
+    pub repair_suspects: u64,
     /// Anti-entropy repairs that wrote a missing or different field or mapping key.
     pub repairs_written: u64,
     /// Fields rewritten with the current time before kthena's GC would drop them.
@@ -374,6 +377,7 @@ impl MirrorHandle {
             reconciles: s.reconciles.load(Ordering::Relaxed),
             adopted_removes: s.entropy.adopted_removes.load(Ordering::Relaxed),
             repairs_deleted: s.entropy.repairs_deleted.load(Ordering::Relaxed),
+            repair_suspects: s.entropy.suspects.load(Ordering::Relaxed),
             repairs_written: s.entropy.repairs_written.load(Ordering::Relaxed),
             refreshed: s.entropy.refreshed.load(Ordering::Relaxed),
             redis_resets: s.entropy.redis_resets.load(Ordering::Relaxed),
