@@ -909,10 +909,12 @@ fn main() {
     let splices = spliced(&mut w, &mut rng);
 
     if std::env::args().nth(1).as_deref() == Some("profile") {
-        // Only kvindex's `prefix`-only 8-block stores, for a profiler.
+        // Only kvindex's `prefix`-only store, remove and clear, for a profiler.
         for _ in 0..RUNS {
             let mut peer = Kvindex::prefix_only();
-            peer.apply(&stores_8, &w, true);
+            for ops in [&stores_8, &stores_1, &removes, &clears] {
+                peer.apply(ops, &w, true);
+            }
         }
         return;
     }
