@@ -77,6 +77,11 @@ impl Rig {
         }
     }
 
+    /// A rig whose periodic anti-entropy pass runs every `interval`.
+    async fn with_pass_every(url: &str, interval: Duration) -> Rig {
+        Rig::new(url, |c| c.anti_entropy_interval = interval).await
+    }
+
     async fn apply(&self, events: Vec<Event>) {
         let mut deltas: Vec<Delta> = Vec::new();
         self.index
@@ -188,10 +193,7 @@ async fn wait_stats(
 async fn a_flushall_while_idle_is_healed_within_seconds_without_a_new_event() {
     let server = OwnRedis::start(None, &[]);
     // No periodic pass during the test: the watchdog alone must notice.
-    let rig = Rig::new(&server.url(), |c| {
-        c.anti_entropy_interval = Duration::from_secs(3600)
-    })
-    .await;
+    let rig = Rig::with_pass_every(&server.url(), Duration::from_secs(3600)).await;
     rig.store(300).await;
     rig.wait_equal(WAIT).await;
     // The start-up pass is over: only the watchdog can bring the keys back.
@@ -211,10 +213,7 @@ async fn a_flushall_while_idle_is_healed_within_seconds_without_a_new_event() {
 #[tokio::test]
 async fn a_redis_restarted_empty_while_idle_is_healed_within_seconds_without_a_new_event() {
     let mut server = OwnRedis::start(None, &[]);
-    let rig = Rig::new(&server.url(), |c| {
-        c.anti_entropy_interval = Duration::from_secs(3600)
-    })
-    .await;
+    let rig = Rig::with_pass_every(&server.url(), Duration::from_secs(3600)).await;
     rig.store(300).await;
     rig.wait_equal(WAIT).await;
     let port = server.port;
@@ -228,10 +227,7 @@ async fn a_redis_restarted_empty_while_idle_is_healed_within_seconds_without_a_n
 #[tokio::test]
 async fn removes_of_another_writers_engine_hashes_delete_its_fields_and_mapping_keys() {
     let server = OwnRedis::start(None, &[]);
-    let rig = Rig::new(&server.url(), |c| {
-        c.anti_entropy_interval = Duration::from_secs(3600)
-    })
-    .await;
+    let rig = Rig::with_pass_every(&server.url(), Duration::from_secs(3600)).await;
     rig.store(5).await;
     // After the start-up pass, so only adoption can remove what follows.
     wait_stats(&rig.mirror, "start-up pass", |s| s.anti_entropy_passes >= 1).await;
@@ -288,10 +284,7 @@ async fn removes_of_another_writers_engine_hashes_delete_its_fields_and_mapping_
 #[tokio::test]
 async fn anti_entropy_repairs_both_directions_for_owned_pods_only() {
     let server = OwnRedis::start(None, &[]);
-    let rig = Rig::new(&server.url(), |c| {
-        c.anti_entropy_interval = Duration::from_secs(1)
-    })
-    .await;
+    let rig = Rig::with_pass_every(&server.url(), Duration::from_secs(1)).await;
     rig.store(50).await;
     rig.wait_equal(WAIT).await;
     let mut c = conn(&rig.url);
@@ -357,10 +350,7 @@ async fn anti_entropy_repairs_both_directions_for_owned_pods_only() {
 #[tokio::test]
 async fn a_delete_still_on_its_way_from_ingest_is_not_repaired_as_drift() {
     let server = OwnRedis::start(None, &[]);
-    let rig = Rig::new(&server.url(), |c| {
-        c.anti_entropy_interval = Duration::from_secs(1)
-    })
-    .await;
+    let rig = Rig::with_pass_every(&server.url(), Duration::from_secs(1)).await;
     rig.store(4).await;
     rig.wait_equal(WAIT).await;
     let remove = |hash: u64| {
@@ -499,10 +489,7 @@ fn signal(server: &OwnRedis, sig: &str) {
 #[tokio::test]
 async fn an_outage_record_past_its_cap_falls_back_to_a_full_pass() {
     let server = OwnRedis::start(None, &[]);
-    let rig = Rig::new(&server.url(), |c| {
-        c.anti_entropy_interval = Duration::from_secs(3600)
-    })
-    .await;
+    let rig = Rig::with_pass_every(&server.url(), Duration::from_secs(3600)).await;
     rig.store(50).await;
     rig.wait_equal(WAIT).await;
     // Redis paused with its data: writes time out and the mirror goes dirty.
