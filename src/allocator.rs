@@ -3,8 +3,8 @@
 //! soak examples install the same one; the library itself installs none.
 //!
 //! - `jemalloc` (default): `tikv-jemallocator`, with [`JEMALLOC_CONF`] built in. In a churn
-//!   soak with Redis it kept RSS at 35–45 MiB over a 21–32 MiB live heap where glibc's
-//!   defaults ratcheted to 70 MiB in three minutes (92 MiB in ten), and it returns freed
+//!   soak with Redis it kept RSS at 35–57 MiB over a 21–42 MiB live heap for ten minutes,
+//!   where glibc's defaults ratcheted to 70 MiB in three minutes (92 MiB in ten); it returns freed
 //!   pages at once, which glibc does only after `malloc_trim` (README, Benchmarks).
 //! - `mimalloc`: measured, not chosen (RSS 74–95 MiB in the same soak).
 //! - neither (`--no-default-features`): the system allocator (glibc); then set
