@@ -8,7 +8,8 @@
 //! cap (1,024: the rest are dropped and counted). Batches are built outside the timed part. Reported: ingest time per block and its ratio to the 1-name case (goal
 //! ≤ 1.5×), the live heap (counting allocator) and RSS before, after ingest and after every
 //! block is removed (goal: RSS after removes within 10 % of before), and RSS after
-//! `malloc_trim(0)` to tell freed-but-cached allocator pages from memory still held. Each
+//! `malloc_trim(0)` to tell freed-but-cached allocator pages from memory still held (glibc
+//! only: a no-op for jemalloc, which as built returns freed pages at once). Each
 //! case runs in a fresh index, in this order, within one process; the 1-name case runs
 //! first and again last as the reference.
 //!
@@ -170,6 +171,7 @@ fn main() {
     let cases = cases
         .into_iter()
         .filter(|(name, ..)| only.as_deref().is_none_or(|o| name.contains(o)));
+    println!("allocator: {}", kvindex::allocator::NAME);
     println!("| case | ns/block | vs first case | dropped | live MiB before / ingested / removed | RSS MiB before / ingested / removed / trimmed | RSS removed vs before |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     let mut reference = None;

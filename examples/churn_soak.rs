@@ -106,6 +106,7 @@ async fn main() {
     let started = Instant::now();
     let mut next_sample = Duration::ZERO;
     let mut seq = 0u64;
+    println!("allocator: {}", kvindex::allocator::NAME);
     println!("| t s | messages sent | seen | mirror queue | RSS MiB | live heap MiB | index heap MiB (estimate) | goal: 2 × index + 32 MiB | entries | blocks |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     while started.elapsed() < a.duration {

@@ -29,11 +29,13 @@
 //! | [`shard`] | which replica owns a pod: rendezvous hashing of `{pod}.{namespace}` |
 //! | [`sim`] | simulated engines (PUB + replay ROUTER) for `kvindex demo` and tests |
 //! | [`commands`] | the CLI commands, callable as library functions |
+//! | [`allocator`] | the global allocator the binary installs (build-time choice) |
 //!
 //! The types a library user needs are re-exported here by name, so
 //! `use kvindex::{Index, Engine, TierWeights, Config, Daemon};` is enough to embed the
 //! index, score from it, or run the daemon in-process.
 
+pub mod allocator;
 pub mod api;
 pub mod commands;
 pub mod config;

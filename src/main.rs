@@ -5,6 +5,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use kvindex::commands::{self, LogFormat};
 
+// The allocator is chosen by cargo feature; see `kvindex::allocator` for why.
+#[global_allocator]
+static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::CHOSEN;
+
 /// KV-cache event ingester and prefix index for LLM serving clusters.
 #[derive(Debug, Parser)]
 #[command(name = "kvindex", version, about, propagate_version = true)]
