@@ -247,12 +247,11 @@ impl<'a> IndexLookup<'a> {
     }
 
     /// The layer `mode` reads for `model`. Chain hashes are seeded by the model's name, so
-    /// the chain layer needs no model id; an unknown model still holds nothing in `prefix`
-    /// mode (no chain of it was stored).
+    /// the chain layer needs no model id (and a query no lookup of the name): an unknown
+    /// model holds nothing in `prefix` mode, as no chain of it was stored.
     fn layer(index: &'a Index, model: &str, mode: MatchMode) -> Option<LayerReader<'a>> {
-        let model = index.model_id(model)?;
         match mode {
-            MatchMode::Kthena => index.std_layer(model),
+            MatchMode::Kthena => index.std_layer(index.model_id(model)?),
             MatchMode::Prefix => Some(index.chain_layer()),
         }
     }
