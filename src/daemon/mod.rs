@@ -309,7 +309,9 @@ const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 /// own exporter keeps every histogram sample until a scrape renders it, so a daemon nobody
 /// scrapes would grow by 8 bytes per message and per request, without bound.
 async fn metrics_upkeep(handle: PrometheusHandle, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(METRICS_UPKEEP);
+    // The first upkeep one period after start (an interval's first tick is immediate).
+    let first = tokio::time::Instant::now() + METRICS_UPKEEP;
+    let mut tick = tokio::time::interval_at(first, METRICS_UPKEEP);
     loop {
         tokio::select! {
             biased;
