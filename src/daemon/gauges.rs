@@ -5,11 +5,17 @@
 //! queue length) or from the target list, so a short interval costs nothing: a gauge is
 //! true within [`GAUGE_INTERVAL`]. A medium whose count drops to zero is set to zero, not
 //! left at its last value.
+//!
+//! The same timer runs the Prometheus recorder's upkeep: it is installed without an exporter
+//! of its own (`install_recorder`), which spawns none, so without it every histogram sample
+//! (one per message, per request, per mirror write) would wait for a scrape to be folded into
+//! its buckets, and a daemon nobody scrapes would grow without bound.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::index::Index;
@@ -20,11 +26,13 @@ use crate::store::redis::MirrorHandle;
 /// How often the gauges are refreshed (the promise: true within this).
 const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Refreshes the gauges every [`GAUGE_INTERVAL`] until cancelled.
+/// Refreshes the gauges and runs `recorder`'s upkeep every [`GAUGE_INTERVAL`] until
+/// cancelled.
 pub(super) async fn refresh_loop(
     supervisor: Arc<Supervisor>,
     index: Index,
     mirror: Option<Arc<MirrorHandle>>,
+    recorder: Option<PrometheusHandle>,
     cancel: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(GAUGE_INTERVAL);
@@ -36,6 +44,9 @@ pub(super) async fn refresh_loop(
             _ = tick.tick() => {}
         }
         refresh(&supervisor, &index, mirror.as_deref(), &mut media_seen);
+        if let Some(recorder) = &recorder {
+            recorder.run_upkeep();
+        }
     }
 }
 

@@ -151,11 +151,11 @@ impl Daemon {
             mirror,
             tasks: Vec::new(),
         };
-        daemon.serve(listeners, metrics, &config, fds, backend);
+        daemon.serve(listeners, metrics.clone(), &config, fds, backend);
         daemon.claim_restored(&config);
         daemon.start_targets(&config, config_path).await;
         daemon.start_discovery(&config, kube_client);
-        daemon.spawn_gauges();
+        daemon.spawn_gauges(metrics);
         log_started(&config, metrics_addr, api_addr);
         Ok(daemon)
     }
@@ -169,11 +169,6 @@ impl Daemon {
         fds: fds::FdBudget,
         backend: ScoreBackend,
     ) {
-        if let Some(handle) = metrics.clone() {
-            let cancel = self.accept.child_token();
-            self.tasks
-                .push(tokio::spawn(metrics_upkeep(handle, cancel)));
-        }
         let health = health::router(
             metrics,
             self.mirror.clone(),
@@ -261,11 +256,13 @@ impl Daemon {
         self.tasks.push(running.task);
     }
 
-    fn spawn_gauges(&mut self) {
+    /// Refreshes the gauges, and keeps `recorder` (when installed) from piling up samples.
+    fn spawn_gauges(&mut self, recorder: Option<PrometheusHandle>) {
         self.tasks.push(tokio::spawn(gauges::refresh_loop(
             self.supervisor.clone(),
             self.index.clone(),
             self.mirror.clone(),
+            recorder,
             self.accept.child_token(),
         )));
     }
@@ -302,25 +299,6 @@ impl Daemon {
 }
 
 /// Says where every listener is and what the daemon subscribes to, at start.
-/// How often the recorder folds recorded histogram samples into their buckets.
-const METRICS_UPKEEP: Duration = Duration::from_secs(5);
-
-/// Runs the Prometheus recorder's upkeep until cancelled. A recorder installed without its
-/// own exporter keeps every histogram sample until a scrape renders it, so a daemon nobody
-/// scrapes would grow by 8 bytes per message and per request, without bound.
-async fn metrics_upkeep(handle: PrometheusHandle, cancel: CancellationToken) {
-    // The first upkeep one period after start (an interval's first tick is immediate).
-    let first = tokio::time::Instant::now() + METRICS_UPKEEP;
-    let mut tick = tokio::time::interval_at(first, METRICS_UPKEEP);
-    loop {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => handle.run_upkeep(),
-        }
-    }
-}
-
 fn log_started(config: &Config, metrics: SocketAddr, api: Option<SocketAddr>) {
     let api = api.map_or_else(|| "off".to_owned(), |a| format!("http://{a}"));
     let redis = config.redis.as_ref().map_or_else(

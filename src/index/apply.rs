@@ -353,8 +353,6 @@ struct Mutation<'a, S: DeltaSink> {
     /// Unix second recorded as the store time.
     now: u32,
     stats: ApplyStats,
-    /// Whether the std layer is kept; without it entries are counted on the chain layer.
-    std_layer: bool,
 }
 
 impl<'a, S: DeltaSink> Mutation<'a, S> {
@@ -374,7 +372,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             blocks: BlocksCache::default(),
             now,
             stats: ApplyStats::default(),
-            std_layer: index.inner.std_layer,
         }
     }
 
@@ -390,7 +387,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let (model, seed) = match &stored.lora_name {
             Some(name) => match self.state.lora_model(name) {
                 Some((model, blocks)) => {
-                    if self.std_layer {
+                    if self.std_layer() {
                         self.blocks.prime(model, blocks);
                     }
                     (model, model_seed(name))
@@ -427,7 +424,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             };
             // Without the std layer nothing reads kthena's SHA-256: a cheap content hash
             // still tells an engine hash reused for other content.
-            let std = if self.std_layer {
+            let std = if self.std_layer() {
                 std_hash(tokens)
             } else {
                 content_hash(tokens)
@@ -513,42 +510,64 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         if let Some((_, slot)) = self.state.find_mut(hash, model) {
             slot.set_chain(to);
         }
+        self.drop_chain_media(from, media, true);
+        self.add_chain_media(to, media, true);
+    }
+
+    /// Adds `added` media (and one engine copy when `new_copy`) to the source's resident of
+    /// chain block `chain` (none when 0, chain unknown), counted when the chain layer is the
+    /// counted one; returns whether the source now holds it through more than one engine
+    /// block.
+    fn add_chain_media(&mut self, chain: u64, added: MediaSet, new_copy: bool) -> bool {
+        if chain == 0 {
+            return false;
+        }
         let who = self.chain_editor();
-        let index = self.out.index;
-        let chains = &index.inner.chains;
-        if from != 0 {
-            let dropped = layer::drop_media(
-                chains,
-                &mut self.state.dups,
-                (CHAIN_DUPS, from),
-                from,
-                who,
-                media,
-                true,
-            );
-            if let Some(((before, after), _)) = dropped {
-                self.count_chain(before, after);
-            }
+        let chains = &self.out.index.inner.chains;
+        let dups = &mut self.state.dups;
+        let ((before, after), duplicate) = layer::add_media(
+            chains,
+            dups,
+            (CHAIN_DUPS, chain),
+            chain,
+            who,
+            added,
+            new_copy,
+        );
+        self.count_chain(before, after);
+        duplicate
+    }
+
+    /// Takes `removed` media off the source's resident of chain block `chain` (none when 0;
+    /// `slot_gone` when the engine block itself went), counted likewise; returns the
+    /// resident's last store time (0 when the source held no such block).
+    fn drop_chain_media(&mut self, chain: u64, removed: MediaSet, slot_gone: bool) -> u32 {
+        if chain == 0 {
+            return 0;
         }
-        if to != 0 {
-            let ((before, after), _) = layer::add_media(
-                chains,
-                &mut self.state.dups,
-                (CHAIN_DUPS, to),
-                to,
-                who,
-                media,
-                true,
-            );
-            self.count_chain(before, after);
-        }
+        let who = self.chain_editor();
+        let chains = &self.out.index.inner.chains;
+        let dups = &mut self.state.dups;
+        let key = (CHAIN_DUPS, chain);
+        let dropped = layer::drop_media(chains, dups, key, chain, who, removed, slot_gone);
+        let Some(((before, after), stored_at)) = dropped else {
+            return 0;
+        };
+        self.count_chain(before, after);
+        stored_at
+    }
+
+    /// Whether the index keeps the std layer; without it entries are counted on the chain
+    /// layer.
+    fn std_layer(&self) -> bool {
+        self.out.index.inner.std_layer
     }
 
     /// The editor of chain-layer edits: pod values are read only where entries are counted
     /// on that layer (no std layer).
     fn chain_editor(&self) -> Editor {
         let who = self.editor();
-        if self.std_layer {
+        if self.std_layer() {
             who.without_values()
         } else {
             who
@@ -557,7 +576,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
 
     /// Counts a chain-layer field change when the chain layer is the one counted.
     fn count_chain(&mut self, before: Option<FieldValue>, after: Option<FieldValue>) {
-        if !self.std_layer {
+        if !self.std_layer() {
             self.out.count(before, after);
         }
     }
@@ -599,24 +618,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         new_copy: bool,
     ) -> bool {
         let who = self.editor();
-        let mut chain_duplicate = false;
-        if chain != 0 {
-            let chain_who = self.chain_editor();
-            let index = self.out.index;
-            let chains = &index.inner.chains;
-            let dup_key = (CHAIN_DUPS, chain);
-            let ((before, after), duplicate) = layer::add_media(
-                chains,
-                &mut self.state.dups,
-                dup_key,
-                chain,
-                chain_who,
-                added,
-                new_copy,
-            );
-            self.count_chain(before, after);
-            chain_duplicate = duplicate;
-        }
+        let chain_duplicate = self.add_chain_media(chain, added, new_copy);
         let Some(blocks) = self.blocks.get(self.out.index, model) else {
             // No std layer: a duplicate is a chain block held through another engine hash.
             return chain_duplicate;
@@ -649,26 +651,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         slot_gone: bool,
     ) -> u32 {
         let who = self.editor();
-        let mut chain_stored_at = 0;
-        if chain != 0 {
-            let chain_who = self.chain_editor();
-            let index = self.out.index;
-            let chains = &index.inner.chains;
-            let dup_key = (CHAIN_DUPS, chain);
-            let dropped = layer::drop_media(
-                chains,
-                &mut self.state.dups,
-                dup_key,
-                chain,
-                chain_who,
-                removed,
-                slot_gone,
-            );
-            if let Some(((before, after), stored_at)) = dropped {
-                self.count_chain(before, after);
-                chain_stored_at = stored_at;
-            }
-        }
+        let chain_stored_at = self.drop_chain_media(chain, removed, slot_gone);
         let Some(blocks) = self.blocks.get(self.out.index, model) else {
             // No std layer: the chain resident's store time is the one kept.
             return chain_stored_at;
@@ -747,7 +730,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let index = self.out.index;
         let chains = &index.inner.chains;
         let chain_who = self.chain_editor();
-        let count_chains = !self.std_layer;
+        let count_chains = !self.std_layer();
         for slot in self.state.slots() {
             if slot.chain() != 0 {
                 let dropped = layer::drop_resident(chains, slot.chain(), chain_who);

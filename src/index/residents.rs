@@ -105,17 +105,8 @@ impl Residents {
         rank: u8,
         edit: impl FnOnce(&mut Resident) -> R,
     ) -> Option<R> {
-        let is = |r: &Resident| r.pod() == pod && r.rank() == rank;
-        match self {
-            Residents::One(r) => is(r).then(|| edit(r)),
-            Residents::Many(m) => {
-                let r = m.list.iter_mut().find(|r| is(r))?;
-                let before = owner_key(r);
-                let out = edit(r);
-                m.fingerprint ^= before ^ owner_key(r);
-                Some(out)
-            }
-        }
+        let (edited, _) = self.edit_with_others(pod, rank, false, edit);
+        edited.map(|(out, _, _)| out)
     }
 
     /// One pass over the residents for an edit of `(pod, rank)`: runs `edit` on its resident,
@@ -252,19 +243,9 @@ pub(crate) fn merge(a: Option<FieldValue>, b: Option<FieldValue>) -> Option<Fiel
 
 /// Pod-level value of `pod` among `residents`.
 pub(crate) fn pod_value(residents: &[Resident], pod: u32) -> Option<FieldValue> {
-    let mut value: Option<FieldValue> = None;
-    for r in residents
-        .iter()
-        .filter(|r| r.pod() == pod && !r.media().is_empty())
-    {
-        let v = value.get_or_insert(FieldValue {
-            stored_at: r.stored_at,
-            media: MediaSet::EMPTY,
-        });
-        v.media = v.media.union(r.media());
-        v.stored_at = v.stored_at.max(r.stored_at);
-    }
-    value
+    (residents.iter())
+        .filter(|r| r.pod() == pod)
+        .fold(None, |value, r| merge(value, own_value(r)))
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@
 
 use std::sync::Arc;
 
-use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 
 use super::intern::ModelTable;
@@ -310,9 +309,6 @@ impl SourceState {
         if let Some(slot) = self.ints.get_mut(&key) {
             return (slot.negative() == negative).then_some((base, slot));
         }
-        if self.lora_ints.is_empty() {
-            return None;
-        }
         let held = self.lora_ints.get_mut(&key)?;
         (held.slot.negative() == negative).then_some((held.model, &mut held.slot))
     }
@@ -349,29 +345,14 @@ impl SourceState {
         let key = int_key(bits);
         let slot = EngineSlot::new(std, chain, negative, media);
         let base = self.base_model;
-        // One probe of the map the block goes to (a store is the hot path); the other map
-        // is probed only when it holds anything, as a key is in at most one of them.
+        // `insert` hands back what it displaced in the same probe; a key is in at most one of
+        // the two maps, so the other one is only checked for it.
         let old = if model == base {
-            let old = match self.ints.entry(key) {
-                Entry::Occupied(mut held) => Some(HeldSlot {
-                    slot: std::mem::replace(held.get_mut(), slot),
-                    model: base,
-                }),
-                Entry::Vacant(vacant) => {
-                    vacant.insert(slot);
-                    None
-                }
-            };
-            old.or_else(|| (!self.lora_ints.is_empty()).then(|| self.lora_ints.remove(&key))?)
+            let old = self.ints.insert(key, slot);
+            let old = old.map(|slot| HeldSlot { slot, model: base });
+            old.or_else(|| self.lora_ints.remove(&key))
         } else {
-            let held = HeldSlot { slot, model };
-            let old = match self.lora_ints.entry(key) {
-                Entry::Occupied(mut old) => Some(std::mem::replace(old.get_mut(), held)),
-                Entry::Vacant(vacant) => {
-                    vacant.insert(held);
-                    None
-                }
-            };
+            let old = self.lora_ints.insert(key, HeldSlot { slot, model });
             old.or_else(|| {
                 self.ints
                     .remove(&key)

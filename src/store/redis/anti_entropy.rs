@@ -163,6 +163,33 @@ struct Suspect {
     field: Option<(PodId, Arc<str>)>,
 }
 
+impl Suspect {
+    /// A suspect found now.
+    fn new(key: String, field: Option<(PodId, Arc<str>)>) -> Suspect {
+        Suspect {
+            found: Instant::now(),
+            key,
+            field,
+        }
+    }
+
+    /// Asks Redis whether it still holds the field or key.
+    fn ask(&self, pipe: &mut redis::Pipeline) {
+        match &self.field {
+            Some((_, name)) => pipe.hexists(&self.key, &**name),
+            None => pipe.exists(&self.key),
+        };
+    }
+
+    /// Deletes the field or key.
+    fn delete(&self, pipe: &mut redis::Pipeline) {
+        match &self.field {
+            Some((_, name)) => pipe.hdel(&self.key, &**name).ignore(),
+            None => pipe.del(&self.key).ignore(),
+        };
+    }
+}
+
 /// What one chunk of the index walk sends: writes, and reads to compare.
 #[derive(Default)]
 struct Plan {
@@ -717,15 +744,11 @@ impl Writer {
         let mut blocks: Vec<(&str, Option<ModelId>, u64)> = Vec::new();
         for key in &keys {
             if let Some((model, std)) = split_block_key(key) {
-                if let Ok(std) = std.parse::<u64>() {
-                    blocks.push((key, self.index.model_id(model), std));
+                if let Some((model, std)) = self.parse_block(model, std) {
+                    blocks.push((key, model, std));
                 }
             } else if self.stale_mapping_key(&owned, key) {
-                pass.suspects.push(Suspect {
-                    found: Instant::now(),
-                    key: key.clone(),
-                    field: None,
-                });
+                pass.suspects.push(Suspect::new(key.clone(), None));
             }
         }
         if !blocks.is_empty() && !names.is_empty() {
@@ -768,10 +791,7 @@ impl Writer {
         }
         let mut reads = redis::pipe();
         for suspect in &pass.suspects[..ripe] {
-            match &suspect.field {
-                Some((_, name)) => reads.hexists(&suspect.key, &**name),
-                None => reads.exists(&suspect.key),
-            };
+            suspect.ask(&mut reads);
         }
         let present: Vec<bool> = reads.query_async(&mut self.conn).await?;
         let suspects: Vec<Suspect> = pass.suspects.drain(..ripe).collect();
@@ -787,10 +807,7 @@ impl Writer {
             if !gone {
                 continue;
             }
-            match &suspect.field {
-                Some((_, name)) => writes.hdel(&suspect.key, &**name).ignore(),
-                None => writes.del(&suspect.key).ignore(),
-            };
+            suspect.delete(&mut writes);
             writes_n += 1;
             pass.deleted += 1;
             self.repaired(RepairDirection::Deleted);
@@ -808,15 +825,19 @@ impl Writer {
         self.shared.entropy.suspects.store(n, Ordering::Relaxed);
     }
 
+    /// The model id (when the model is live in the index) and std hash of a block key's
+    /// parts; `None` when the hash is not a number.
+    fn parse_block(&self, model: &str, std: &str) -> Option<(Option<ModelId>, u64)> {
+        let std = std.parse::<u64>().ok()?;
+        Some((self.index.model_id(model), std))
+    }
+
     /// Whether owned `pod` holds no field of block key `key` in the index now.
     fn field_gone(&self, owned: &OwnedPods, key: &str, pod: PodId) -> bool {
-        let Some((model, std)) = split_block_key(key) else {
+        let parsed = split_block_key(key).and_then(|(model, std)| self.parse_block(model, std));
+        let Some((model, std)) = parsed else {
             return false;
         };
-        let Ok(std) = std.parse::<u64>() else {
-            return false;
-        };
-        let model = self.index.model_id(model);
         owned.contains(pod)
             && model
                 .and_then(|m| self.index.field_value(m, std, pod))
@@ -851,11 +872,8 @@ impl Writer {
             let Some(got) = got else { continue };
             match model.and_then(|m| self.index.field_value(m, *std, *pod)) {
                 None => {
-                    pass.suspects.push(Suspect {
-                        found: Instant::now(),
-                        key: (*key).to_owned(),
-                        field: Some((*pod, name.clone())),
-                    });
+                    let field = Some((*pod, name.clone()));
+                    pass.suspects.push(Suspect::new((*key).to_owned(), field));
                     continue;
                 }
                 Some(v) => {

@@ -1004,7 +1004,7 @@ fn print_table(c: &[Column], q: &QuerySets) {
         "\n| figure | Dynamo RadixTree | Dynamo CRTC | kvindex prefix-only | ÷ RadixTree | kvindex + std layer | ÷ RadixTree |"
     );
     println!("|---|---|---|---|---|---|---|");
-    // `crtc`: whether the CRTC column has the figure; `higher`: whether more is better (the
+    // `crtc_has`: whether the CRTC column has the figure; `higher`: whether more is better (the
     // ratio is then kvindex ÷ RadixTree, else RadixTree ÷ kvindex: > 1 is kvindex ahead).
     let row = |name: &str, figure: &dyn Fn(&Column) -> f64, crtc_has: bool, higher: bool| {
         let r = figure(radix);
