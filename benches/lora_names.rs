@@ -5,7 +5,8 @@
 //! 1 name and 100,000 names over 1 M blocks (ten blocks per name) and over 100 k blocks
 //! (every block a new name, so every block creates a model) — the per-source cap is raised
 //! past them, so the data structure is what is timed — and 100,000 names under the default
-//! cap (1,024: the rest are dropped and counted). Batches are built outside the timed part. Reported: ingest time per block and its ratio to the 1-name case (goal
+//! cap (1,024: the rest are dropped and counted). The index keeps no freed model names, as
+//! the daemon without Redis; one case keeps the mirror's 16,384 to show what they cost. Batches are built outside the timed part. Reported: ingest time per block and its ratio to the 1-name case (goal
 //! ≤ 1.5×), the live heap (counting allocator) and RSS before, after ingest and after every
 //! block is removed (goal: RSS after removes within 10 % of before), and RSS after
 //! `malloc_trim(0)` to tell freed-but-cached allocator pages from memory still held (glibc
@@ -19,7 +20,10 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kvindex::index::{Discard, Index, SourceSpec, DEFAULT_MAX_MODELS_PER_SOURCE};
+use kvindex::index::{
+    Discard, Index, IndexOptions, SourceSpec, DEFAULT_FREED_MODEL_NAMES,
+    DEFAULT_MAX_MODELS_PER_SOURCE,
+};
 use kvindex::medium::Medium;
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 
@@ -102,10 +106,14 @@ struct Figures {
     rss: [f64; 4],
 }
 
-fn run(blocks: u64, names: u64, cap: usize) -> Figures {
+fn run(blocks: u64, names: u64, cap: usize, freed_names: usize) -> Figures {
     trim();
     let (live0, rss0) = (live_mib(), rss_mib());
-    let index = Index::with_max_models_per_source(cap);
+    let index = Index::with_options(IndexOptions {
+        max_models_per_source: cap,
+        freed_model_names: freed_names,
+        ..IndexOptions::default()
+    });
     let source = index
         .register_source(&SourceSpec {
             pod: "p.ns".to_owned(),
@@ -148,23 +156,34 @@ fn run(blocks: u64, names: u64, cap: usize) -> Figures {
 fn main() {
     const M: u64 = 1_000_000;
     const K100: u64 = 100_000;
+    // The daemon without Redis keeps no freed model names (nothing resolves a delta's model
+    // late); with the mirror it keeps the last 16,384, so one case shows that bounded cost.
     let cases = [
-        ("1 M blocks, 1 name", M, 1, usize::MAX),
-        ("1 M blocks, 100k names, cap raised", M, K100, usize::MAX),
-        ("100k blocks, 1 name", K100, 1, usize::MAX),
+        ("1 M blocks, 1 name", M, 1, usize::MAX, 0),
+        ("1 M blocks, 100k names, cap raised", M, K100, usize::MAX, 0),
+        ("100k blocks, 1 name", K100, 1, usize::MAX, 0),
         (
             "100k blocks, 100k names, cap raised",
             K100,
             K100,
             usize::MAX,
+            0,
+        ),
+        (
+            "100k blocks, 100k names, cap raised, freed names kept for a mirror",
+            K100,
+            K100,
+            usize::MAX,
+            DEFAULT_FREED_MODEL_NAMES,
         ),
         (
             "100k blocks, 100k names, default cap",
             K100,
             K100,
             DEFAULT_MAX_MODELS_PER_SOURCE,
+            0,
         ),
-        ("1 M blocks, 1 name (again)", M, 1, usize::MAX),
+        ("1 M blocks, 1 name (again)", M, 1, usize::MAX, 0),
     ];
     // An optional argument keeps only the cases whose name contains it (for profiling one).
     let only: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -175,8 +194,8 @@ fn main() {
     println!("| case | ns/block | vs first case | dropped | live MiB before / ingested / removed | RSS MiB before / ingested / removed / trimmed | RSS removed vs before |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     let mut reference = None;
-    for (name, blocks, names, cap) in cases {
-        let f = run(blocks, names, cap);
+    for (name, blocks, names, cap, freed) in cases {
+        let f = run(blocks, names, cap, freed);
         let base = *reference.get_or_insert(f.ns_per_block);
         println!(
             "| {name} | {:.0} | {:.2}× | {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} / {:.1} | {:+.1} % |",

@@ -194,6 +194,7 @@ impl IngestLimits {
         crate::index::IndexOptions {
             max_models_per_source: self.max_models_per_source,
             std_layer: self.std_hashes,
+            ..crate::index::IndexOptions::default()
         }
     }
 }

@@ -69,9 +69,10 @@ impl Interner {
     }
 }
 
-/// How many freed model names stay resolvable by id, so a mirror that resolves a delta's
-/// model a little after its last block left still writes the right key.
-const FREED_NAMES_KEPT: usize = 16_384;
+/// How many freed model names stay resolvable by id by default, so a mirror that resolves a
+/// delta's model a little after its last block left still writes the right key (at most
+/// ~1.4 MiB with short adapter names).
+pub const DEFAULT_FREED_MODEL_NAMES: usize = 16_384;
 
 /// Default cap on distinct models (base model and LoRA adapters) one source may hold.
 pub const DEFAULT_MAX_MODELS_PER_SOURCE: usize = 1024;
@@ -86,13 +87,15 @@ pub const DEFAULT_MAX_MODELS_PER_SOURCE: usize = 1024;
 /// Ids are never reused (a `u32` counter; past `u32::MAX` new names are refused): readers and
 /// the mirror may hold an id briefly after its model is freed, and a reused id would point
 /// them at another model's blocks. A freed id resolves to nothing (and its name stays
-/// resolvable for the last [`FREED_NAMES_KEPT`] frees).
+/// resolvable for the last few frees, [`DEFAULT_FREED_MODEL_NAMES`] by default).
 pub(crate) struct ModelTable {
     inner: RwLock<ModelsInner>,
     /// Every LoRA adapter's std blocks.
     lora: Arc<LoraBlocks>,
     /// Distinct models one source may hold at once.
     pub(crate) max_per_source: usize,
+    /// Freed names kept resolvable (0 when no delta consumer resolves ids late).
+    freed_kept: usize,
 }
 
 #[derive(Default)]
@@ -122,17 +125,19 @@ struct LiveModel {
 
 impl Default for ModelTable {
     fn default() -> Self {
-        ModelTable::new(DEFAULT_MAX_MODELS_PER_SOURCE)
+        ModelTable::new(DEFAULT_MAX_MODELS_PER_SOURCE, DEFAULT_FREED_MODEL_NAMES)
     }
 }
 
 impl ModelTable {
-    /// An empty table whose sources may hold `max_per_source` models each.
-    pub(crate) fn new(max_per_source: usize) -> ModelTable {
+    /// An empty table whose sources may hold `max_per_source` models each, and which keeps
+    /// the names of the last `freed_kept` freed models resolvable.
+    pub(crate) fn new(max_per_source: usize, freed_kept: usize) -> ModelTable {
         ModelTable {
             inner: RwLock::default(),
             lora: Arc::default(),
             max_per_source: max_per_source.max(1),
+            freed_kept,
         }
     }
 
@@ -238,9 +243,11 @@ impl ModelTable {
             return;
         };
         inner.by_name.remove(&live.name);
-        inner.freed.insert(id, live.name);
-        inner.freed_order.push_back(id);
-        while inner.freed_order.len() > FREED_NAMES_KEPT {
+        if self.freed_kept > 0 {
+            inner.freed.insert(id, live.name);
+            inner.freed_order.push_back(id);
+        }
+        while inner.freed_order.len() > self.freed_kept {
             if let Some(old) = inner.freed_order.pop_front() {
                 inner.freed.remove(&old);
             }

@@ -54,7 +54,7 @@ use crate::wire::Engine;
 use counters::{EntryCounter, PodCounters};
 use intern::{Interner, ModelTable};
 
-pub use intern::DEFAULT_MAX_MODELS_PER_SOURCE;
+pub use intern::{DEFAULT_FREED_MODEL_NAMES, DEFAULT_MAX_MODELS_PER_SOURCE};
 use residents::{Residents, MAX_POD_ID};
 use source::SourceState;
 
@@ -210,7 +210,10 @@ impl Default for Inner {
 impl Inner {
     fn with_options(options: IndexOptions) -> Inner {
         Inner {
-            models: Arc::new(ModelTable::new(options.max_models_per_source)),
+            models: Arc::new(ModelTable::new(
+                options.max_models_per_source,
+                options.freed_model_names,
+            )),
             pods: Interner::default(),
             sources: RwLock::default(),
             pod_sources: RwLock::default(),
@@ -234,6 +237,11 @@ pub struct IndexOptions {
     /// kept (stores are about twice as fast and entries smaller), entry counts come from the
     /// chain blocks, and `kthena` queries find nothing (the API refuses them).
     pub std_layer: bool,
+    /// How many freed models' names stay resolvable by id ([`Index::model_name`]): a delta
+    /// consumer such as the Redis mirror resolves a delta's model a little after the index
+    /// made it, possibly after the model's last block left. 0 when nothing consumes deltas
+    /// (an in-memory index), so LoRA names that come and go leave nothing behind.
+    pub freed_model_names: usize,
 }
 
 impl Default for IndexOptions {
@@ -241,6 +249,7 @@ impl Default for IndexOptions {
         IndexOptions {
             max_models_per_source: DEFAULT_MAX_MODELS_PER_SOURCE,
             std_layer: true,
+            freed_model_names: DEFAULT_FREED_MODEL_NAMES,
         }
     }
 }

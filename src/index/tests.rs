@@ -385,6 +385,39 @@ fn a_lora_whose_last_block_leaves_is_freed() {
     assert_eq!(index.live_models(), 0);
 }
 
+/// Issue 14: an index nobody reads deltas from keeps no name of a freed model, so LoRA names
+/// that come and go leave nothing behind; one with a mirror keeps only the last few.
+#[test]
+fn freed_model_names_are_kept_only_as_many_as_asked() {
+    for kept in [0, 3] {
+        let index = Index::with_options(crate::index::IndexOptions {
+            freed_model_names: kept,
+            ..crate::index::IndexOptions::default()
+        });
+        let src = index.register_source(&spec("p.ns", 0)).unwrap();
+        let mut ids = Vec::new();
+        for i in 0..10i64 {
+            let name = format!("lora-{i}");
+            let event = lora_stored(&[i], i as u32 * 16, &name);
+            index
+                .apply(src, &batch(vec![event]), 1, &mut Discard)
+                .unwrap();
+            ids.push(index.model_id(&name).unwrap());
+            let gone = removed(&[i], "GPU");
+            index
+                .apply(src, &batch(vec![gone]), 2, &mut Discard)
+                .unwrap();
+        }
+        assert_eq!(index.live_models(), 1, "only the base model stays");
+        let resolvable: Vec<bool> = ids
+            .iter()
+            .map(|id| !index.model_name(*id).is_empty())
+            .collect();
+        let expected: Vec<bool> = (0..10).map(|i| i >= 10 - kept).collect();
+        assert_eq!(resolvable, expected, "kept {kept}");
+    }
+}
+
 #[test]
 fn loras_past_the_cap_are_dropped_and_counted_until_one_leaves() {
     let index = Index::with_max_models_per_source(3);

@@ -384,16 +384,31 @@ pub(super) struct Marks {
     sources: HashMap<SourceId, Option<(PodId, u8)>>,
 }
 
-/// Caches of interned names (they never change once interned).
+/// Caches of interned names (they never change once interned). Pod ids are few (one per
+/// target); model ids are not (LoRA adapters come and go, and ids are never reused), so
+/// that cache is a bounded map: a daemon that sees millions of adapter names over its life
+/// keeps at most [`MODEL_NAMES_CACHED`] of them here.
 #[derive(Default)]
 pub(super) struct Names {
-    models: Vec<Option<Arc<str>>>,
+    models: HashMap<ModelId, Arc<str>>,
     pods: Vec<Option<Arc<str>>>,
 }
 
+/// Model names the mirror keeps at hand; past that the cache starts over (a miss costs one
+/// read of the index's table).
+const MODEL_NAMES_CACHED: usize = 4096;
+
 impl Names {
     pub(super) fn model(&mut self, index: &Index, id: ModelId) -> Arc<str> {
-        cached(&mut self.models, id.0, || index.model_name(id))
+        if let Some(name) = self.models.get(&id) {
+            return name.clone();
+        }
+        if self.models.len() >= MODEL_NAMES_CACHED {
+            self.models = HashMap::new();
+        }
+        let name = index.model_name(id);
+        self.models.insert(id, name.clone());
+        name
     }
     pub(super) fn pod(&mut self, index: &Index, id: PodId) -> Arc<str> {
         cached(&mut self.pods, id.0, || index.pod_name(id))
