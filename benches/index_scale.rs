@@ -1,0 +1,190 @@
+//! A full index of 10 M resident (block, pod) entries, built and queried (issue 12: "a full
+//! index of 10 M entries built and queried without the machine swapping").
+//!
+//! 8 pods each store the same 9,766 prompts of 128 blocks × 16 tokens as chained 8-block
+//! `BlockStored` events (1,250,048 distinct blocks, 10,000,384 entries). Then 2,000 queries
+//! score a random stored prompt (a full hit on all 8 pods) and 2,000 score a prompt nobody
+//! holds, against the 8 pods resolved once ([`kvindex::score::Candidates`]). Reported per
+//! index (`prefix`-only, then with kthena's std layer): build time and blocks/s (thread CPU
+//! time), live heap per entry (counting allocator), process RSS and swap (`VmSwap`) after the
+//! build, and query p50/p99. The two indexes are built one after the other, the first
+//! dropped before the second starts.
+//!
+//! Run: `cargo bench --bench index_scale` (about a minute; ~2.5 GB of RAM at its peak).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use kvindex::index::{Discard, SourceId, SourceSpec};
+use kvindex::score::{score_candidates, Candidates};
+use kvindex::wire::BlockStored;
+use kvindex::{
+    BlockHash, Engine, EngineBatch, Event, Index, IndexOptions, MatchMode, Medium, PromptSettings,
+    TierWeights,
+};
+
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+#[allow(dead_code)]
+#[path = "../examples/common/measure.rs"]
+mod measure;
+
+const PODS: usize = 8;
+const PROMPTS: usize = 9_766;
+const PROMPT_BLOCKS: usize = 128;
+const BLOCK: usize = 16;
+const PER_EVENT: usize = 8;
+const QUERIES: usize = 2_000;
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// Block `b` of prompt `p`: distinct tokens for every (prompt, block).
+fn tokens(p: usize, b: usize) -> impl Iterator<Item = u32> {
+    let base = ((p * PROMPT_BLOCKS + b) * BLOCK) as u32;
+    (0..BLOCK as u32).map(move |t| base.wrapping_add(t).wrapping_mul(2_654_435_761) >> 1)
+}
+
+/// The engine hash pod `pod` gives block `b` of prompt `p` (engines hash differently).
+fn engine_hash(pod: usize, p: usize, b: usize) -> BlockHash {
+    let n = ((p * PROMPT_BLOCKS + b) as u64) << 8 | pod as u64;
+    BlockHash::Int(n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// Prompt `p` for `pod` as 8-block events, each naming its parent.
+fn prompt_batch(pod: usize, p: usize) -> EngineBatch {
+    let events = (0..PROMPT_BLOCKS)
+        .step_by(PER_EVENT)
+        .map(|first| {
+            let hashes = (first..first + PER_EVENT)
+                .map(|b| engine_hash(pod, p, b))
+                .collect();
+            let toks = (first..first + PER_EVENT)
+                .flat_map(|b| tokens(p, b))
+                .collect();
+            let mut stored = BlockStored::new(hashes, toks, BLOCK as u32, Medium::GPU);
+            stored.parent_block_hash = (first > 0).then(|| engine_hash(pod, p, first - 1));
+            Event::BlockStored(stored)
+        })
+        .collect();
+    EngineBatch {
+        ts: 0.0,
+        dp_rank: Some(0),
+        events,
+        skipped: Vec::new(),
+    }
+}
+
+/// This thread's CPU time: wall time means little on a machine shared with other builds.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The process's swapped-out memory, MiB (`VmSwap` in /proc/self/status).
+fn swap_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSwap:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 * q) as usize).min(sorted.len() - 1);
+    sorted[i].as_secs_f64() * 1e6
+}
+
+/// p50 and p99 (µs) of scoring the prompts `pick` chooses; `expect` is every pod's matched
+/// block count, checked on each answer so the figure is for right answers.
+fn query(
+    index: &Index,
+    candidates: &Candidates,
+    mode: MatchMode,
+    pick: impl Fn(usize) -> usize,
+    expect: u32,
+) -> (f64, f64) {
+    let settings = PromptSettings::new(BLOCK, PROMPT_BLOCKS).expect("valid settings");
+    let weights = TierWeights::default();
+    let mut times = Vec::with_capacity(QUERIES);
+    for q in 0..QUERIES {
+        let p = pick(q);
+        let toks: Vec<u32> = (0..PROMPT_BLOCKS).flat_map(|b| tokens(p, b)).collect();
+        let hashes = settings.blocks(MODEL, &toks, mode);
+        let started = Instant::now();
+        let scores = score_candidates(index, MODEL, &hashes, candidates, &weights, &[], mode);
+        times.push(started.elapsed());
+        let matched: Vec<u32> = scores.iter().map(|s| s.matched_blocks).collect();
+        let want = if expect == 0 { vec![] } else { vec![expect; PODS] };
+        assert_eq!(matched, want, "query {q} (prompt {p})");
+    }
+    times.sort();
+    (percentile(&times, 0.5), percentile(&times, 0.99))
+}
+
+fn run(std_layer: bool) {
+    let index = Index::with_options(IndexOptions {
+        std_layer,
+        ..IndexOptions::default()
+    });
+    let pods: Vec<String> = (0..PODS).map(|p| format!("pod-{p}.default")).collect();
+    let sources: Vec<SourceId> = (pods.iter())
+        .map(|pod| {
+            index
+                .register_source(&SourceSpec {
+                    pod: pod.clone(),
+                    model: MODEL.to_owned(),
+                    engine: Engine::Vllm,
+                    dp_rank: 0,
+                })
+                .expect("8 pods fit")
+        })
+        .collect();
+    let live_before = counting_alloc::LIVE.load(Ordering::Relaxed);
+    let mut cpu = Duration::ZERO;
+    for p in 0..PROMPTS {
+        for (pod, source) in sources.iter().enumerate() {
+            let batch = prompt_batch(pod, p);
+            let started = thread_cpu();
+            index
+                .apply(*source, &batch, 1_767_225_600, &mut Discard)
+                .expect("registered");
+            cpu += thread_cpu() - started;
+        }
+    }
+    let entries = index.entry_counts().0;
+    assert_eq!(entries as usize, PODS * PROMPTS * PROMPT_BLOCKS);
+    let live = (counting_alloc::LIVE.load(Ordering::Relaxed) - live_before) as f64;
+    let (rss, swap) = (measure::rss_mib(), swap_mib());
+    let candidates = Candidates::new(&index, &pods);
+    let mode = if std_layer {
+        MatchMode::Kthena
+    } else {
+        MatchMode::Prefix
+    };
+    let stride = 7_919; // a prime: hits spread over the whole index
+    let (hit50, hit99) = query(&index, &candidates, mode, |q| q * stride % PROMPTS, 128);
+    let (miss50, miss99) = query(&index, &candidates, mode, |q| PROMPTS + q, 0);
+    println!(
+        "| {} | {entries} | {:.1} s | {:.2} | {:.1} | {rss:.0} | {swap:.0} | {hit50:.2} / {hit99:.2} | {miss50:.2} / {miss99:.2} |",
+        if std_layer { "+ std layer (kthena queries)" } else { "prefix-only (prefix queries)" },
+        cpu.as_secs_f64(),
+        entries as f64 / cpu.as_secs_f64() / 1e6,
+        live / entries as f64,
+    );
+}
+
+fn main() {
+    println!("allocator: {}", kvindex::allocator::NAME);
+    println!("| index | entries | build (CPU) | M entries/s | live heap B/entry | RSS MiB | swap MiB | full hit p50 / p99 µs | miss p50 / p99 µs |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    run(false);
+    run(true);
+}
