@@ -28,6 +28,11 @@ use kvindex::hash::std_hash;
 use kvindex::index::{Delta, Discard, Index, SourceSpec};
 use kvindex::wire::{decode_batch, DecodeOptions, Engine};
 
+#[path = "common/thread_cpu.rs"]
+mod thread_cpu;
+
+use thread_cpu::thread_cpu;
+
 /// Blocks per measured stream.
 const BLOCKS: usize = 16_384;
 /// Blocks per batch (a scheduler step's worth of events).
@@ -37,26 +42,15 @@ const BLOCK_SIZE: usize = 16;
 /// Criterion measurement of the calling thread's CPU time.
 struct ThreadCpu;
 
-fn thread_cpu_now() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux knows.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 impl Measurement for ThreadCpu {
     type Intermediate = Duration;
     type Value = Duration;
 
     fn start(&self) -> Duration {
-        thread_cpu_now()
+        thread_cpu()
     }
     fn end(&self, start: Duration) -> Duration {
-        thread_cpu_now().saturating_sub(start)
+        thread_cpu().saturating_sub(start)
     }
     fn add(&self, a: &Duration, b: &Duration) -> Duration {
         *a + *b

@@ -28,6 +28,10 @@ mod counting_alloc;
 #[allow(dead_code)]
 #[path = "../examples/common/measure.rs"]
 mod measure;
+#[path = "common/thread_cpu.rs"]
+mod thread_cpu;
+
+use thread_cpu::thread_cpu;
 
 const PODS: usize = 8;
 const PROMPTS: usize = 9_766;
@@ -73,19 +77,6 @@ fn prompt_batch(pod: usize, p: usize) -> EngineBatch {
     }
 }
 
-/// This thread's CPU time: wall time means little on a machine shared with other builds.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 /// The process's swapped-out memory, MiB (`VmSwap` in /proc/self/status).
 fn swap_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -122,7 +113,11 @@ fn query(
         let scores = score_candidates(index, MODEL, &hashes, candidates, &weights, &[], mode);
         times.push(started.elapsed());
         let matched: Vec<u32> = scores.iter().map(|s| s.matched_blocks).collect();
-        let want = if expect == 0 { vec![] } else { vec![expect; PODS] };
+        let want = if expect == 0 {
+            vec![]
+        } else {
+            vec![expect; PODS]
+        };
         assert_eq!(matched, want, "query {q} (prompt {p})");
     }
     times.sort();

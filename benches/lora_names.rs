@@ -29,6 +29,8 @@ use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, E
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
+#[path = "common/thread_cpu.rs"]
+mod thread_cpu;
 // Only `rss_mib` serves here; the rest serves the soak examples.
 #[allow(dead_code)]
 #[path = "../examples/common/measure.rs"]
@@ -36,25 +38,13 @@ mod measure;
 
 use counting_alloc::LIVE;
 use measure::rss_mib;
+use thread_cpu::thread_cpu;
 
 const PER_BATCH: u64 = 100;
 const BLOCK_SIZE: u32 = 16;
 
 fn live_mib() -> f64 {
     LIVE.load(Ordering::Relaxed) as f64 / (1 << 20) as f64
-}
-
-/// This thread's CPU time: wall time is meaningless on a machine shared with other builds.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 fn trim() {
