@@ -31,6 +31,7 @@ fn target(n: u32) -> Target {
         replay_endpoint: None,
         topic: String::new(),
         dp_ranks: 1,
+        max_frame_bytes: None,
     }
 }
 

@@ -153,6 +153,8 @@ pub struct RawTarget {
     pub topic: Option<String>,
     /// DP ranks: rank r publishes on port + r (default 1).
     pub dp_ranks: Option<u32>,
+    /// This target's cap on one ZMQ frame (default `ingest.max_frame_bytes`).
+    pub max_frame_bytes: Option<usize>,
 }
 
 /// The validated config.
@@ -849,6 +851,7 @@ struct CheckedTarget {
     replay_endpoint: Option<TcpEndpoint>,
     topic: String,
     dp_ranks: u32,
+    max_frame_bytes: Option<usize>,
 }
 
 impl CheckedTarget {
@@ -866,6 +869,7 @@ impl CheckedTarget {
             replay_endpoint: self.replay_endpoint,
             topic: self.topic,
             dp_ranks: self.dp_ranks,
+            max_frame_bytes: self.max_frame_bytes,
         })
     }
 }
@@ -911,6 +915,9 @@ fn validate_target(at: &TargetAt, t: RawTarget, issues: &mut Issues) -> CheckedT
         dp_ranks,
         issues,
     );
+    if t.max_frame_bytes == Some(0) {
+        at.add(issues, "max_frame_bytes", "must be at least 1");
+    }
     CheckedTarget {
         pod,
         namespace,
@@ -920,6 +927,7 @@ fn validate_target(at: &TargetAt, t: RawTarget, issues: &mut Issues) -> CheckedT
         replay_endpoint,
         topic: t.topic.unwrap_or_default(),
         dp_ranks,
+        max_frame_bytes: t.max_frame_bytes,
     }
 }
 
@@ -1028,6 +1036,7 @@ impl Config {
                 "replay_endpoints": t.replay_endpoint.as_ref().map(|e| (0..t.dp_ranks).filter_map(|r| e.for_rank(r)).collect::<Vec<_>>()),
                 "topic": t.topic,
                 "dp_ranks": t.dp_ranks,
+                "max_frame_bytes": t.max_frame_bytes.unwrap_or(self.ingest.max_frame_bytes),
                 "shard": self.shard.owner_of(&t.pod_id()),
             })).collect::<Vec<_>>(),
             "discovery": {"kubernetes": self.discovery.as_ref().map(KubernetesConfig::to_json)},
@@ -1115,6 +1124,27 @@ targets:
         );
         assert_eq!(issues[1].line, Some(4));
         assert_eq!(issues[3].line, Some(8));
+    }
+
+    #[test]
+    fn a_targets_frame_cap_overrides_the_ingest_one_and_must_be_at_least_1() {
+        let target = |cap: &str| {
+            format!("ingest:\n  max_frame_bytes: 2048\ntargets:\n  - pod: a\n    model: m\n    engine: vllm\n    endpoint: tcp://h:1\n{cap}")
+        };
+        let config = Config::from_str(&target("    max_frame_bytes: 512\n")).unwrap();
+        assert_eq!(config.targets[0].max_frame_bytes, Some(512));
+        let shown = config.to_json();
+        assert_eq!(shown["targets"][0]["max_frame_bytes"], 512, "{shown}");
+        let inherited = Config::from_str(&target("")).unwrap();
+        assert_eq!(inherited.targets[0].max_frame_bytes, None);
+        assert_eq!(inherited.to_json()["targets"][0]["max_frame_bytes"], 2048);
+        let ConfigError::Invalid(issues) =
+            Config::from_str(&target("    max_frame_bytes: 0\n")).unwrap_err()
+        else {
+            panic!("expected validation issues");
+        };
+        assert_eq!(issues[0].field, "targets[0].max_frame_bytes");
+        assert_eq!(issues[0].line, Some(4));
     }
 
     #[test]

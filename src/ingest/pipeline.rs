@@ -90,6 +90,7 @@ enum Happening<'a> {
     Rejected(&'a MessageError),
     Oversized {
         bytes: usize,
+        limit: usize,
         seq: Option<u64>,
     },
     Duplicate(u64),
@@ -249,10 +250,10 @@ impl Observer {
                     "Warm start: the source goes on from the checkpoint."
                 );
             }
-            Happening::Oversized { bytes, seq } => {
+            Happening::Oversized { bytes, limit, seq } => {
                 *s.decode_errors.entry(FRAME_TOO_LARGE).or_default() += 1;
                 self.metrics.decode_error(FRAME_TOO_LARGE);
-                let what = format!("a frame of {bytes} bytes passes ingest.max_frame_bytes");
+                let what = format!("a frame of {bytes} bytes passes max_frame_bytes ({limit})");
                 self.log_bad(&what, FRAME_TOO_LARGE, seq);
             }
             Happening::Applied(applied) => {
@@ -416,7 +417,8 @@ impl SourcePipeline {
         if let Some(bytes) = self.oversized(frames) {
             let seq = seq_of(frames);
             self.pass_over(seq);
-            obs.observe(Happening::Oversized { bytes, seq });
+            let limit = self.max_frame_bytes;
+            obs.observe(Happening::Oversized { bytes, limit, seq });
             return Ok(Outcome::Oversized { bytes });
         }
         match decode_message(frames, DecodeOptions::INDEX) {
@@ -556,8 +558,8 @@ impl SourcePipeline {
         obs: &mut Observer,
     ) -> Result<(), IndexError> {
         if let Some(bytes) = self.oversized(&replayed.frames) {
-            let seq = Some(replayed.seq);
-            obs.observe(Happening::Oversized { bytes, seq });
+            let (seq, limit) = (Some(replayed.seq), self.max_frame_bytes);
+            obs.observe(Happening::Oversized { bytes, limit, seq });
             self.tracker.applied(replayed.seq);
             return Ok(());
         }

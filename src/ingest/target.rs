@@ -31,6 +31,9 @@ pub struct Target {
     pub topic: String,
     /// DP ranks.
     pub dp_ranks: u32,
+    /// This target's cap on one ZMQ frame, in place of `ingest.max_frame_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_frame_bytes: Option<usize>,
 }
 
 impl Target {

@@ -531,6 +531,7 @@ fn closed_target(pod: &str) -> Target {
         replay_endpoint: None,
         topic: String::new(),
         dp_ranks: 1,
+        max_frame_bytes: None,
     }
 }
 

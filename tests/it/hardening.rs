@@ -226,6 +226,47 @@ async fn an_oversized_frame_is_dropped_and_counted_and_the_next_applied() {
     d.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A target's own `max_frame_bytes` caps its frames whatever `ingest.max_frame_bytes` lets
+/// the others take: the same ~9 kB message is applied on one target and dropped and counted
+/// on the other, whose next message still applies without a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_targets_own_frame_cap_overrides_the_ingest_one() {
+    let (mut pubs_a, port_a) = FakePub::bind_ranks(1).await;
+    let (mut pubs_b, port_b) = FakePub::bind_ranks(1).await;
+    let open = target_yaml("a", "m", "vllm", port_a, None, 1);
+    let capped = target_yaml("b", "m", "vllm", port_b, None, 1) + "    max_frame_bytes: 4096\n";
+    let d = daemon(&format!(
+        "ingest:\n  max_frame_bytes: 1048576\ntargets:\n{open}{capped}"
+    ))
+    .await;
+    wait_connected(&d, "a.test", 0, 1, &mut pubs_a[0]).await;
+    wait_connected(&d, "b.test", 0, 1, &mut pubs_b[0]).await;
+    let events = (1..=100).map(|h| vllm_frames::store_one(h, "GPU", None));
+    let big = vllm_frames::message(0, events.collect());
+    assert!((4096..1 << 20).contains(&big[2].len()), "{}", big[2].len());
+    let small = vllm_frames::message(1, vec![vllm_frames::store_one(1000, "GPU", None)]);
+    for publisher in [&mut pubs_a[0], &mut pubs_b[0]] {
+        publisher.send(&big).await;
+        publisher.send(&small).await;
+    }
+    wait_messages(&d, "a.test", 0, 2).await;
+    wait_messages(&d, "b.test", 0, 2).await;
+    let (a, b) = (
+        rank(&d, "a.test", 0).unwrap(),
+        rank(&d, "b.test", 0).unwrap(),
+    );
+    assert_eq!(a.stats.decode_errors.get("frame_too_large"), None, "{a:?}");
+    assert_eq!(
+        b.stats.decode_errors.get("frame_too_large"),
+        Some(&1),
+        "{b:?}"
+    );
+    assert_eq!(b.stats.seq_gaps, 0, "{b:?}");
+    let held = |pod: &str| d.index.dump().iter().filter(|e| e.pod == pod).count();
+    assert_eq!((held("a.test"), held("b.test")), (101, 1));
+    d.shutdown(Duration::from_secs(5)).await;
+}
+
 /// 20k distinct LoRA names over ZMQ: the first `max_models_per_source` are indexed, the
 /// rest dropped and counted; once their blocks leave, the names are freed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

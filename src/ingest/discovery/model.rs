@@ -114,6 +114,7 @@ pub fn observe(pod: &Pod, defaults: &PodDefaults) -> PodObservation {
                 }),
                 topic: settings.topic,
                 dp_ranks: settings.dp_ranks,
+                max_frame_bytes: None,
             },
             identity,
         }),

@@ -265,7 +265,8 @@ impl Supervisor {
                 replay_limits: self.replay_limits,
                 min_store_time,
                 run: identity.as_ref().map(EngineIdentity::run),
-                max_frame_bytes: self.max_frame_bytes.load(Ordering::Relaxed),
+                max_frame_bytes: (target.max_frame_bytes)
+                    .unwrap_or_else(|| self.max_frame_bytes.load(Ordering::Relaxed)),
             };
             let ctx = SubscriberCtx {
                 index: self.index.clone(),
