@@ -25,6 +25,7 @@ use kvindex::{
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
+// Only `rss_mib` and `swap_mib` serve here; the rest serves the soak examples.
 #[allow(dead_code)]
 #[path = "../examples/common/measure.rs"]
 mod measure;
@@ -75,17 +76,6 @@ fn prompt_batch(pod: usize, p: usize) -> EngineBatch {
         events,
         skipped: Vec::new(),
     }
-}
-
-/// The process's swapped-out memory, MiB (`VmSwap` in /proc/self/status).
-fn swap_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmSwap:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
 }
 
 fn percentile(sorted: &[Duration], q: f64) -> f64 {
@@ -157,7 +147,7 @@ fn run(std_layer: bool) {
     let entries = index.entry_counts().0;
     assert_eq!(entries as usize, PODS * PROMPTS * PROMPT_BLOCKS);
     let live = (counting_alloc::LIVE.load(Ordering::Relaxed) - live_before) as f64;
-    let (rss, swap) = (measure::rss_mib(), swap_mib());
+    let (rss, swap) = (measure::rss_mib(), measure::swap_mib());
     let candidates = Candidates::new(&index, &pods);
     let mode = if std_layer {
         MatchMode::Kthena

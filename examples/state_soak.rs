@@ -13,6 +13,8 @@
 
 #[path = "common/churn.rs"]
 mod churn;
+// `swap_mib` serves the `index_scale` bench.
+#[allow(dead_code)]
 #[path = "common/measure.rs"]
 mod measure;
 #[allow(dead_code)] // the benchmark and cli helpers serve the other examples

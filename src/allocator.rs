@@ -13,25 +13,17 @@
 #[cfg(all(feature = "jemalloc", feature = "mimalloc"))]
 compile_error!("features `jemalloc` and `mimalloc` each choose the global allocator: enable one");
 
-/// The allocator type the binary installs.
-#[cfg(feature = "jemalloc")]
-pub type Chosen = tikv_jemallocator::Jemalloc;
-/// The allocator type the binary installs.
+// Each choice is a unit struct, so `Chosen` names both the type and its value:
+// `#[global_allocator] static A: Chosen = Chosen;`.
+/// The allocator the binary installs.
 #[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
-pub type Chosen = mimalloc::MiMalloc;
-/// The allocator type the binary installs.
+pub use mimalloc::MiMalloc as Chosen;
+/// The allocator the binary installs.
 #[cfg(not(any(feature = "jemalloc", feature = "mimalloc")))]
-pub type Chosen = std::alloc::System;
-
-/// The allocator value the binary installs (`#[global_allocator] static A: Chosen = CHOSEN;`).
+pub use std::alloc::System as Chosen;
+/// The allocator the binary installs.
 #[cfg(feature = "jemalloc")]
-pub const CHOSEN: Chosen = tikv_jemallocator::Jemalloc;
-/// The allocator value the binary installs (`#[global_allocator] static A: Chosen = CHOSEN;`).
-#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
-pub const CHOSEN: Chosen = mimalloc::MiMalloc;
-/// The allocator value the binary installs (`#[global_allocator] static A: Chosen = CHOSEN;`).
-#[cfg(not(any(feature = "jemalloc", feature = "mimalloc")))]
-pub const CHOSEN: Chosen = std::alloc::System;
+pub use tikv_jemallocator::Jemalloc as Chosen;
 
 /// The chosen allocator's name, for logs and the benches' tables.
 pub const NAME: &str = if cfg!(feature = "jemalloc") {

@@ -190,17 +190,6 @@ pub struct IngestLimits {
     pub std_hashes: bool,
 }
 
-impl IngestLimits {
-    /// The index these limits ask for.
-    pub fn index_options(&self) -> crate::index::IndexOptions {
-        crate::index::IndexOptions {
-            max_models_per_source: self.max_models_per_source,
-            std_layer: self.std_hashes,
-            ..crate::index::IndexOptions::default()
-        }
-    }
-}
-
 impl Default for IngestLimits {
     fn default() -> Self {
         IngestLimits {
@@ -302,6 +291,20 @@ impl<S: std::hash::BuildHasher> Env for std::collections::HashMap<String, String
 }
 
 impl Config {
+    /// The index this config asks for: the ingest limits, and freed model names kept only
+    /// for a mirror (only the mirror resolves a delta's model after the fact).
+    pub fn index_options(&self) -> crate::index::IndexOptions {
+        crate::index::IndexOptions {
+            max_models_per_source: self.ingest.max_models_per_source,
+            std_layer: self.ingest.std_hashes,
+            freed_model_names: if self.redis.is_some() {
+                crate::index::DEFAULT_FREED_MODEL_NAMES
+            } else {
+                0
+            },
+        }
+    }
+
     /// Reads and validates a config file, with environment overrides.
     ///
     /// # Errors

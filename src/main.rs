@@ -7,7 +7,7 @@ use kvindex::commands::{self, LogFormat};
 
 // The allocator is chosen by cargo feature; see `kvindex::allocator` for why.
 #[global_allocator]
-static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::CHOSEN;
+static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
 
 /// KV-cache event ingester and prefix index for LLM serving clusters.
 #[derive(Debug, Parser)]

@@ -42,4 +42,4 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
 }
 
 #[global_allocator]
-static GLOBAL: Counting<kvindex::allocator::Chosen> = Counting(kvindex::allocator::CHOSEN);
+static GLOBAL: Counting<kvindex::allocator::Chosen> = Counting(kvindex::allocator::Chosen);

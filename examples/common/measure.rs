@@ -15,6 +15,17 @@ pub fn rss_mib() -> f64 {
     pages * 4096.0 / f64::from(1 << 20)
 }
 
+/// The process's swapped-out memory, MiB (`VmSwap` in /proc/self/status).
+pub fn swap_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSwap:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
 /// A dump without store times, sorted, for comparing runs made at different seconds.
 pub fn strip(dump: Vec<DumpEntry>) -> Vec<DumpEntry> {
     let mut d: Vec<DumpEntry> = dump

@@ -112,12 +112,7 @@ impl Daemon {
     ) -> Result<Daemon, DaemonError> {
         let cancel = CancellationToken::new();
         let accept = cancel.child_token();
-        let mut options = config.ingest.index_options();
-        if config.redis.is_none() {
-            // Only the mirror resolves a delta's model after the fact.
-            options.freed_model_names = 0;
-        }
-        let index = Index::with_options(options);
+        let index = Index::with_options(config.index_options());
         let fds = fds::raise_and_split();
         // Installed before the mirror starts, so its start-up counts are kept.
         let metrics = crate::metrics::install();

@@ -99,7 +99,7 @@ fn a_prefix_only_index_is_refused_with_a_mirror_and_taken_without_one() {
     assert_eq!(got, [("ingest.std_hashes", Some(4))]);
     let config = Config::from_str("ingest:\n  std_hashes: false\n").expect("valid without redis");
     assert!(!config.ingest.std_hashes);
-    assert!(!config.ingest.index_options().std_layer);
+    assert!(!config.index_options().std_layer);
     assert!(
         Config::from_str("")
             .expect("empty config")
@@ -219,4 +219,17 @@ fn cluster_nodes_make_a_cluster_target_and_exclude_a_url() {
     assert_eq!(found[0].field, "redis.cluster_nodes");
     let found = issues("redis:\n  cluster_nodes: [redis://h:1, http://h:2]\n");
     assert_eq!(found[0].field, "redis.cluster_nodes[1]");
+}
+
+/// Issue 14: freed model names are kept for the mirror, which resolves a delta's model after
+/// the fact, and not at all without one.
+#[test]
+fn freed_model_names_are_kept_only_with_a_mirror() {
+    let with_mirror = Config::from_str("redis:\n  url: redis://127.0.0.1:6379\n").unwrap();
+    assert_eq!(
+        with_mirror.index_options().freed_model_names,
+        kvindex::index::DEFAULT_FREED_MODEL_NAMES
+    );
+    let in_memory = Config::from_str("").unwrap();
+    assert_eq!(in_memory.index_options().freed_model_names, 0);
 }
