@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::counters::{CountDelta, EntryCounter};
 use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
-use super::layer::{self, Editor, CHAIN_DUPS};
+use super::layer::{self, Editor};
 use super::source::SourceState;
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
 use crate::hash::{chain_hash, content_hash, model_seed, std_hash};
@@ -98,7 +98,7 @@ impl Index {
     /// blocks does not keep its peak after it leaves (a base model's std map goes with its
     /// model; the chain map and the adapters' map serve every model and stay).
     fn shrink_shared(&self) {
-        shrink_sparse(&self.inner.chains);
+        self.inner.chains.write().shrink();
         shrink_sparse(self.inner.models.lora_blocks());
     }
 
@@ -132,9 +132,11 @@ impl Index {
             let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
             // The checkpoint keeps the chain hash, so a warm start matches in `prefix` mode
             // too (an entry written before it did has none: `kthena` only until re-stored).
+            // Its parent is not known here: a restored block starts a run of its own.
             let block = StoreHashes {
                 std: state.std_hash,
                 chain: state.chain,
+                parent: 0,
             };
             mutation.store_block(model, engine_hash, Some(block), state.media);
         }
@@ -207,11 +209,13 @@ fn shrink_sparse<K: Eq + std::hash::Hash>(map: &layer::LayerMap<K>) {
     }
 }
 
-/// A stored block's identities: kthena's std hash and the chain hash (0 when unknown).
+/// A stored block's identities: kthena's std hash and the chain hash (0 when unknown), with
+/// its parent's chain hash (0 when unknown), after which a new chain block is placed.
 #[derive(Debug, Clone, Copy)]
 struct StoreHashes {
     std: u64,
     chain: u64,
+    parent: u64,
 }
 
 /// Where a mutation's effects go: the sink and the entry counters, for one source's pod.
@@ -429,7 +433,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             } else {
                 content_hash(tokens)
             };
-            let block = Some(StoreHashes { std, chain });
+            let block = Some(StoreHashes { std, chain, parent });
             parent = self.store_block(model, hash, block, media);
         }
     }
@@ -448,6 +452,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             .find_mut(hash, model)
             .map(|(m, slot)| (m, slot.std(), slot.chain(), slot.media()));
         let before = existing.map_or(MediaSet::EMPTY, |(_, _, _, media)| media);
+        let parent = block.map_or(0, |b| b.parent);
         let (model, std, chain, added, new_copy) = match (existing, block) {
             (None, None) => {
                 self.stats.unresolved_stores += 1;
@@ -463,7 +468,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 // an unknown one never forgets a chain verified before.
                 let chain = if new.chain == 0 { old_chain } else { new.chain };
                 if chain != old_chain {
-                    self.move_chain(hash, m, old_chain, chain, old_media);
+                    self.move_chain(hash, m, old_chain, (chain, parent), old_media);
                 }
                 (m, new.std, chain, media.difference(old_media), false)
             }
@@ -488,7 +493,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 slot.set_media(slot.media().union(media));
             }
         }
-        if self.add_engine_media(model, std, chain, added, new_copy) {
+        if self.add_engine_media(model, std, (chain, parent), added, new_copy) {
             self.stats.duplicate_engine_hashes += 1;
         }
         let media = if new_copy { media } else { before.union(media) };
@@ -505,35 +510,39 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// Moves an engine block held on `media` from chain block `from` to `to` (either may be
-    /// 0, no chain): the std layer is untouched.
-    fn move_chain(&mut self, hash: &BlockHash, model: u32, from: u64, to: u64, media: MediaSet) {
+    /// 0, no chain; `to` with its parent's chain): the std layer is untouched.
+    fn move_chain(
+        &mut self,
+        hash: &BlockHash,
+        model: u32,
+        from: u64,
+        to: (u64, u64),
+        media: MediaSet,
+    ) {
         if let Some((_, slot)) = self.state.find_mut(hash, model) {
-            slot.set_chain(to);
+            slot.set_chain(to.0);
         }
         self.drop_chain_media(from, media, true);
         self.add_chain_media(to, media, true);
     }
 
     /// Adds `added` media (and one engine copy when `new_copy`) to the source's resident of
-    /// chain block `chain` (none when 0, chain unknown), counted when the chain layer is the
-    /// counted one; returns whether the source now holds it through more than one engine
-    /// block.
-    fn add_chain_media(&mut self, chain: u64, added: MediaSet, new_copy: bool) -> bool {
+    /// chain block `chain` (none when 0, chain unknown; a new one placed after `parent`),
+    /// counted when the chain layer is the counted one; returns whether the source now holds
+    /// it through more than one engine block.
+    fn add_chain_media(
+        &mut self,
+        (chain, parent): (u64, u64),
+        added: MediaSet,
+        new_copy: bool,
+    ) -> bool {
         if chain == 0 {
             return false;
         }
         let who = self.chain_editor();
-        let chains = &self.out.index.inner.chains;
         let dups = &mut self.state.dups;
-        let ((before, after), duplicate) = layer::add_media(
-            chains,
-            dups,
-            (CHAIN_DUPS, chain),
-            chain,
-            who,
-            added,
-            new_copy,
-        );
+        let ((before, after), duplicate) = (self.out.index.inner.chains.write())
+            .add_media(parent, dups, chain, who, added, new_copy);
         self.count_chain(before, after);
         duplicate
     }
@@ -546,10 +555,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return 0;
         }
         let who = self.chain_editor();
-        let chains = &self.out.index.inner.chains;
         let dups = &mut self.state.dups;
-        let key = (CHAIN_DUPS, chain);
-        let dropped = layer::drop_media(chains, dups, key, chain, who, removed, slot_gone);
+        let dropped =
+            (self.out.index.inner.chains.write()).drop_media(dups, chain, who, removed, slot_gone);
         let Some(((before, after), stored_at)) = dropped else {
             return 0;
         };
@@ -607,13 +615,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// Records `added` media (and a new engine copy) on the source's residents of the std
-    /// block and, when known, the chain block; returns whether the std block is now held
+    /// block and, when known, the chain block (with its parent's); returns whether the std block is now held
     /// through more than one engine hash.
     fn add_engine_media(
         &mut self,
         model: u32,
         std: u64,
-        chain: u64,
+        chain: (u64, u64),
         added: MediaSet,
         new_copy: bool,
     ) -> bool {
@@ -728,16 +736,22 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let wants_mappings = self.out.sink.wants_mappings();
         let whole = self.out.sink.takes_cleared();
         let index = self.out.index;
-        let chains = &index.inner.chains;
         let chain_who = self.chain_editor();
         let count_chains = !self.std_layer();
-        for slot in self.state.slots() {
-            if slot.chain() != 0 {
-                let dropped = layer::drop_resident(chains, slot.chain(), chain_who);
+        {
+            // One lock for the source's whole chain layer; the std maps are edited after.
+            let mut chains = index.inner.chains.write();
+            for slot in self.state.slots() {
+                if slot.chain() == 0 {
+                    continue;
+                }
+                let dropped = chains.drop_resident(slot.chain(), chain_who);
                 if let (true, Some((before, after))) = (count_chains, dropped) {
                     self.out.count(before, after);
                 }
             }
+        }
+        for slot in self.state.slots() {
             let model = slot.model();
             let Some(blocks) = self.blocks.get(index, model) else {
                 continue;

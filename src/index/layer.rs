@@ -70,6 +70,45 @@ impl Editor {
 /// The pod's value of a block before and after an edit.
 pub(crate) type Change = (Option<FieldValue>, Option<FieldValue>);
 
+/// A block's residents as an edit sees them: a block map's [`Residents`] or one position of
+/// a chain run ([`super::runs`]); the layer rules below are written once for both.
+pub(crate) trait ResidentSet {
+    /// See [`Residents::edit_with_others`].
+    fn edit_with_others<R>(
+        &mut self,
+        pod: u32,
+        rank: u8,
+        others: bool,
+        edit: impl FnOnce(&mut Resident) -> R,
+    ) -> (Option<(R, Resident, Resident)>, Option<FieldValue>);
+
+    /// Adds a resident the set does not hold.
+    fn push(&mut self, resident: Resident);
+
+    /// Removes the resident of `(pod, rank)`; returns whether none is left.
+    fn remove(&mut self, pod: u32, rank: u8) -> bool;
+}
+
+impl ResidentSet for Residents {
+    fn edit_with_others<R>(
+        &mut self,
+        pod: u32,
+        rank: u8,
+        others: bool,
+        edit: impl FnOnce(&mut Resident) -> R,
+    ) -> (Option<(R, Resident, Resident)>, Option<FieldValue>) {
+        Residents::edit_with_others(self, pod, rank, others, edit)
+    }
+
+    fn push(&mut self, resident: Resident) {
+        Residents::push(self, resident);
+    }
+
+    fn remove(&mut self, pod: u32, rank: u8) -> bool {
+        Residents::remove(self, pod, rank)
+    }
+}
+
 /// Adds `added` media (and one engine copy when `new_copy`) to the editor's resident of
 /// block `key`. Returns the pod's value before and after, and whether the source now holds
 /// the block through more than one engine block.
@@ -82,20 +121,38 @@ pub(crate) fn add_media<K: Eq + Hash>(
     added: MediaSet,
     new_copy: bool,
 ) -> (Change, bool) {
-    let mut entry = match blocks.entry(key) {
+    match blocks.entry(key) {
         Entry::Vacant(vacant) => {
             vacant.insert(Residents::One(Resident::new(
                 who.pod, who.rank, who.now, added,
             )));
-            let value = FieldValue {
-                stored_at: who.now,
-                media: added,
-            };
-            return ((None, Some(value)), false);
+            first_resident(who, added)
         }
-        Entry::Occupied(occupied) => occupied,
+        Entry::Occupied(mut occupied) => {
+            add_to(occupied.get_mut(), dups, dup_key, who, added, new_copy)
+        }
+    }
+}
+
+/// What [`add_media`] returns for a block that had no residents: the editor's resident is
+/// its first.
+pub(crate) fn first_resident(who: Editor, added: MediaSet) -> (Change, bool) {
+    let value = FieldValue {
+        stored_at: who.now,
+        media: added,
     };
-    let residents = entry.get_mut();
+    ((None, Some(value)), false)
+}
+
+/// [`add_media`] on a block that has residents.
+pub(crate) fn add_to(
+    residents: &mut impl ResidentSet,
+    dups: &mut DupCounts,
+    dup_key: (u32, u64),
+    who: Editor,
+    added: MediaSet,
+    new_copy: bool,
+) -> (Change, bool) {
     let mut duplicate = false;
     let (edited, others) =
         residents.edit_with_others(who.pod, who.rank, who.pod_values, |resident| {
@@ -149,7 +206,22 @@ pub(crate) fn drop_media<K: Eq + Hash>(
     let Entry::Occupied(mut entry) = blocks.entry(key) else {
         return None;
     };
-    let residents = entry.get_mut();
+    let (dropped, empty) = drop_from(entry.get_mut(), dups, dup_key, who, removed, slot_gone)?;
+    if empty {
+        entry.remove();
+    }
+    Some(dropped)
+}
+
+/// [`drop_media`] on a block's residents; also says whether the block has none left.
+pub(crate) fn drop_from(
+    residents: &mut impl ResidentSet,
+    dups: &mut DupCounts,
+    dup_key: (u32, u64),
+    who: Editor,
+    removed: MediaSet,
+    slot_gone: bool,
+) -> Option<((Change, u32), bool)> {
     let edit = |resident: &mut Resident| {
         let stored_at = resident.stored_at;
         let copies = resident.copies();
@@ -182,16 +254,15 @@ pub(crate) fn drop_media<K: Eq + Hash>(
     };
     let (edited, others) = residents.edit_with_others(who.pod, who.rank, who.pod_values, edit);
     let ((stored_at, drop_resident), old, new) = edited?;
+    let mut empty = false;
     let new = if drop_resident {
-        if residents.remove(who.pod, who.rank) {
-            entry.remove();
-        }
+        empty = residents.remove(who.pod, who.rank);
         None
     } else {
         own_value(&new)
     };
     let (before, after) = who.values(others, own_value(&old), new);
-    Some(((before, after), stored_at))
+    Some((((before, after), stored_at), empty))
 }
 
 /// Removes the editor's resident of block `key` whatever its media (a source clear).
@@ -204,11 +275,20 @@ pub(crate) fn drop_resident<K: Eq + Hash>(
     let Entry::Occupied(mut entry) = blocks.entry(key) else {
         return None;
     };
-    let residents = entry.get_mut();
-    let (edited, others) = residents.edit_with_others(who.pod, who.rank, who.pod_values, |_| ());
-    let ((), old, _) = edited?;
-    if residents.remove(who.pod, who.rank) {
+    let (change, empty) = resident_out(entry.get_mut(), who)?;
+    if empty {
         entry.remove();
     }
-    Some(who.values(others, own_value(&old), None))
+    Some(change)
+}
+
+/// [`drop_resident`] on a block's residents; also says whether the block has none left.
+pub(crate) fn resident_out(
+    residents: &mut impl ResidentSet,
+    who: Editor,
+) -> Option<(Change, bool)> {
+    let (edited, others) = residents.edit_with_others(who.pod, who.rank, who.pod_values, |_| ());
+    let ((), old, _) = edited?;
+    let empty = residents.remove(who.pod, who.rank);
+    Some((who.values(others, own_value(&old), None), empty))
 }

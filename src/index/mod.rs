@@ -9,23 +9,26 @@
 //! | `source.rs` | per (pod, DP rank) engine-hash map, the set of blocks a source holds |
 //! | `residents.rs` | compact per-block list of resident sources |
 //! | `layer.rs` | one residency layer's edits (std blocks, chain blocks), shared by both |
+//! | `runs.rs` | the chain blocks, kept in runs with residents as spans of positions |
 //! | `delta.rs` | [`Delta`]s for mirrors, [`DeltaSink`] |
 //! | `intern.rs` | pod name interning; model names and block maps, freed when unreferenced |
 //! | `walk.rs` | chunked walks, point lookups and refreshes for the mirror's background passes |
 //!
 //! Two residency layers, one index: kthena's **std blocks** (per model, keyed by the
 //! content-only std hash: what the Redis mirror writes and `kthena` matching reads) and the
-//! **chain blocks** of `prefix` matching (one map for every model, keyed by the chain hash of
-//! the block's whole prefix, so a pod matches block i only if it holds that exact prefix).
+//! **chain blocks** of `prefix` matching (every model's, identified by the chain hash of the
+//! block's whole prefix, so a pod matches block i only if it holds that exact prefix; kept
+//! in runs with residents as spans, see `runs.rs`).
 //! A block whose parent the source does not know has no chain hash and is in the std layer
 //! only (it can never be a false hit).
 //!
 //! The std layer is optional ([`IndexOptions::std_layer`]): a `prefix`-only index computes no
 //! SHA-256 and keeps no std map; its entry counts then come from the chain layer.
 //!
-//! Concurrency: blocks live in one concurrent map per model (sharded locks, readers never
-//! wait for a whole-index lock); each source's state sits behind its own mutex, which only
-//! that source's ingest task takes on the hot path.
+//! Concurrency: std blocks live in one concurrent map per model (sharded locks); the chain
+//! runs sit behind one read-write lock, taken by a writer per block edit and by a query
+//! once; each source's state sits behind its own mutex, which only that source's ingest
+//! task takes on the hot path.
 
 mod apply;
 mod counters;
@@ -34,6 +37,7 @@ mod intern;
 mod layer;
 mod query;
 mod residents;
+mod runs;
 mod source;
 mod walk;
 
@@ -56,6 +60,7 @@ use intern::{Interner, ModelTable};
 
 pub use intern::{DEFAULT_FREED_MODEL_NAMES, DEFAULT_MAX_MODELS_PER_SOURCE};
 use residents::{Residents, MAX_POD_ID};
+use runs::ChainRuns;
 use source::SourceState;
 
 /// An interned pod identifier (`{pod}.{namespace}`).
@@ -191,8 +196,9 @@ struct Inner {
     /// Registered sources per pod id, so pod-level questions (does any DP rank of the pod
     /// still hold an engine hash?) never walk every source.
     pod_sources: RwLock<hashbrown::HashMap<u32, Vec<SourceId>>>,
-    /// Chain blocks of every model, keyed by chain hash (`prefix` matching).
-    chains: ModelBlocks,
+    /// Chain blocks of every model, in runs (`prefix` matching): one lock, since an edit
+    /// may touch a run other sources share; a query takes it once for all its blocks.
+    chains: RwLock<ChainRuns>,
     /// Resident (block, pod) entries, kept as fields change so metrics need no index walk.
     entries: EntryCounter,
     /// The same per pod, so `GET /v1/pods` needs no walk either.
@@ -217,7 +223,7 @@ impl Inner {
             pods: Interner::default(),
             sources: RwLock::default(),
             pod_sources: RwLock::default(),
-            chains: ModelBlocks::default(),
+            chains: RwLock::default(),
             entries: EntryCounter::default(),
             pod_entries: PodCounters::default(),
             std_layer: options.std_layer,

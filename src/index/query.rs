@@ -2,13 +2,15 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLockReadGuard};
 use serde::Serialize;
+use std::cell::Cell;
 
 use super::counters::slot_medium;
 use super::delta::{EngineState, FieldValue};
 use super::layer::LayerMap;
-use super::residents::{self, Residents};
+use super::residents::{self, Resident, Residents};
+use super::runs::{ChainRuns, Cursor};
 use super::source::{table_bytes, SourceState};
 use super::{BlockRef, Blocks, Index, ModelBlocks, ModelId, PodId};
 use crate::medium::{MediaSet, MEDIA_SLOTS};
@@ -112,10 +114,12 @@ impl Index {
         })
     }
 
-    /// The chain blocks of every model opened for many reads (`prefix` matching).
+    /// The chain blocks of every model opened for many reads (`prefix` matching). Holds
+    /// the chain layer's read lock until dropped (taken recursively, so two readers on one
+    /// thread never wait for a writer queued between them).
     pub fn chain_layer(&self) -> LayerReader<'_> {
         LayerReader {
-            blocks: Layer::Chain(&self.inner.chains),
+            blocks: Layer::Chain(self.inner.chains.read_recursive(), Cell::new(None)),
         }
     }
 
@@ -165,12 +169,12 @@ impl Index {
         let models: Vec<(u32, Arc<ModelBlocks>)> = self.inner.models.all_blocks();
         for (model, blocks) in &models {
             for entry in blocks.iter() {
-                visit_fields(*model, *entry.key(), entry.value(), &mut visit);
+                visit_fields(*model, *entry.key(), entry.value().as_slice(), &mut visit);
             }
         }
         for entry in self.inner.models.lora_blocks().iter() {
             let (model, std) = *entry.key();
-            visit_fields(model, std, entry.value(), &mut visit);
+            visit_fields(model, std, entry.value().as_slice(), &mut visit);
         }
     }
 
@@ -219,10 +223,11 @@ impl Index {
             self.for_each_field(|_, _, _, value| count(value));
         } else {
             // A `prefix`-only index counts what it matches: (chain block, pod) entries.
-            for entry in self.inner.chains.iter() {
-                visit_fields(0, 0, entry.value(), &mut |_, _, _, value| count(value));
-            }
-            stats.blocks += self.inner.chains.len();
+            let chains = self.inner.chains.read_recursive();
+            chains.for_each_block(|residents| {
+                visit_fields(0, 0, residents, &mut |_, _, _, value| count(value));
+            });
+            stats.blocks += chains.len();
         }
         let models = self.inner.models.all_blocks();
         for (_, blocks) in &models {
@@ -232,7 +237,7 @@ impl Index {
         let lora = self.inner.models.lora_blocks();
         stats.blocks += lora.len();
         stats.heap_bytes += blocks_heap_bytes(lora);
-        stats.heap_bytes += blocks_heap_bytes(&self.inner.chains);
+        stats.heap_bytes += self.inner.chains.read_recursive().heap_bytes();
         for source in self.live_sources() {
             let state = source.lock();
             stats.sources += 1;
@@ -252,14 +257,16 @@ impl Index {
     /// chain is unknown are left out). Walks the chain map.
     pub fn chain_entries(&self) -> usize {
         let mut entries = 0;
-        for entry in self.inner.chains.iter() {
-            let residents = entry.value().as_slice();
-            entries += residents
-                .iter()
-                .enumerate()
-                .filter(|(i, r)| !residents[..*i].iter().any(|p| p.pod() == r.pod()))
-                .count();
-        }
+        self.inner
+            .chains
+            .read_recursive()
+            .for_each_block(|residents| {
+                entries += residents
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, r)| !residents[..*i].iter().any(|p| p.pod() == r.pod()))
+                    .count();
+            });
         entries
     }
 
@@ -279,10 +286,9 @@ impl Index {
 fn visit_fields(
     model: u32,
     std: u64,
-    residents: &Residents,
+    residents: &[Resident],
     visit: &mut impl FnMut(ModelId, u64, PodId, FieldValue),
 ) {
-    let residents = residents.as_slice();
     for (i, r) in residents.iter().enumerate() {
         // Visit each pod once: at its first resident.
         if residents[..i].iter().any(|p| p.pod() == r.pod()) {
@@ -311,7 +317,8 @@ pub struct LayerReader<'a> {
 
 enum Layer<'a> {
     Std(Blocks),
-    Chain(&'a ModelBlocks),
+    /// The chain runs under their read lock, and where the last visit left off in them.
+    Chain(RwLockReadGuard<'a, ChainRuns>, Cell<Option<Cursor>>),
 }
 
 /// What [`LayerReader::visit`] found for one block.
@@ -331,13 +338,16 @@ impl LayerReader<'_> {
     fn get(&self, key: u64) -> Option<BlockRef<'_>> {
         match &self.blocks {
             Layer::Std(blocks) => blocks.get(&key),
-            Layer::Chain(blocks) => blocks.get(&key).map(BlockRef::Own),
+            Layer::Chain(..) => None,
         }
     }
 
     /// Whether any source holds block `key`.
     pub fn contains(&self, key: u64) -> bool {
-        self.get(key).is_some()
+        match &self.blocks {
+            Layer::Std(blocks) => blocks.get(&key).is_some(),
+            Layer::Chain(runs, _) => runs.contains(key),
+        }
     }
 
     /// Calls `visit(pod, media, stored_at)` for every resident of block `key` (a pod with
@@ -350,6 +360,9 @@ impl LayerReader<'_> {
         unless: Option<u64>,
         mut visit: impl FnMut(PodId, MediaSet, u32),
     ) -> Visit {
+        if let Layer::Chain(runs, cursor) = &self.blocks {
+            return runs.visit(key, unless, cursor, visit);
+        }
         let Some(entry) = self.get(key) else {
             return Visit::Absent;
         };

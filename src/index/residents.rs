@@ -75,7 +75,7 @@ pub(crate) struct Many {
 
 /// What a resident contributes to its block's fingerprint: who (pod, DP rank) and on which
 /// media, not when (a store time changes no score outside the freshness rule).
-fn owner_key(r: &Resident) -> u64 {
+pub(crate) fn owner_key(r: &Resident) -> u64 {
     crate::hash::mix64(u64::from(r.pod_rank) << 32 | u64::from(r.media_copies & MEDIA_MASK))
 }
 

@@ -1,0 +1,592 @@
+//! The chain layer as runs: chain blocks kept in runs (one node per run of blocks stored as
+//! one chain), each resident held as spans of positions rather than once per block.
+//!
+//! Why: a map of chain blocks pays a probe, a lock and a resident scan for every
+//! (block, pod), and a query one probe per block. Prompts share long prefixes and engines
+//! store them a run at a time, so the blocks of a run mostly have the same residents.
+//!
+//! - A **node** is a run of chain hashes, append-only: a new block whose parent is a run's
+//!   last block extends that run (up to [`MAX_RUN`]); any other new block starts a run.
+//! - A **span** is one resident — (pod, DP rank, media, store time, engine copies) — over a
+//!   range of a node's positions. An edit of one block splits the span there, and the piece
+//!   merges back with a neighbouring span of the same source once they agree again, so
+//!   residency stays exact per block (a mid-chain remove leaves the blocks after it held,
+//!   and removing those later finds them) while the common case is one span per run.
+//! - The **locator** maps a chain hash to its node and position. A query follows a run
+//!   position by position without probing it, and skips the span scan while the residents
+//!   cannot have changed ([`Cursor`]).
+//!
+//! Positions nobody holds stay in their run while a later position is held (positions are
+//! stable); a run's tail that nobody holds is trimmed and a run nobody holds is freed.
+
+use std::cell::Cell;
+
+use hashbrown::HashMap;
+
+use super::delta::FieldValue;
+use super::layer::{self, Change, DupCounts, Editor, ResidentSet};
+use super::query::Visit;
+use super::residents::{merge, own_value, owner_key, Resident};
+use super::source::table_bytes;
+use super::PodId;
+use crate::medium::MediaSet;
+
+/// Longest run: positions fit a `u16`, and a run's span list stays short to scan.
+pub(crate) const MAX_RUN: usize = 256;
+
+/// Where a chain block sits: its node and its position in the node's run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Spot {
+    node: u32,
+    pos: u32,
+}
+
+/// One resident over positions `from..=to` of a node.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    resident: Resident,
+    from: u16,
+    to: u16,
+}
+
+impl Span {
+    fn covers(&self, pos: u16) -> bool {
+        self.from <= pos && pos <= self.to
+    }
+
+    fn is(&self, pod: u32, rank: u8) -> bool {
+        self.resident.pod() == pod && self.resident.rank() == rank
+    }
+}
+
+/// A run of chain blocks and who holds which part of it.
+#[derive(Debug, Default)]
+struct Node {
+    hashes: Vec<u64>,
+    /// Spans of one source never overlap.
+    spans: Vec<Span>,
+}
+
+impl Node {
+    fn held(&self, pos: u16) -> bool {
+        self.spans.iter().any(|s| s.covers(pos))
+    }
+
+    /// The residents at `pos`.
+    fn residents_at(&self, pos: u16) -> impl Iterator<Item = &Resident> + '_ {
+        (self.spans.iter())
+            .filter(move |s| s.covers(pos))
+            .map(|s| &s.resident)
+    }
+}
+
+/// The chain blocks of every model, in runs.
+#[derive(Debug, Default)]
+pub(crate) struct ChainRuns {
+    locator: HashMap<u64, Spot>,
+    nodes: Vec<Node>,
+    /// Ids of freed nodes, reused before the node list grows.
+    free: Vec<u32>,
+}
+
+/// A query's place in a run: the spot it read last and, while the residents there are known,
+/// their fingerprint and the last position they stay the same up to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cursor {
+    spot: Spot,
+    same: Option<(u64, u16)>,
+}
+
+/// One chain block opened for an edit: a position of a node, seen as a [`ResidentSet`].
+pub(crate) struct BlockMut<'a> {
+    node: &'a mut Node,
+    pos: u16,
+}
+
+impl ChainRuns {
+    /// Where chain block `hash` sits, whether or not anybody holds it now.
+    fn spot(&self, hash: u64) -> Option<Spot> {
+        self.locator.get(&hash).copied()
+    }
+
+    fn open(&mut self, spot: Spot) -> BlockMut<'_> {
+        BlockMut {
+            node: &mut self.nodes[spot.node as usize],
+            pos: spot.pos as u16,
+        }
+    }
+
+    /// The spot of a held chain block.
+    fn held_spot(&self, hash: u64) -> Option<Spot> {
+        let spot = self.spot(hash)?;
+        self.nodes[spot.node as usize]
+            .held(spot.pos as u16)
+            .then_some(spot)
+    }
+
+    /// The spot of chain block `hash`, placed after `parent` when it is new: at the end of
+    /// the parent's run when the parent ends one with room left, else as a run of its own.
+    fn place(&mut self, hash: u64, parent: u64) -> Spot {
+        if let Some(spot) = self.spot(hash) {
+            return spot;
+        }
+        let after = (parent != 0).then(|| self.spot(parent)).flatten();
+        let spot = match after {
+            Some(p) if self.extends(p) => {
+                let node = &mut self.nodes[p.node as usize];
+                node.hashes.push(hash);
+                Spot {
+                    node: p.node,
+                    pos: p.pos + 1,
+                }
+            }
+            _ => {
+                let node = self.new_node();
+                self.nodes[node as usize].hashes.push(hash);
+                Spot { node, pos: 0 }
+            }
+        };
+        self.locator.insert(hash, spot);
+        spot
+    }
+
+    /// Whether a block after `parent` may extend the parent's run.
+    fn extends(&self, parent: Spot) -> bool {
+        let len = self.nodes[parent.node as usize].hashes.len();
+        parent.pos as usize + 1 == len && len < MAX_RUN
+    }
+
+    fn new_node(&mut self) -> u32 {
+        if let Some(id) = self.free.pop() {
+            return id;
+        }
+        self.nodes.push(Node::default());
+        self.nodes.len() as u32 - 1
+    }
+
+    /// Gives back what a block nobody holds any more kept: the run's tail nobody holds, or
+    /// the whole run when nobody holds any of it.
+    fn release(&mut self, spot: Spot) {
+        let node = &mut self.nodes[spot.node as usize];
+        if node.spans.is_empty() {
+            for hash in node.hashes.drain(..) {
+                self.locator.remove(&hash);
+            }
+            *node = Node::default();
+            self.free.push(spot.node);
+            return;
+        }
+        while let Some(&last) = node.hashes.last() {
+            if node.held(node.hashes.len() as u16 - 1) {
+                break;
+            }
+            node.hashes.pop();
+            self.locator.remove(&last);
+        }
+    }
+
+    /// Adds `added` media (and an engine copy when `new_copy`) to the editor's resident of
+    /// chain block `key`, a new block placed after `parent` ([`layer::add_media`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add_media(
+        &mut self,
+        parent: u64,
+        dups: &mut DupCounts,
+        key: u64,
+        who: Editor,
+        added: MediaSet,
+        new_copy: bool,
+    ) -> (Change, bool) {
+        let spot = self.place(key, parent);
+        let mut block = self.open(spot);
+        if !block.node.held(block.pos) {
+            block.push(Resident::new(who.pod, who.rank, who.now, added));
+            return layer::first_resident(who, added);
+        }
+        let dup_key = (layer::CHAIN_DUPS, key);
+        layer::add_to(&mut block, dups, dup_key, who, added, new_copy)
+    }
+
+    /// Takes `removed` media off the editor's resident of chain block `key`
+    /// ([`layer::drop_media`]).
+    pub(crate) fn drop_media(
+        &mut self,
+        dups: &mut DupCounts,
+        key: u64,
+        who: Editor,
+        removed: MediaSet,
+        slot_gone: bool,
+    ) -> Option<(Change, u32)> {
+        let spot = self.held_spot(key)?;
+        let dup_key = (layer::CHAIN_DUPS, key);
+        let mut block = self.open(spot);
+        let (dropped, empty) =
+            layer::drop_from(&mut block, dups, dup_key, who, removed, slot_gone)?;
+        if empty {
+            self.release(spot);
+        }
+        Some(dropped)
+    }
+
+    /// Removes the editor's resident of chain block `key` whatever its media (a source
+    /// clear, [`layer::drop_resident`]).
+    pub(crate) fn drop_resident(&mut self, key: u64, who: Editor) -> Option<Change> {
+        let spot = self.held_spot(key)?;
+        let (change, empty) = layer::resident_out(&mut self.open(spot), who)?;
+        if empty {
+            self.release(spot);
+        }
+        Some(change)
+    }
+
+    /// Whether anybody holds chain block `key`.
+    pub(crate) fn contains(&self, key: u64) -> bool {
+        self.held_spot(key).is_some()
+    }
+
+    /// [`super::LayerReader::visit`] on chain block `key`, following the run `cursor` is in
+    /// without a probe and without a span scan while the residents stay the same.
+    pub(crate) fn visit(
+        &self,
+        key: u64,
+        unless: Option<u64>,
+        cursor: &Cell<Option<Cursor>>,
+        mut visit: impl FnMut(PodId, MediaSet, u32),
+    ) -> Visit {
+        let next = cursor.get().and_then(|c| {
+            let node = &self.nodes[c.spot.node as usize];
+            let pos = c.spot.pos + 1;
+            (node.hashes.get(pos as usize) == Some(&key)).then(|| {
+                let spot = Spot {
+                    node: c.spot.node,
+                    pos,
+                };
+                let same = c.same.filter(|(_, to)| u32::from(*to) >= pos);
+                Cursor { spot, same }
+            })
+        });
+        let mut here = match next {
+            Some(c) => c,
+            None => match self.spot(key) {
+                Some(spot) => Cursor { spot, same: None },
+                None => {
+                    cursor.set(None);
+                    return Visit::Absent;
+                }
+            },
+        };
+        if let (Some((fingerprint, _)), Some(unless)) = (here.same, unless) {
+            if fingerprint == unless {
+                cursor.set(Some(here));
+                return Visit::Unchanged;
+            }
+        }
+        let node = &self.nodes[here.spot.node as usize];
+        let pos = here.spot.pos as u16;
+        let (fingerprint, stable_to) = fingerprint_at(node, pos);
+        let Some(fingerprint) = fingerprint else {
+            here.same = None;
+            cursor.set(Some(here));
+            return Visit::Absent;
+        };
+        here.same = Some((fingerprint, stable_to));
+        cursor.set(Some(here));
+        if unless == Some(fingerprint) {
+            return Visit::Unchanged;
+        }
+        for r in node.residents_at(pos) {
+            visit(PodId(r.pod()), r.media(), r.stored_at);
+        }
+        Visit::Visited(fingerprint)
+    }
+
+    /// Calls `visit` with the residents of every held chain block, in no order.
+    pub(crate) fn for_each_block(&self, mut visit: impl FnMut(&[Resident])) {
+        let mut residents = Vec::new();
+        for node in &self.nodes {
+            for pos in 0..node.hashes.len() as u16 {
+                residents.clear();
+                residents.extend(node.residents_at(pos).copied());
+                if !residents.is_empty() {
+                    visit(&residents);
+                }
+            }
+        }
+    }
+
+    /// Chain blocks with a position in a run (held, or kept as a held block's predecessor).
+    pub(crate) fn len(&self) -> usize {
+        self.locator.len()
+    }
+
+    /// Slots of the locator, for tests of memory given back.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.locator.capacity()
+    }
+
+    /// Estimated heap bytes.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let nodes = self.nodes.capacity() * std::mem::size_of::<Node>();
+        let runs: usize = (self.nodes.iter())
+            .map(|n| n.hashes.capacity() * 8 + n.spans.capacity() * std::mem::size_of::<Span>())
+            .sum();
+        table_bytes::<u64, Spot>(self.locator.capacity()) + nodes + runs + self.free.capacity() * 4
+    }
+
+    /// Gives back memory once the locator is a quarter full or less.
+    pub(crate) fn shrink(&mut self) {
+        let capacity = self.locator.capacity();
+        if capacity > 1024 && self.locator.len() * 4 < capacity {
+            self.locator.shrink_to_fit();
+        }
+        if self.free.len() > 1024 && self.free.len() * 2 > self.nodes.len() {
+            // Trailing free nodes go; ids of the rest stay as they are.
+            let mut top = self.nodes.len();
+            while top > 0 && self.nodes[top - 1].hashes.is_empty() {
+                top -= 1;
+            }
+            self.nodes.truncate(top);
+            self.nodes.shrink_to_fit();
+            self.free.retain(|id| (*id as usize) < top);
+            self.free.shrink_to_fit();
+        }
+    }
+}
+
+/// The fingerprint of the residents at `pos` (`None` when nobody holds it) and the last
+/// position up to which they stay the same.
+fn fingerprint_at(node: &Node, pos: u16) -> (Option<u64>, u16) {
+    let mut fingerprint = None;
+    let mut stable_to = node.hashes.len().saturating_sub(1) as u16;
+    for s in &node.spans {
+        if s.covers(pos) {
+            fingerprint = Some(fingerprint.unwrap_or(0) ^ owner_key(&s.resident));
+            stable_to = stable_to.min(s.to);
+        } else if s.from > pos {
+            stable_to = stable_to.min(s.from - 1);
+        }
+    }
+    (fingerprint, stable_to)
+}
+
+impl BlockMut<'_> {
+    /// Gives the position's piece of span `at` the resident `new`: the span splits around
+    /// the position, and the piece merges with a neighbour that agrees.
+    fn set(&mut self, at: usize, new: Resident) {
+        let pos = self.pos;
+        let span = self.node.spans[at];
+        self.node.spans[at] = Span {
+            resident: new,
+            from: pos,
+            to: pos,
+        };
+        if span.from < pos {
+            self.node.spans.push(Span {
+                to: pos - 1,
+                ..span
+            });
+        }
+        if pos < span.to {
+            self.node.spans.push(Span {
+                from: pos + 1,
+                ..span
+            });
+        }
+        self.coalesce(at);
+    }
+
+    /// Merges span `at` with the spans right before and after it that hold the same
+    /// resident (the same source, media, store time and copies).
+    fn coalesce(&mut self, mut at: usize) {
+        loop {
+            let span = self.node.spans[at];
+            let touching = |o: &Span| {
+                o.resident == span.resident
+                    && (u32::from(o.to) + 1 == u32::from(span.from)
+                        || u32::from(span.to) + 1 == u32::from(o.from))
+            };
+            let Some(other) = self.node.spans.iter().position(touching) else {
+                return;
+            };
+            let o = self.node.spans[other];
+            let merged = &mut self.node.spans[at];
+            merged.from = merged.from.min(o.from);
+            merged.to = merged.to.max(o.to);
+            self.node.spans.swap_remove(other);
+            if at == self.node.spans.len() {
+                // `at` was last and took `other`'s place.
+                at = other;
+            }
+        }
+    }
+}
+
+impl ResidentSet for BlockMut<'_> {
+    fn edit_with_others<R>(
+        &mut self,
+        pod: u32,
+        rank: u8,
+        others: bool,
+        edit: impl FnOnce(&mut Resident) -> R,
+    ) -> (Option<(R, Resident, Resident)>, Option<FieldValue>) {
+        let pos = self.pos;
+        let mut at = None;
+        let mut other = None;
+        for (i, s) in self.node.spans.iter().enumerate() {
+            if !s.covers(pos) || s.resident.pod() != pod {
+                continue;
+            }
+            if s.resident.rank() == rank {
+                at = Some(i);
+                if !others {
+                    break;
+                }
+            } else if others {
+                other = merge(other, own_value(&s.resident));
+            }
+        }
+        let edited = at.map(|i| {
+            let old = self.node.spans[i].resident;
+            let mut new = old;
+            let out = edit(&mut new);
+            if new != old {
+                self.set(i, new);
+            }
+            (out, old, new)
+        });
+        (edited, other)
+    }
+
+    fn push(&mut self, resident: Resident) {
+        let pos = self.pos;
+        self.node.spans.push(Span {
+            resident,
+            from: pos,
+            to: pos,
+        });
+        self.coalesce(self.node.spans.len() - 1);
+    }
+
+    fn remove(&mut self, pod: u32, rank: u8) -> bool {
+        let pos = self.pos;
+        let spans = &mut self.node.spans;
+        if let Some(at) = spans.iter().position(|s| s.covers(pos) && s.is(pod, rank)) {
+            let span = spans.swap_remove(at);
+            if span.from < pos {
+                spans.push(Span {
+                    to: pos - 1,
+                    ..span
+                });
+            }
+            if pos < span.to {
+                spans.push(Span {
+                    from: pos + 1,
+                    ..span
+                });
+            }
+        }
+        !self.node.held(pos)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::medium::Medium;
+
+    fn who(pod: u32, now: u32) -> Editor {
+        Editor {
+            pod,
+            rank: 0,
+            now,
+            pod_values: true,
+        }
+    }
+
+    fn gpu() -> MediaSet {
+        MediaSet::single(Medium::GPU)
+    }
+
+    fn pods_at(runs: &ChainRuns, key: u64) -> Vec<u32> {
+        let mut pods = Vec::new();
+        let cursor = Cell::new(None);
+        runs.visit(key, None, &cursor, |pod, _, _| pods.push(pod.0));
+        pods.sort();
+        pods
+    }
+
+    #[test]
+    fn a_chain_stored_in_order_is_one_run_with_one_span_per_source() {
+        let mut runs = ChainRuns::default();
+        let mut dups = DupCounts::new();
+        for pod in [1, 2] {
+            let mut parent = 0;
+            for key in 1..=100u64 {
+                runs.add_media(parent, &mut dups, key, who(pod, 10), gpu(), true);
+                parent = key;
+            }
+        }
+        assert_eq!(runs.nodes.len(), 1);
+        assert_eq!(runs.nodes[0].hashes.len(), 100);
+        assert_eq!(runs.nodes[0].spans.len(), 2);
+    }
+
+    #[test]
+    fn a_mid_run_remove_keeps_the_blocks_after_it_and_merges_back_on_restore() {
+        let mut runs = ChainRuns::default();
+        let mut dups = DupCounts::new();
+        let mut parent = 0;
+        for key in 1..=10u64 {
+            runs.add_media(parent, &mut dups, key, who(1, 10), gpu(), true);
+            parent = key;
+        }
+        assert!(runs
+            .drop_media(&mut dups, 5, who(1, 10), gpu(), true)
+            .is_some());
+        assert_eq!(pods_at(&runs, 5), Vec::<u32>::new());
+        assert_eq!(pods_at(&runs, 6), vec![1]);
+        assert_eq!(runs.nodes[0].spans.len(), 2);
+        // The later blocks can still be removed: nothing was truncated.
+        assert!(runs
+            .drop_media(&mut dups, 10, who(1, 10), gpu(), true)
+            .is_some());
+        assert_eq!(runs.len(), 9, "the tail nobody holds is trimmed");
+        runs.add_media(4, &mut dups, 5, who(1, 10), gpu(), true);
+        assert_eq!(runs.nodes[0].spans.len(), 1, "the run is whole again");
+        for key in 1..=9u64 {
+            assert!(runs.drop_resident(key, who(1, 10)).is_some());
+        }
+        assert_eq!((runs.len(), runs.free.len()), (0, 1));
+    }
+
+    #[test]
+    fn a_query_skips_the_scan_inside_a_span_and_sees_every_change() {
+        let mut runs = ChainRuns::default();
+        let mut dups = DupCounts::new();
+        let mut parent = 0;
+        for key in 1..=8u64 {
+            runs.add_media(parent, &mut dups, key, who(1, 10), gpu(), true);
+            parent = key;
+        }
+        for key in 1..=4u64 {
+            runs.add_media(0, &mut dups, key, who(2, 10), gpu(), true);
+        }
+        let cursor = Cell::new(None);
+        let mut last = None;
+        let mut seen = Vec::new();
+        for key in 1..=8u64 {
+            let mut pods = 0;
+            let visit = runs.visit(key, last, &cursor, |_, _, _| pods += 1);
+            match visit {
+                Visit::Visited(f) => {
+                    last = Some(f);
+                    seen.push(pods);
+                }
+                Visit::Unchanged => seen.push(0),
+                Visit::Absent => unreachable!("every block is held"),
+            }
+        }
+        assert_eq!(seen, vec![2, 0, 0, 0, 1, 0, 0, 0]);
+    }
+}
