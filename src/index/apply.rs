@@ -741,15 +741,17 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         {
             // One lock for the source's whole chain layer; the std maps are edited after.
             let mut chains = index.inner.chains.write();
-            for slot in self.state.slots() {
-                if slot.chain() == 0 {
-                    continue;
+            let keys = self
+                .state
+                .slots()
+                .map(|slot| slot.chain())
+                .filter(|c| *c != 0);
+            let out = &mut self.out;
+            chains.drop_source(keys, chain_who, |(before, after)| {
+                if count_chains {
+                    out.count(before, after);
                 }
-                let dropped = chains.drop_resident(slot.chain(), chain_who);
-                if let (true, Some((before, after))) = (count_chains, dropped) {
-                    self.out.count(before, after);
-                }
-            }
+            });
         }
         for slot in self.state.slots() {
             let model = slot.model();

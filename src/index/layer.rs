@@ -53,7 +53,7 @@ impl Editor {
 
     /// The pod's value before and after an edit of its resident from `old` to `new`, given
     /// what its other DP ranks hold (`others`); nothing for a layer whose values nobody reads.
-    fn values(
+    pub(crate) fn values(
         &self,
         others: Option<FieldValue>,
         old: Option<FieldValue>,
@@ -283,10 +283,7 @@ pub(crate) fn drop_resident<K: Eq + Hash>(
 }
 
 /// [`drop_resident`] on a block's residents; also says whether the block has none left.
-pub(crate) fn resident_out(
-    residents: &mut impl ResidentSet,
-    who: Editor,
-) -> Option<(Change, bool)> {
+fn resident_out(residents: &mut impl ResidentSet, who: Editor) -> Option<(Change, bool)> {
     let (edited, others) = residents.edit_with_others(who.pod, who.rank, who.pod_values, |_| ());
     let ((), old, _) = edited?;
     let empty = residents.remove(who.pod, who.rank);

@@ -167,13 +167,18 @@ impl ChainRuns {
     /// Gives back what a block nobody holds any more kept: the run's tail nobody holds, or
     /// the whole run when nobody holds any of it.
     fn release(&mut self, spot: Spot) {
-        let node = &mut self.nodes[spot.node as usize];
+        self.release_node(spot.node);
+    }
+
+    /// [`Self::release`] for any blocks of node `id`.
+    fn release_node(&mut self, id: u32) {
+        let node = &mut self.nodes[id as usize];
         if node.spans.is_empty() {
             for hash in node.hashes.drain(..) {
                 self.locator.remove(&hash);
             }
             *node = Node::default();
-            self.free.push(spot.node);
+            self.free.push(id);
             return;
         }
         while let Some(&last) = node.hashes.last() {
@@ -228,15 +233,45 @@ impl ChainRuns {
         Some(dropped)
     }
 
-    /// Removes the editor's resident of chain block `key` whatever its media (a source
-    /// clear, [`layer::drop_resident`]).
-    pub(crate) fn drop_resident(&mut self, key: u64, who: Editor) -> Option<Change> {
-        let spot = self.held_spot(key)?;
-        let (change, empty) = layer::resident_out(&mut self.open(spot), who)?;
-        if empty {
-            self.release(spot);
+    /// Removes every resident of the editor's source from the runs of chain blocks `keys`,
+    /// all the blocks it holds (a source clear): each run is edited once, whatever the
+    /// number of its blocks the source held. Calls `changed` with the pod's value before and
+    /// after for every chain block whose value the editor reads ([`Editor::values`]).
+    pub(crate) fn drop_source(
+        &mut self,
+        keys: impl Iterator<Item = u64>,
+        who: Editor,
+        mut changed: impl FnMut(Change),
+    ) {
+        let mut ids: Vec<u32> = keys.filter_map(|k| self.spot(k)).map(|s| s.node).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        for id in ids {
+            let node = &mut self.nodes[id as usize];
+            let before = node.spans.len();
+            let mut gone = Vec::new();
+            node.spans.retain(|s| {
+                let mine = s.is(who.pod, who.rank);
+                if mine {
+                    gone.push(*s);
+                }
+                !mine
+            });
+            if node.spans.len() == before {
+                continue;
+            }
+            if who.pod_values {
+                for span in &gone {
+                    for pos in span.from..=span.to {
+                        let others = (node.residents_at(pos))
+                            .filter(|r| r.pod() == who.pod)
+                            .fold(None, |v, r| merge(v, own_value(r)));
+                        changed(who.values(others, own_value(&span.resident), None));
+                    }
+                }
+            }
+            self.release_node(id);
         }
-        Some(change)
     }
 
     /// Whether anybody holds chain block `key`.
@@ -554,9 +589,12 @@ mod tests {
         assert_eq!(runs.len(), 9, "the tail nobody holds is trimmed");
         runs.add_media(4, &mut dups, 5, who(1, 10), gpu(), true);
         assert_eq!(runs.nodes[0].spans.len(), 1, "the run is whole again");
-        for key in 1..=9u64 {
-            assert!(runs.drop_resident(key, who(1, 10)).is_some());
-        }
+        let mut changes = 0;
+        runs.drop_source(1..=9u64, who(1, 10), |(before, after)| {
+            assert!(before.is_some() && after.is_none());
+            changes += 1;
+        });
+        assert_eq!(changes, 9);
         assert_eq!((runs.len(), runs.free.len()), (0, 1));
     }
 
