@@ -551,6 +551,140 @@ mod tests {
         pods
     }
 
+    /// One edit of the equivalence test below.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Add {
+            source: (u32, u8),
+            key: u64,
+            after_previous: bool,
+            media: u8,
+            new_copy: bool,
+            now: u32,
+        },
+        Drop {
+            source: (u32, u8),
+            key: u64,
+            media: u8,
+            slot_gone: bool,
+        },
+        Clear {
+            source: (u32, u8),
+        },
+    }
+
+    fn media_of(bits: u8) -> MediaSet {
+        let mut media = MediaSet::EMPTY;
+        for (i, name) in ["GPU", "CPU", "DISK"].iter().enumerate() {
+            if bits & (1 << i) != 0 {
+                media.insert(Medium::intern(name));
+            }
+        }
+        media
+    }
+
+    fn gen_op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let source = (0u32..3, 0u8..2);
+        prop_oneof![
+            6 => (source.clone(), 1u64..16, any::<bool>(), 1u8..8, any::<bool>(), 0u32..3)
+                .prop_map(|(source, key, after_previous, media, new_copy, now)| Op::Add {
+                    source, key, after_previous, media, new_copy, now,
+                }),
+            3 => (source.clone(), 1u64..16, 1u8..8, any::<bool>())
+                .prop_map(|(source, key, media, slot_gone)| Op::Drop {
+                    source, key, media, slot_gone,
+                }),
+            1 => source.prop_map(|source| Op::Clear { source }),
+        ]
+    }
+
+    /// The residents of every block, sorted, as the block map holds them.
+    fn map_residents(map: &layer::LayerMap<u64>) -> Vec<(u64, Vec<Resident>)> {
+        let mut all: Vec<_> = (map.iter())
+            .map(|e| (*e.key(), sorted(e.value().as_slice().to_vec())))
+            .collect();
+        all.sort_by_key(|(k, _)| *k);
+        all
+    }
+
+    /// The same as the runs hold them.
+    fn run_residents(runs: &ChainRuns) -> Vec<(u64, Vec<Resident>)> {
+        let mut all = Vec::new();
+        for (key, spot) in &runs.locator {
+            let node = &runs.nodes[spot.node as usize];
+            let residents: Vec<Resident> = node.residents_at(spot.pos as u16).copied().collect();
+            if !residents.is_empty() {
+                all.push((*key, sorted(residents)));
+            }
+        }
+        all.sort_by_key(|(k, _)| *k);
+        all
+    }
+
+    fn sorted(mut residents: Vec<Resident>) -> Vec<Resident> {
+        residents.sort_by_key(|r| (r.pod(), r.rank()));
+        residents
+    }
+
+    proptest::proptest! {
+        /// Runs hold exactly what a block map of the same edits holds, block by block, and
+        /// answer every edit the same (the layer rules are shared; only the storage differs).
+        #[test]
+        fn runs_hold_what_a_block_map_holds(ops in proptest::collection::vec(gen_op(), 1..120)) {
+            let map = layer::LayerMap::<u64>::default();
+            let mut runs = ChainRuns::default();
+            let mut map_dups: HashMap<(u32, u8), DupCounts> = HashMap::new();
+            let mut run_dups: HashMap<(u32, u8), DupCounts> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Add { source, key, after_previous, media, new_copy, now } => {
+                        let who = Editor { pod: source.0, rank: source.1, now, pod_values: true };
+                        let dup_key = (layer::CHAIN_DUPS, key);
+                        let parent = if after_previous { key - 1 } else { 0 };
+                        let media = media_of(media);
+                        let dups = map_dups.entry(source).or_default();
+                        let want = layer::add_media(&map, dups, dup_key, key, who, media, new_copy);
+                        let dups = run_dups.entry(source).or_default();
+                        let got = runs.add_media(parent, dups, key, who, media, new_copy);
+                        proptest::prop_assert_eq!(want, got);
+                    }
+                    Op::Drop { source, key, media, slot_gone } => {
+                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true };
+                        let dup_key = (layer::CHAIN_DUPS, key);
+                        let media = media_of(media);
+                        let dups = map_dups.entry(source).or_default();
+                        let want = layer::drop_media(&map, dups, dup_key, key, who, media, slot_gone);
+                        let dups = run_dups.entry(source).or_default();
+                        let got = runs.drop_media(dups, key, who, media, slot_gone);
+                        proptest::prop_assert_eq!(want, got);
+                    }
+                    Op::Clear { source } => {
+                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true };
+                        let held: Vec<u64> = (map.iter())
+                            .filter(|e| e.value().as_slice().iter().any(|r| r.pod() == who.pod && r.rank() == who.rank))
+                            .map(|e| *e.key())
+                            .collect();
+                        let mut want = Vec::new();
+                        for key in &held {
+                            want.extend(layer::drop_resident(&map, *key, who));
+                        }
+                        let mut got = Vec::new();
+                        runs.drop_source(held.iter().copied(), who, |change| got.push(change));
+                        let order = |c: &Change| format!("{c:?}");
+                        want.sort_by_key(order);
+                        got.sort_by_key(order);
+                        proptest::prop_assert_eq!(want, got);
+                        map_dups.remove(&source);
+                        run_dups.remove(&source);
+                    }
+                }
+                proptest::prop_assert_eq!(map_residents(&map), run_residents(&runs));
+                proptest::prop_assert_eq!(&map_dups, &run_dups);
+            }
+        }
+    }
+
     #[test]
     fn a_chain_stored_in_order_is_one_run_with_one_span_per_source() {
         let mut runs = ChainRuns::default();
