@@ -6,11 +6,13 @@
 
 use std::sync::Arc;
 
+use parking_lot::RwLockWriteGuard;
 use serde::Serialize;
 
 use super::counters::{CountDelta, EntryCounter};
 use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Editor};
+use super::runs::ChainRuns;
 use super::source::SourceState;
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
 use crate::hash::{chain_hash, content_hash, model_seed, std_hash};
@@ -83,6 +85,8 @@ impl Index {
                     mutation.stats.clears += 1;
                 }
             }
+            // Queries wait for a writer one event at most.
+            mutation.chains = None;
         }
         let stats = mutation.stats;
         drop(mutation);
@@ -352,6 +356,9 @@ macro_rules! on_std_block {
 struct Mutation<'a, S: DeltaSink> {
     state: &'a mut SourceState,
     out: Out<'a, S>,
+    /// The chain runs, write-locked from the event's first chain edit to its end: one lock
+    /// per event rather than one per block.
+    chains: Option<RwLockWriteGuard<'a, ChainRuns>>,
     /// The block map of the model last edited.
     blocks: BlocksCache,
     /// Unix second recorded as the store time.
@@ -373,6 +380,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         Mutation {
             state,
             out,
+            chains: None,
             blocks: BlocksCache::default(),
             now,
             stats: ApplyStats::default(),
@@ -404,6 +412,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             None => (self.state.base_model, self.state.base_seed),
         };
         let media = MediaSet::single(stored.medium);
+        self.state.warm(&stored.block_hashes);
         if stored.token_ids.is_empty() {
             for hash in &stored.block_hashes {
                 self.store_block(model, hash, None, media);
@@ -540,9 +549,11 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return false;
         }
         let who = self.chain_editor();
+        let index = self.out.index;
+        let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
         let dups = &mut self.state.dups;
-        let ((before, after), duplicate) = (self.out.index.inner.chains.write())
-            .add_media(parent, dups, chain, who, added, new_copy);
+        let ((before, after), duplicate) =
+            chains.add_media(parent, dups, chain, who, added, new_copy);
         self.count_chain(before, after);
         duplicate
     }
@@ -555,9 +566,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return 0;
         }
         let who = self.chain_editor();
+        let index = self.out.index;
+        let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
         let dups = &mut self.state.dups;
-        let dropped =
-            (self.out.index.inner.chains.write()).drop_media(dups, chain, who, removed, slot_gone);
+        let dropped = chains.drop_media(dups, chain, who, removed, slot_gone);
         let Some(((before, after), stored_at)) = dropped else {
             return 0;
         };
@@ -697,6 +709,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             mask
         };
         let base = self.state.base_model;
+        self.state.warm(&removed.block_hashes);
         for hash in &removed.block_hashes {
             let Some((model, slot)) = self.state.find_mut(hash, base) else {
                 self.stats.unknown_removes += 1;
@@ -739,8 +752,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let chain_who = self.chain_editor();
         let count_chains = !self.std_layer();
         {
-            // One lock for the source's whole chain layer; the std maps are edited after.
-            let mut chains = index.inner.chains.write();
+            let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
             let keys = self
                 .state
                 .slots()

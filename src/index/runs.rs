@@ -126,9 +126,10 @@ impl ChainRuns {
 
     /// The spot of chain block `hash`, placed after `parent` when it is new: at the end of
     /// the parent's run when the parent ends one with room left, else as a run of its own.
-    fn place(&mut self, hash: u64, parent: u64) -> Spot {
+    /// Also says whether the block is new.
+    fn place(&mut self, hash: u64, parent: u64) -> (Spot, bool) {
         if let Some(spot) = self.spot(hash) {
-            return spot;
+            return (spot, false);
         }
         let after = (parent != 0).then(|| self.spot(parent)).flatten();
         let spot = match after {
@@ -147,7 +148,7 @@ impl ChainRuns {
             }
         };
         self.locator.insert(hash, spot);
-        spot
+        (spot, true)
     }
 
     /// Whether a block after `parent` may extend the parent's run.
@@ -202,9 +203,11 @@ impl ChainRuns {
         added: MediaSet,
         new_copy: bool,
     ) -> (Change, bool) {
-        let spot = self.place(key, parent);
+        let (spot, created) = self.place(key, parent);
         let mut block = self.open(spot);
-        if !block.node.held(block.pos) {
+        // A block nobody holds gets the editor as its first resident, as a new map entry
+        // would; with media added that is what the rules below do too, without the scan.
+        if created || (added.is_empty() && !block.node.held(block.pos)) {
             block.push(Resident::new(who.pod, who.rank, who.now, added));
             return layer::first_resident(who, added);
         }
@@ -222,7 +225,8 @@ impl ChainRuns {
         removed: MediaSet,
         slot_gone: bool,
     ) -> Option<(Change, u32)> {
-        let spot = self.held_spot(key)?;
+        // A source that holds no resident there is answered `None` by the rules below.
+        let spot = self.spot(key)?;
         let dup_key = (layer::CHAIN_DUPS, key);
         let mut block = self.open(spot);
         let (dropped, empty) =
@@ -411,49 +415,65 @@ impl BlockMut<'_> {
     fn set(&mut self, at: usize, new: Resident) {
         let pos = self.pos;
         let span = self.node.spans[at];
-        self.node.spans[at] = Span {
+        let mid = Span {
             resident: new,
             from: pos,
             to: pos,
         };
-        if span.from < pos {
-            self.node.spans.push(Span {
-                to: pos - 1,
-                ..span
-            });
-        }
-        if pos < span.to {
-            self.node.spans.push(Span {
-                from: pos + 1,
-                ..span
-            });
-        }
-        self.coalesce(at);
+        let left = (span.from < pos).then(|| Span {
+            to: pos - 1,
+            ..span
+        });
+        let right = (pos < span.to).then(|| Span {
+            from: pos + 1,
+            ..span
+        });
+        // The pieces keep the span's place in the order: same source, rising positions.
+        let pieces = left.into_iter().chain([mid]).chain(right);
+        self.node.spans.splice(at..=at, pieces);
+        self.coalesce(at + usize::from(left.is_some()));
     }
 
     /// Merges span `at` with the spans right before and after it that hold the same
-    /// resident (the same source, media, store time and copies).
-    fn coalesce(&mut self, mut at: usize) {
-        loop {
-            let span = self.node.spans[at];
-            let touching = |o: &Span| {
-                o.resident == span.resident
-                    && (u32::from(o.to) + 1 == u32::from(span.from)
-                        || u32::from(span.to) + 1 == u32::from(o.from))
-            };
-            let Some(other) = self.node.spans.iter().position(touching) else {
-                return;
-            };
-            let o = self.node.spans[other];
-            let merged = &mut self.node.spans[at];
-            merged.from = merged.from.min(o.from);
-            merged.to = merged.to.max(o.to);
-            self.node.spans.swap_remove(other);
-            if at == self.node.spans.len() {
-                // `at` was last and took `other`'s place.
-                at = other;
+    /// resident (the same source, media, store time and copies): in span order, a source's
+    /// neighbouring spans sit next to each other.
+    fn coalesce(&mut self, at: usize) {
+        let spans = &mut self.node.spans;
+        let span = spans[at];
+        if let Some(next) = spans.get(at + 1) {
+            if next.resident == span.resident && u32::from(span.to) + 1 == u32::from(next.from) {
+                spans[at].to = next.to;
+                spans.remove(at + 1);
             }
         }
+        if let Some(prev) = at.checked_sub(1).map(|i| spans[i]) {
+            if prev.resident == span.resident && u32::from(prev.to) + 1 == u32::from(span.from) {
+                spans[at - 1].to = spans[at].to;
+                spans.remove(at);
+            }
+        }
+    }
+}
+
+impl Node {
+    /// Where spans of `(pod, rank)` starting at `from` or later begin, in span order.
+    fn seek(&self, pod: u32, rank: u8, from: u16) -> usize {
+        (self.spans)
+            .partition_point(|s| (s.resident.pod(), s.resident.rank(), s.from) < (pod, rank, from))
+    }
+
+    /// The span of `(pod, rank)` covering `pos`.
+    fn find(&self, pod: u32, rank: u8, pos: u16) -> Option<usize> {
+        let at = self.seek(pod, rank, pos + 1).checked_sub(1)?;
+        let span = &self.spans[at];
+        (span.is(pod, rank) && span.covers(pos)).then_some(at)
+    }
+
+    /// Puts `span` in its place in span order; returns where.
+    fn insert(&mut self, span: Span) -> usize {
+        let at = self.seek(span.resident.pod(), span.resident.rank(), span.from);
+        self.spans.insert(at, span);
+        at
     }
 }
 
@@ -466,19 +486,17 @@ impl ResidentSet for BlockMut<'_> {
         edit: impl FnOnce(&mut Resident) -> R,
     ) -> (Option<(R, Resident, Resident)>, Option<FieldValue>) {
         let pos = self.pos;
-        let mut at = None;
+        let at = self.node.find(pod, rank, pos);
         let mut other = None;
-        for (i, s) in self.node.spans.iter().enumerate() {
-            if !s.covers(pos) || s.resident.pod() != pod {
-                continue;
-            }
-            if s.resident.rank() == rank {
-                at = Some(i);
-                if !others {
+        if others {
+            let first = self.node.seek(pod, 0, 0);
+            for s in self.node.spans[first..].iter() {
+                if s.resident.pod() != pod {
                     break;
                 }
-            } else if others {
-                other = merge(other, own_value(&s.resident));
+                if s.resident.rank() != rank && s.covers(pos) {
+                    other = merge(other, own_value(&s.resident));
+                }
             }
         }
         let edited = at.map(|i| {
@@ -495,31 +513,29 @@ impl ResidentSet for BlockMut<'_> {
 
     fn push(&mut self, resident: Resident) {
         let pos = self.pos;
-        self.node.spans.push(Span {
+        let at = self.node.insert(Span {
             resident,
             from: pos,
             to: pos,
         });
-        self.coalesce(self.node.spans.len() - 1);
+        self.coalesce(at);
     }
 
     fn remove(&mut self, pod: u32, rank: u8) -> bool {
         let pos = self.pos;
-        let spans = &mut self.node.spans;
-        if let Some(at) = spans.iter().position(|s| s.covers(pos) && s.is(pod, rank)) {
-            let span = spans.swap_remove(at);
-            if span.from < pos {
-                spans.push(Span {
-                    to: pos - 1,
-                    ..span
-                });
-            }
-            if pos < span.to {
-                spans.push(Span {
-                    from: pos + 1,
-                    ..span
-                });
-            }
+        if let Some(at) = self.node.find(pod, rank, pos) {
+            let span = self.node.spans[at];
+            let left = (span.from < pos).then(|| Span {
+                to: pos - 1,
+                ..span
+            });
+            let right = (pos < span.to).then(|| Span {
+                from: pos + 1,
+                ..span
+            });
+            self.node
+                .spans
+                .splice(at..=at, left.into_iter().chain(right));
         }
         !self.node.held(pos)
     }
@@ -608,8 +624,21 @@ mod tests {
         all
     }
 
-    /// The same as the runs hold them.
+    /// The same as the runs hold them; checks the span order on the way (by source, then
+    /// position, a source's spans apart and not touching with the same resident).
     fn run_residents(runs: &ChainRuns) -> Vec<(u64, Vec<Resident>)> {
+        for node in &runs.nodes {
+            for pair in node.spans.windows(2) {
+                let [a, b] = pair else { continue };
+                let key = |s: &Span| (s.resident.pod(), s.resident.rank(), s.from);
+                assert!(key(a) < key(b), "spans out of order: {a:?} {b:?}");
+                if a.is(b.resident.pod(), b.resident.rank()) {
+                    assert!(a.to < b.from, "spans overlap: {a:?} {b:?}");
+                    let touching = a.to + 1 == b.from;
+                    assert!(!touching || a.resident != b.resident, "unmerged: {a:?} {b:?}");
+                }
+            }
+        }
         let mut all = Vec::new();
         for (key, spot) in &runs.locator {
             let node = &runs.nodes[spot.node as usize];
