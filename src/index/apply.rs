@@ -412,7 +412,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             None => (self.state.base_model, self.state.base_seed),
         };
         let media = MediaSet::single(stored.medium);
-        self.state.warm(&stored.block_hashes);
         if stored.token_ids.is_empty() {
             for hash in &stored.block_hashes {
                 self.store_block(model, hash, None, media);
@@ -709,7 +708,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             mask
         };
         let base = self.state.base_model;
-        self.state.warm(&removed.block_hashes);
         for hash in &removed.block_hashes {
             let Some((model, slot)) = self.state.find_mut(hash, base) else {
                 self.stats.unknown_removes += 1;

@@ -463,17 +463,6 @@ impl SourceState {
         ints.chain(bytes)
     }
 
-    /// Reads the slots of `hashes` ahead of their edits: the reads do not depend on one
-    /// another, so the processor overlaps their cache misses, where the edits, one after
-    /// another, would wait for each in turn.
-    pub(crate) fn warm(&self, hashes: &[BlockHash]) {
-        if hashes.len() > 1 {
-            for hash in hashes {
-                std::hint::black_box(self.slot_of(hash));
-            }
-        }
-    }
-
     /// The std hash this source maps `hash` to, whatever its model.
     pub(crate) fn std_of(&self, hash: &BlockHash) -> Option<u64> {
         self.slot_of(hash).map(|s| s.std())
