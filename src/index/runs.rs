@@ -87,6 +87,9 @@ pub(crate) struct ChainRuns {
     nodes: Vec<Node>,
     /// Ids of freed nodes, reused before the node list grows.
     free: Vec<u32>,
+    /// The block placed last and its spot: an engine stores a chain block after block, so
+    /// the next block's parent is usually this one and sits right before it in the run.
+    last: Option<(u64, Spot)>,
 }
 
 /// A query's place in a run: the spot it read last and, while the residents there are known,
@@ -128,10 +131,16 @@ impl ChainRuns {
     /// the parent's run when the parent ends one with room left, else as a run of its own.
     /// Also says whether the block is new.
     fn place(&mut self, hash: u64, parent: u64) -> (Spot, bool) {
+        let after = self.parent_spot(parent);
+        if let Some(next) = after.and_then(|p| self.next_in_run(p, hash)) {
+            self.last = Some((hash, next));
+            return (next, false);
+        }
         if let Some(spot) = self.spot(hash) {
+            self.last = Some((hash, spot));
             return (spot, false);
         }
-        let after = (parent != 0).then(|| self.spot(parent)).flatten();
+        let after = after.or_else(|| (parent != 0).then(|| self.spot(parent)).flatten());
         let spot = match after {
             Some(p) if self.extends(p) => {
                 let node = &mut self.nodes[p.node as usize];
@@ -148,7 +157,41 @@ impl ChainRuns {
             }
         };
         self.locator.insert(hash, spot);
+        self.last = Some((hash, spot));
         (spot, true)
+    }
+
+    /// The spot of `parent` when it is the block placed last (no probe); `None` otherwise.
+    fn parent_spot(&self, parent: u64) -> Option<Spot> {
+        let (hash, spot) = self.last?;
+        // The run may have changed since (freed, trimmed, reused): trust only what is there.
+        let node = self.nodes.get(spot.node as usize)?;
+        (hash == parent && parent != 0 && node.hashes.get(spot.pos as usize) == Some(&parent))
+            .then_some(spot)
+    }
+
+    /// The spot of `hash` when it sits right after or before the block edited last (an
+    /// engine removes a chain's blocks in a row too): no probe.
+    fn near_last(&self, hash: u64) -> Option<Spot> {
+        let (_, last) = self.last?;
+        let node = self.nodes.get(last.node as usize)?;
+        [last.pos + 1, last.pos.wrapping_sub(1)]
+            .into_iter()
+            .find(|pos| node.hashes.get(*pos as usize) == Some(&hash))
+            .map(|pos| Spot {
+                node: last.node,
+                pos,
+            })
+    }
+
+    /// The spot right after `spot` in its run, when it is chain block `hash`.
+    fn next_in_run(&self, spot: Spot, hash: u64) -> Option<Spot> {
+        let node = &self.nodes[spot.node as usize];
+        let pos = spot.pos + 1;
+        (node.hashes.get(pos as usize) == Some(&hash)).then_some(Spot {
+            node: spot.node,
+            pos,
+        })
     }
 
     /// Whether a block after `parent` may extend the parent's run.
@@ -226,7 +269,8 @@ impl ChainRuns {
         slot_gone: bool,
     ) -> Option<(Change, u32)> {
         // A source that holds no resident there is answered `None` by the rules below.
-        let spot = self.spot(key)?;
+        let spot = self.near_last(key).or_else(|| self.spot(key))?;
+        self.last = Some((key, spot));
         let dup_key = (layer::CHAIN_DUPS, key);
         let mut block = self.open(spot);
         let (dropped, empty) =
@@ -635,7 +679,10 @@ mod tests {
                 if a.is(b.resident.pod(), b.resident.rank()) {
                     assert!(a.to < b.from, "spans overlap: {a:?} {b:?}");
                     let touching = a.to + 1 == b.from;
-                    assert!(!touching || a.resident != b.resident, "unmerged: {a:?} {b:?}");
+                    assert!(
+                        !touching || a.resident != b.resident,
+                        "unmerged: {a:?} {b:?}"
+                    );
                 }
             }
         }
