@@ -87,6 +87,11 @@ pub(crate) struct ChainRuns {
     nodes: Vec<Node>,
     /// Ids of freed nodes, reused before the node list grows.
     free: Vec<u32>,
+    /// The run new chain starts are appended to: a block whose parent is no chain block here
+    /// (the first block of a prompt) shares a run with other starts rather than having a
+    /// node of its own, which would cost a node and two allocations per block where chains
+    /// are one block long. A block that continues it extends the run as usual.
+    open: Option<u32>,
     /// The block placed last and its spot: an engine stores a chain block after block, so
     /// the next block's parent is usually this one and sits right before it in the run.
     last: Option<(u64, Spot)>,
@@ -142,18 +147,21 @@ impl ChainRuns {
         }
         let after = after.or_else(|| (parent != 0).then(|| self.spot(parent)).flatten());
         let spot = match after {
-            Some(p) if self.extends(p) => {
-                let node = &mut self.nodes[p.node as usize];
-                node.hashes.push(hash);
-                Spot {
-                    node: p.node,
-                    pos: p.pos + 1,
-                }
-            }
-            _ => {
+            Some(p) if self.extends(p) => self.append(p.node, hash),
+            // A fork (or a full run): its continuation will most likely follow, in a run of
+            // its own.
+            Some(_) => {
                 let node = self.new_node();
-                self.nodes[node as usize].hashes.push(hash);
-                Spot { node, pos: 0 }
+                self.append(node, hash)
+            }
+            None => {
+                let open = self.open.filter(|id| {
+                    let len = self.nodes[*id as usize].hashes.len();
+                    len > 0 && len < MAX_RUN
+                });
+                let node = open.unwrap_or_else(|| self.new_node());
+                self.open = Some(node);
+                self.append(node, hash)
             }
         };
         self.locator.insert(hash, spot);
@@ -194,6 +202,16 @@ impl ChainRuns {
         })
     }
 
+    /// Puts `hash` at the end of node `id`'s run.
+    fn append(&mut self, id: u32, hash: u64) -> Spot {
+        let node = &mut self.nodes[id as usize];
+        node.hashes.push(hash);
+        Spot {
+            node: id,
+            pos: node.hashes.len() as u32 - 1,
+        }
+    }
+
     /// Whether a block after `parent` may extend the parent's run.
     fn extends(&self, parent: Spot) -> bool {
         let len = self.nodes[parent.node as usize].hashes.len();
@@ -223,6 +241,9 @@ impl ChainRuns {
             }
             *node = Node::default();
             self.free.push(id);
+            if self.open == Some(id) {
+                self.open = None;
+            }
             return;
         }
         while let Some(&last) = node.hashes.last() {
