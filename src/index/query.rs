@@ -225,9 +225,9 @@ impl Index {
             // A `prefix`-only index counts what it matches: (chain block, pod) entries.
             let chains = self.inner.chains.read_recursive();
             chains.for_each_block(|residents| {
+                stats.blocks += 1;
                 visit_fields(0, 0, residents, &mut |_, _, _, value| count(value));
             });
-            stats.blocks += chains.len();
         }
         let models = self.inner.models.all_blocks();
         for (_, blocks) in &models {

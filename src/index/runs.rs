@@ -418,7 +418,8 @@ impl ChainRuns {
         }
     }
 
-    /// Chain blocks with a position in a run (held, or kept as a held block's predecessor).
+    /// Chain blocks with a position in a run (held, or kept before a held one).
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.locator.len()
     }
