@@ -550,9 +550,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let who = self.chain_editor();
         let index = self.out.index;
         let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
-        let dups = &mut self.state.dups;
+        let state = &mut *self.state;
+        let edited = (&mut state.dups, &mut state.runs);
         let ((before, after), duplicate) =
-            chains.add_media(parent, dups, chain, who, added, new_copy);
+            chains.add_media(parent, edited, chain, who, added, new_copy);
         self.count_chain(before, after);
         duplicate
     }
@@ -567,8 +568,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let who = self.chain_editor();
         let index = self.out.index;
         let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
-        let dups = &mut self.state.dups;
-        let dropped = chains.drop_media(dups, chain, who, removed, slot_gone);
+        let state = &mut *self.state;
+        let edited = (&mut state.dups, &mut state.runs);
+        let dropped = chains.drop_media(edited, chain, who, removed, slot_gone);
         let Some(((before, after), stored_at)) = dropped else {
             return 0;
         };
@@ -751,13 +753,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let count_chains = !self.std_layer();
         {
             let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
-            let keys = self
-                .state
-                .slots()
-                .map(|slot| slot.chain())
-                .filter(|c| *c != 0);
+            let held = std::mem::take(&mut self.state.runs);
             let out = &mut self.out;
-            chains.drop_source(keys, chain_who, |(before, after)| {
+            chains.drop_source(held, chain_who, |(before, after)| {
                 if count_chains {
                     out.count(before, after);
                 }

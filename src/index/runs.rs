@@ -97,6 +97,37 @@ pub(crate) struct ChainRuns {
     last: Option<(u64, Spot)>,
 }
 
+/// The runs one source holds spans in, so a source clear edits exactly those runs without
+/// looking up any of its blocks (kept exact: a run leaves the set with the source's last
+/// span in it, before it can be freed and its id reused).
+#[derive(Debug, Default)]
+pub(crate) struct HeldRuns {
+    ids: hashbrown::HashSet<u32>,
+    /// The run noted last: consecutive blocks of a store are mostly in one run.
+    last: Option<u32>,
+}
+
+impl HeldRuns {
+    fn note(&mut self, id: u32) {
+        if self.last != Some(id) {
+            self.ids.insert(id);
+            self.last = Some(id);
+        }
+    }
+
+    fn forget(&mut self, id: u32) {
+        self.ids.remove(&id);
+        if self.last == Some(id) {
+            self.last = None;
+        }
+    }
+
+    /// Estimated heap bytes.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        table_bytes::<u32, ()>(self.ids.capacity())
+    }
+}
+
 /// A query's place in a run: the spot it read last and, while the residents there are known,
 /// their fingerprint and the last position they stay the same up to.
 #[derive(Debug, Clone, Copy)]
@@ -261,13 +292,14 @@ impl ChainRuns {
     pub(crate) fn add_media(
         &mut self,
         parent: u64,
-        dups: &mut DupCounts,
+        (dups, held): (&mut DupCounts, &mut HeldRuns),
         key: u64,
         who: Editor,
         added: MediaSet,
         new_copy: bool,
     ) -> (Change, bool) {
         let (spot, created) = self.place(key, parent);
+        held.note(spot.node);
         let mut block = self.open(spot);
         // A block nobody holds gets the editor as its first resident, as a new map entry
         // would; with media added that is what the rules below do too, without the scan.
@@ -283,7 +315,7 @@ impl ChainRuns {
     /// ([`layer::drop_media`]).
     pub(crate) fn drop_media(
         &mut self,
-        dups: &mut DupCounts,
+        (dups, held): (&mut DupCounts, &mut HeldRuns),
         key: u64,
         who: Editor,
         removed: MediaSet,
@@ -296,39 +328,39 @@ impl ChainRuns {
         let mut block = self.open(spot);
         let (dropped, empty) =
             layer::drop_from(&mut block, dups, dup_key, who, removed, slot_gone)?;
+        if !block.node.has(who.pod, who.rank) {
+            held.forget(spot.node);
+        }
         if empty {
             self.release(spot);
         }
         Some(dropped)
     }
 
-    /// Removes every resident of the editor's source from the runs of chain blocks `keys`,
-    /// all the blocks it holds (a source clear): each run is edited once, whatever the
-    /// number of its blocks the source held. Calls `changed` with the pod's value before and
-    /// after for every chain block whose value the editor reads ([`Editor::values`]).
+    /// Removes every resident of the editor's source from the runs it holds spans in
+    /// (`held`, a source clear): each run is edited once, whatever the number of its blocks
+    /// the source held, and none of its blocks is looked up. Calls `changed` with the pod's
+    /// value before and after for every chain block whose value the editor reads
+    /// ([`Editor::values`]).
     pub(crate) fn drop_source(
         &mut self,
-        keys: impl Iterator<Item = u64>,
+        held: HeldRuns,
         who: Editor,
         mut changed: impl FnMut(Change),
     ) {
-        let mut ids: Vec<u32> = keys.filter_map(|k| self.spot(k)).map(|s| s.node).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        for id in ids {
-            let node = &mut self.nodes[id as usize];
-            let before = node.spans.len();
-            let mut gone = Vec::new();
-            node.spans.retain(|s| {
-                let mine = s.is(who.pod, who.rank);
-                if mine {
-                    gone.push(*s);
-                }
-                !mine
-            });
-            if node.spans.len() == before {
+        let mut gone = Vec::new();
+        for id in held.ids {
+            let Some(node) = self.nodes.get_mut(id as usize) else {
+                continue;
+            };
+            // A source's spans sit together in span order.
+            let from = node.seek(who.pod, who.rank, 0);
+            let to = from + node.spans[from..].partition_point(|s| s.is(who.pod, who.rank));
+            if from == to {
                 continue;
             }
+            gone.clear();
+            gone.extend(node.spans.drain(from..to));
             if who.pod_values {
                 for span in &gone {
                     for pos in span.from..=span.to {
@@ -536,6 +568,10 @@ impl Node {
     }
 
     /// Puts `span` in its place in span order; returns where.
+    fn has(&self, pod: u32, rank: u8) -> bool {
+        (self.spans.get(self.seek(pod, rank, 0))).is_some_and(|s| s.is(pod, rank))
+    }
+
     fn insert(&mut self, span: Span) -> usize {
         let at = self.seek(span.resident.pod(), span.resident.rank(), span.from);
         self.spans.insert(at, span);
@@ -734,6 +770,7 @@ mod tests {
             let mut runs = ChainRuns::default();
             let mut map_dups: HashMap<(u32, u8), DupCounts> = HashMap::new();
             let mut run_dups: HashMap<(u32, u8), DupCounts> = HashMap::new();
+            let mut run_held: HashMap<(u32, u8), HeldRuns> = HashMap::new();
             for op in ops {
                 match op {
                     Op::Add { source, key, after_previous, media, new_copy, now } => {
@@ -744,7 +781,8 @@ mod tests {
                         let dups = map_dups.entry(source).or_default();
                         let want = layer::add_media(&map, dups, dup_key, key, who, media, new_copy);
                         let dups = run_dups.entry(source).or_default();
-                        let got = runs.add_media(parent, dups, key, who, media, new_copy);
+                        let held = run_held.entry(source).or_default();
+                        let got = runs.add_media(parent, (dups, held), key, who, media, new_copy);
                         proptest::prop_assert_eq!(want, got);
                     }
                     Op::Drop { source, key, media, slot_gone } => {
@@ -754,7 +792,8 @@ mod tests {
                         let dups = map_dups.entry(source).or_default();
                         let want = layer::drop_media(&map, dups, dup_key, key, who, media, slot_gone);
                         let dups = run_dups.entry(source).or_default();
-                        let got = runs.drop_media(dups, key, who, media, slot_gone);
+                        let held = run_held.entry(source).or_default();
+                        let got = runs.drop_media((dups, held), key, who, media, slot_gone);
                         proptest::prop_assert_eq!(want, got);
                     }
                     Op::Clear { source } => {
@@ -768,7 +807,8 @@ mod tests {
                             want.extend(layer::drop_resident(&map, *key, who));
                         }
                         let mut got = Vec::new();
-                        runs.drop_source(held.iter().copied(), who, |change| got.push(change));
+                        let runs_held = run_held.remove(&source).unwrap_or_default();
+                        runs.drop_source(runs_held, who, |change| got.push(change));
                         let order = |c: &Change| format!("{c:?}");
                         want.sort_by_key(order);
                         got.sort_by_key(order);
@@ -778,6 +818,12 @@ mod tests {
                     }
                 }
                 proptest::prop_assert_eq!(map_residents(&map), run_residents(&runs));
+                for ((pod, rank), held) in &run_held {
+                    let holds: hashbrown::HashSet<u32> = (0..runs.nodes.len() as u32)
+                        .filter(|id| runs.nodes[*id as usize].has(*pod, *rank))
+                        .collect();
+                    proptest::prop_assert_eq!(&held.ids, &holds, "runs of {}/{}", pod, rank);
+                }
                 proptest::prop_assert_eq!(&map_dups, &run_dups);
             }
         }
@@ -787,10 +833,18 @@ mod tests {
     fn a_chain_stored_in_order_is_one_run_with_one_span_per_source() {
         let mut runs = ChainRuns::default();
         let mut dups = DupCounts::new();
+        let mut held = HeldRuns::default();
         for pod in [1, 2] {
             let mut parent = 0;
             for key in 1..=100u64 {
-                runs.add_media(parent, &mut dups, key, who(pod, 10), gpu(), true);
+                runs.add_media(
+                    parent,
+                    (&mut dups, &mut held),
+                    key,
+                    who(pod, 10),
+                    gpu(),
+                    true,
+                );
                 parent = key;
             }
         }
@@ -803,26 +857,27 @@ mod tests {
     fn a_mid_run_remove_keeps_the_blocks_after_it_and_merges_back_on_restore() {
         let mut runs = ChainRuns::default();
         let mut dups = DupCounts::new();
+        let mut held = HeldRuns::default();
         let mut parent = 0;
         for key in 1..=10u64 {
-            runs.add_media(parent, &mut dups, key, who(1, 10), gpu(), true);
+            runs.add_media(parent, (&mut dups, &mut held), key, who(1, 10), gpu(), true);
             parent = key;
         }
         assert!(runs
-            .drop_media(&mut dups, 5, who(1, 10), gpu(), true)
+            .drop_media((&mut dups, &mut held), 5, who(1, 10), gpu(), true)
             .is_some());
         assert_eq!(pods_at(&runs, 5), Vec::<u32>::new());
         assert_eq!(pods_at(&runs, 6), vec![1]);
         assert_eq!(runs.nodes[0].spans.len(), 2);
         // The later blocks can still be removed: nothing was truncated.
         assert!(runs
-            .drop_media(&mut dups, 10, who(1, 10), gpu(), true)
+            .drop_media((&mut dups, &mut held), 10, who(1, 10), gpu(), true)
             .is_some());
         assert_eq!(runs.len(), 9, "the tail nobody holds is trimmed");
-        runs.add_media(4, &mut dups, 5, who(1, 10), gpu(), true);
+        runs.add_media(4, (&mut dups, &mut held), 5, who(1, 10), gpu(), true);
         assert_eq!(runs.nodes[0].spans.len(), 1, "the run is whole again");
         let mut changes = 0;
-        runs.drop_source(1..=9u64, who(1, 10), |(before, after)| {
+        runs.drop_source(held, who(1, 10), |(before, after)| {
             assert!(before.is_some() && after.is_none());
             changes += 1;
         });
@@ -834,13 +889,15 @@ mod tests {
     fn a_query_skips_the_scan_inside_a_span_and_sees_every_change() {
         let mut runs = ChainRuns::default();
         let mut dups = DupCounts::new();
+        let mut held = HeldRuns::default();
         let mut parent = 0;
         for key in 1..=8u64 {
-            runs.add_media(parent, &mut dups, key, who(1, 10), gpu(), true);
+            runs.add_media(parent, (&mut dups, &mut held), key, who(1, 10), gpu(), true);
             parent = key;
         }
+        let mut held2 = HeldRuns::default();
         for key in 1..=4u64 {
-            runs.add_media(0, &mut dups, key, who(2, 10), gpu(), true);
+            runs.add_media(0, (&mut dups, &mut held2), key, who(2, 10), gpu(), true);
         }
         let cursor = Cell::new(None);
         let mut last = None;

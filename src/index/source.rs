@@ -16,6 +16,7 @@ use hashbrown::HashMap;
 
 use super::intern::ModelTable;
 use super::layer::DupCounts;
+use super::runs::HeldRuns;
 use super::walk::{partition_of_bits, partition_of_bytes};
 use super::Blocks;
 
@@ -202,6 +203,8 @@ pub(crate) struct SourceState {
     /// more than one engine hash (the same tokens after different prefixes).
     /// Chain blocks held more than once sit here too, under model [`super::layer::CHAIN_DUPS`].
     pub(crate) dups: DupCounts,
+    /// The chain runs this source holds spans in, for a clear.
+    pub(crate) runs: HeldRuns,
     /// Chain hash of the base model's first blocks ([`crate::hash::model_seed`]).
     pub(crate) base_seed: u64,
     /// The watermark a restored source resumes after, until its pipeline takes it.
@@ -233,6 +236,7 @@ impl SourceState {
             deferred: Vec::new(),
             table,
             dups: HashMap::new(),
+            runs: HeldRuns::default(),
             base_seed: 0,
             resume_seq: None,
             run: None,
@@ -525,6 +529,7 @@ impl SourceState {
         self.lora_ints = HashMap::new();
         self.lora_bytes = HashMap::new();
         self.dups = HashMap::new();
+        self.runs = HeldRuns::default();
         let models: Vec<u32> = self.models.drain().map(|(m, _)| m).collect();
         self.deferred.extend(models);
         self.models = HashMap::new();
@@ -560,6 +565,7 @@ impl SourceState {
             + self.lora_bytes.keys().map(|k| k.len()).sum::<usize>()
             + table_bytes::<u32, u32>(self.models.capacity())
             + table_bytes::<(u32, u64), [u16; MEDIA_SLOTS]>(self.dups.capacity())
+            + self.runs.heap_bytes()
     }
 }
 
