@@ -172,11 +172,11 @@ fn score_without_freshness<L: Lookup>(
                 }
                 repeats = 0;
                 std::mem::swap(&mut hit, &mut next);
-                next.clear();
-                next.reserve(candidates);
                 if hit.is_empty() {
                     break;
                 }
+                next.clear();
+                next.reserve(candidates);
             }
         }
     }
