@@ -362,12 +362,17 @@ impl ChainRuns {
             gone.clear();
             gone.extend(node.spans.drain(from..to));
             if who.pod_values {
+                // The pod's other DP ranks, which sit together in span order (mostly none).
+                let first = node.seek(who.pod, 0, 0);
+                let ranks = node.spans[first..].partition_point(|s| s.resident.pod() == who.pod);
+                let others = &node.spans[first..first + ranks];
                 for span in &gone {
+                    let own = own_value(&span.resident);
                     for pos in span.from..=span.to {
-                        let others = (node.residents_at(pos))
-                            .filter(|r| r.pod() == who.pod)
-                            .fold(None, |v, r| merge(v, own_value(r)));
-                        changed(who.values(others, own_value(&span.resident), None));
+                        let others = (others.iter())
+                            .filter(|s| s.covers(pos))
+                            .fold(None, |v, s| merge(v, own_value(&s.resident)));
+                        changed(who.values(others, own, None));
                     }
                 }
             }
