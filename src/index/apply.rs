@@ -359,6 +359,9 @@ struct Mutation<'a, S: DeltaSink> {
     /// The chain runs, write-locked from the event's first chain edit to its end: one lock
     /// per event rather than one per block.
     chains: Option<RwLockWriteGuard<'a, ChainRuns>>,
+    /// Whether the event being applied stores one block alone (a new chain start of it
+    /// shares a run with other such starts; see [`ChainRuns`]).
+    alone: bool,
     /// The block map of the model last edited.
     blocks: BlocksCache,
     /// Unix second recorded as the store time.
@@ -381,6 +384,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             state,
             out,
             chains: None,
+            alone: true,
             blocks: BlocksCache::default(),
             now,
             stats: ApplyStats::default(),
@@ -412,6 +416,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             None => (self.state.base_model, self.state.base_seed),
         };
         let media = MediaSet::single(stored.medium);
+        self.alone = stored.block_hashes.len() == 1;
         if stored.token_ids.is_empty() {
             for hash in &stored.block_hashes {
                 self.store_block(model, hash, None, media);
@@ -553,7 +558,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let state = &mut *self.state;
         let edited = (&mut state.dups, &mut state.runs);
         let ((before, after), duplicate) =
-            chains.add_media(parent, edited, chain, who, added, new_copy);
+            chains.add_media((parent, self.alone), edited, chain, who, added, new_copy);
         self.count_chain(before, after);
         duplicate
     }

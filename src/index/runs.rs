@@ -87,10 +87,12 @@ pub(crate) struct ChainRuns {
     nodes: Vec<Node>,
     /// Ids of freed nodes, reused before the node list grows.
     free: Vec<u32>,
-    /// The run new chain starts are appended to: a block whose parent is no chain block here
-    /// (the first block of a prompt) shares a run with other starts rather than having a
-    /// node of its own, which would cost a node and two allocations per block where chains
-    /// are one block long. A block that continues it extends the run as usual.
+    /// The run new chain starts stored alone are appended to: a block whose parent is no
+    /// chain block here and whose event stores nothing else shares a run with other such
+    /// starts rather than having a node of its own, which would cost a node and two
+    /// allocations per block where chains are one block long. A start stored with its
+    /// continuation gets a run of its own: a shared one would gather every popular start,
+    /// and each with all its pods' spans.
     open: Option<u32>,
     /// The block placed last and its spot: an engine stores a chain block after block, so
     /// the next block's parent is usually this one and sits right before it in the run.
@@ -164,9 +166,10 @@ impl ChainRuns {
     }
 
     /// The spot of chain block `hash`, placed after `parent` when it is new: at the end of
-    /// the parent's run when the parent ends one with room left, else as a run of its own.
+    /// the parent's run when the parent ends one with room left, else as a run of its own
+    /// (or, a chain start stored `alone`, in the open run).
     /// Also says whether the block is new.
-    fn place(&mut self, hash: u64, parent: u64) -> (Spot, bool) {
+    fn place(&mut self, hash: u64, (parent, alone): (u64, bool)) -> (Spot, bool) {
         let after = self.parent_spot(parent);
         if let Some(next) = after.and_then(|p| self.next_in_run(p, hash)) {
             self.last = Some((hash, next));
@@ -182,6 +185,10 @@ impl ChainRuns {
             // A fork (or a full run): its continuation will most likely follow, in a run of
             // its own.
             Some(_) => {
+                let node = self.new_node();
+                self.append(node, hash)
+            }
+            None if !alone => {
                 let node = self.new_node();
                 self.append(node, hash)
             }
@@ -287,11 +294,12 @@ impl ChainRuns {
     }
 
     /// Adds `added` media (and an engine copy when `new_copy`) to the editor's resident of
-    /// chain block `key`, a new block placed after `parent` ([`layer::add_media`]).
+    /// chain block `key`, a new block placed after `parent` (stored `alone` or not,
+    /// [`Self::place`]; [`layer::add_media`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn add_media(
         &mut self,
-        parent: u64,
+        parent: (u64, bool),
         (dups, held): (&mut DupCounts, &mut HeldRuns),
         key: u64,
         who: Editor,
@@ -681,6 +689,7 @@ mod tests {
             source: (u32, u8),
             key: u64,
             after_previous: bool,
+            alone: bool,
             media: u8,
             new_copy: bool,
             now: u32,
@@ -710,9 +719,9 @@ mod tests {
         use proptest::prelude::*;
         let source = (0u32..3, 0u8..2);
         prop_oneof![
-            6 => (source.clone(), 1u64..16, any::<bool>(), 1u8..8, any::<bool>(), 0u32..3)
-                .prop_map(|(source, key, after_previous, media, new_copy, now)| Op::Add {
-                    source, key, after_previous, media, new_copy, now,
+            6 => (source.clone(), 1u64..16, any::<bool>(), any::<bool>(), 1u8..8, any::<bool>(), 0u32..3)
+                .prop_map(|(source, key, after_previous, alone, media, new_copy, now)| Op::Add {
+                    source, key, after_previous, alone, media, new_copy, now,
                 }),
             3 => (source.clone(), 1u64..16, 1u8..8, any::<bool>())
                 .prop_map(|(source, key, media, slot_gone)| Op::Drop {
@@ -778,7 +787,7 @@ mod tests {
             let mut run_held: HashMap<(u32, u8), HeldRuns> = HashMap::new();
             for op in ops {
                 match op {
-                    Op::Add { source, key, after_previous, media, new_copy, now } => {
+                    Op::Add { source, key, after_previous, alone, media, new_copy, now } => {
                         let who = Editor { pod: source.0, rank: source.1, now, pod_values: true };
                         let dup_key = (layer::CHAIN_DUPS, key);
                         let parent = if after_previous { key - 1 } else { 0 };
@@ -787,7 +796,7 @@ mod tests {
                         let want = layer::add_media(&map, dups, dup_key, key, who, media, new_copy);
                         let dups = run_dups.entry(source).or_default();
                         let held = run_held.entry(source).or_default();
-                        let got = runs.add_media(parent, (dups, held), key, who, media, new_copy);
+                        let got = runs.add_media((parent, alone), (dups, held), key, who, media, new_copy);
                         proptest::prop_assert_eq!(want, got);
                     }
                     Op::Drop { source, key, media, slot_gone } => {
@@ -843,7 +852,7 @@ mod tests {
             let mut parent = 0;
             for key in 1..=100u64 {
                 runs.add_media(
-                    parent,
+                    (parent, false),
                     (&mut dups, &mut held),
                     key,
                     who(pod, 10),
@@ -865,7 +874,14 @@ mod tests {
         let mut held = HeldRuns::default();
         let mut parent = 0;
         for key in 1..=10u64 {
-            runs.add_media(parent, (&mut dups, &mut held), key, who(1, 10), gpu(), true);
+            runs.add_media(
+                (parent, false),
+                (&mut dups, &mut held),
+                key,
+                who(1, 10),
+                gpu(),
+                true,
+            );
             parent = key;
         }
         assert!(runs
@@ -879,7 +895,14 @@ mod tests {
             .drop_media((&mut dups, &mut held), 10, who(1, 10), gpu(), true)
             .is_some());
         assert_eq!(runs.len(), 9, "the tail nobody holds is trimmed");
-        runs.add_media(4, (&mut dups, &mut held), 5, who(1, 10), gpu(), true);
+        runs.add_media(
+            (4, true),
+            (&mut dups, &mut held),
+            5,
+            who(1, 10),
+            gpu(),
+            true,
+        );
         assert_eq!(runs.nodes[0].spans.len(), 1, "the run is whole again");
         let mut changes = 0;
         runs.drop_source(held, who(1, 10), |(before, after)| {
@@ -897,12 +920,26 @@ mod tests {
         let mut held = HeldRuns::default();
         let mut parent = 0;
         for key in 1..=8u64 {
-            runs.add_media(parent, (&mut dups, &mut held), key, who(1, 10), gpu(), true);
+            runs.add_media(
+                (parent, false),
+                (&mut dups, &mut held),
+                key,
+                who(1, 10),
+                gpu(),
+                true,
+            );
             parent = key;
         }
         let mut held2 = HeldRuns::default();
         for key in 1..=4u64 {
-            runs.add_media(0, (&mut dups, &mut held2), key, who(2, 10), gpu(), true);
+            runs.add_media(
+                (0, true),
+                (&mut dups, &mut held2),
+                key,
+                who(2, 10),
+                gpu(),
+                true,
+            );
         }
         let cursor = Cell::new(None);
         let mut last = None;
