@@ -17,7 +17,7 @@ use hashbrown::HashMap;
 
 use super::counters::slot_medium;
 use super::delta::FieldValue;
-use super::residents::{merge, own_value, Resident, Residents};
+use super::residents::{merge, own_value, Edited, Resident, Residents};
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 
 /// Per-medium engine-copy counts of blocks a source holds more than once.
@@ -80,7 +80,7 @@ pub(crate) trait ResidentSet {
         rank: u8,
         others: bool,
         edit: impl FnOnce(&mut Resident) -> R,
-    ) -> (Option<(R, Resident, Resident)>, Option<FieldValue>);
+    ) -> Edited<R>;
 
     /// Adds a resident the set does not hold.
     fn push(&mut self, resident: Resident);
@@ -96,7 +96,7 @@ impl ResidentSet for Residents {
         rank: u8,
         others: bool,
         edit: impl FnOnce(&mut Resident) -> R,
-    ) -> (Option<(R, Resident, Resident)>, Option<FieldValue>) {
+    ) -> Edited<R> {
         Residents::edit_with_others(self, pod, rank, others, edit)
     }
 

@@ -57,6 +57,10 @@ impl Resident {
     }
 }
 
+/// What an edit of one resident returns: its result with the resident before and after
+/// (`None` when there was no such resident), and the value of the pod's other DP ranks.
+pub(crate) type Edited<R> = (Option<(R, Resident, Resident)>, Option<FieldValue>);
+
 /// The residents of one block.
 #[derive(Debug, Clone)]
 pub(crate) enum Residents {
@@ -120,7 +124,7 @@ impl Residents {
         rank: u8,
         others: bool,
         edit: impl FnOnce(&mut Resident) -> R,
-    ) -> (Option<(R, Resident, Resident)>, Option<FieldValue>) {
+    ) -> Edited<R> {
         let run = |r: &mut Resident| {
             let old = *r;
             let out = edit(r);

@@ -23,10 +23,9 @@ use std::cell::Cell;
 
 use hashbrown::HashMap;
 
-use super::delta::FieldValue;
 use super::layer::{self, Change, DupCounts, Editor, ResidentSet};
 use super::query::Visit;
-use super::residents::{merge, own_value, owner_key, Resident};
+use super::residents::{merge, own_value, owner_key, Edited, Resident};
 use super::source::table_bytes;
 use super::PodId;
 use crate::medium::MediaSet;
@@ -56,6 +55,19 @@ impl Span {
 
     fn is(&self, pod: u32, rank: u8) -> bool {
         self.resident.pod() == pod && self.resident.rank() == rank
+    }
+
+    /// The pieces of the span before and after `pos` (a position it covers), if any.
+    fn around(&self, pos: u16) -> (Option<Span>, Option<Span>) {
+        let left = (self.from < pos).then(|| Span {
+            to: pos - 1,
+            ..*self
+        });
+        let right = (pos < self.to).then(|| Span {
+            from: pos + 1,
+            ..*self
+        });
+        (left, right)
     }
 }
 
@@ -531,14 +543,7 @@ impl BlockMut<'_> {
             from: pos,
             to: pos,
         };
-        let left = (span.from < pos).then(|| Span {
-            to: pos - 1,
-            ..span
-        });
-        let right = (pos < span.to).then(|| Span {
-            from: pos + 1,
-            ..span
-        });
+        let (left, right) = span.around(pos);
         // The pieces keep the span's place in the order: same source, rising positions.
         let pieces = left.into_iter().chain([mid]).chain(right);
         self.node.spans.splice(at..=at, pieces);
@@ -599,7 +604,7 @@ impl ResidentSet for BlockMut<'_> {
         rank: u8,
         others: bool,
         edit: impl FnOnce(&mut Resident) -> R,
-    ) -> (Option<(R, Resident, Resident)>, Option<FieldValue>) {
+    ) -> Edited<R> {
         let pos = self.pos;
         let at = self.node.find(pod, rank, pos);
         let mut other = None;
@@ -639,15 +644,7 @@ impl ResidentSet for BlockMut<'_> {
     fn remove(&mut self, pod: u32, rank: u8) -> bool {
         let pos = self.pos;
         if let Some(at) = self.node.find(pod, rank, pos) {
-            let span = self.node.spans[at];
-            let left = (span.from < pos).then(|| Span {
-                to: pos - 1,
-                ..span
-            });
-            let right = (pos < span.to).then(|| Span {
-                from: pos + 1,
-                ..span
-            });
+            let (left, right) = self.node.spans[at].around(pos);
             self.node
                 .spans
                 .splice(at..=at, left.into_iter().chain(right));
@@ -672,6 +669,28 @@ mod tests {
 
     fn gpu() -> MediaSet {
         MediaSet::single(Medium::GPU)
+    }
+
+    /// Stores chain blocks `keys` for `pod`, each after the one before, on GPU at second 10.
+    fn store_chain(
+        runs: &mut ChainRuns,
+        edited: (&mut DupCounts, &mut HeldRuns),
+        pod: u32,
+        keys: std::ops::RangeInclusive<u64>,
+    ) {
+        let (dups, held) = edited;
+        let mut parent = 0;
+        for key in keys {
+            runs.add_media(
+                (parent, false),
+                (dups, held),
+                key,
+                who(pod, 10),
+                gpu(),
+                true,
+            );
+            parent = key;
+        }
     }
 
     fn pods_at(runs: &ChainRuns, key: u64) -> Vec<u32> {
@@ -849,18 +868,7 @@ mod tests {
         let mut dups = DupCounts::new();
         let mut held = HeldRuns::default();
         for pod in [1, 2] {
-            let mut parent = 0;
-            for key in 1..=100u64 {
-                runs.add_media(
-                    (parent, false),
-                    (&mut dups, &mut held),
-                    key,
-                    who(pod, 10),
-                    gpu(),
-                    true,
-                );
-                parent = key;
-            }
+            store_chain(&mut runs, (&mut dups, &mut held), pod, 1..=100);
         }
         assert_eq!(runs.nodes.len(), 1);
         assert_eq!(runs.nodes[0].hashes.len(), 100);
@@ -872,18 +880,7 @@ mod tests {
         let mut runs = ChainRuns::default();
         let mut dups = DupCounts::new();
         let mut held = HeldRuns::default();
-        let mut parent = 0;
-        for key in 1..=10u64 {
-            runs.add_media(
-                (parent, false),
-                (&mut dups, &mut held),
-                key,
-                who(1, 10),
-                gpu(),
-                true,
-            );
-            parent = key;
-        }
+        store_chain(&mut runs, (&mut dups, &mut held), 1, 1..=10);
         assert!(runs
             .drop_media((&mut dups, &mut held), 5, who(1, 10), gpu(), true)
             .is_some());
@@ -918,18 +915,7 @@ mod tests {
         let mut runs = ChainRuns::default();
         let mut dups = DupCounts::new();
         let mut held = HeldRuns::default();
-        let mut parent = 0;
-        for key in 1..=8u64 {
-            runs.add_media(
-                (parent, false),
-                (&mut dups, &mut held),
-                key,
-                who(1, 10),
-                gpu(),
-                true,
-            );
-            parent = key;
-        }
+        store_chain(&mut runs, (&mut dups, &mut held), 1, 1..=8);
         let mut held2 = HeldRuns::default();
         for key in 1..=4u64 {
             runs.add_media(
