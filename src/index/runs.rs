@@ -6,7 +6,8 @@
 //! store them a run at a time, so the blocks of a run mostly have the same residents.
 //!
 //! - A **node** is a run of chain hashes, append-only: a new block whose parent is a run's
-//!   last block extends that run (up to [`MAX_RUN`]); any other new block starts a run.
+//!   last block extends that run (up to [`MAX_RUN`]); a fork starts a run, and a chain start
+//!   stored alone joins the shared open run ([`ChainRuns::place`]).
 //! - A **span** is one resident — (pod, DP rank, media, store time, engine copies) — over a
 //!   range of a node's positions. An edit of one block splits the span there, and the piece
 //!   merges back with a neighbouring span of the same source once they agree again, so
@@ -17,7 +18,8 @@
 //!   cannot have changed ([`Cursor`]).
 //!
 //! Positions nobody holds stay in their run while a later position is held (positions are
-//! stable); a run's tail that nobody holds is trimmed and a run nobody holds is freed.
+//! stable); a run's tail that nobody holds is trimmed and a run nobody holds is freed. Each
+//! source keeps the runs it holds spans in ([`HeldRuns`]), so its clear visits only those.
 
 use std::cell::Cell;
 
