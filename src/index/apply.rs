@@ -766,7 +766,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 }
             });
         }
-        for slot in self.state.slots() {
+        // A `prefix`-only index has no std block to take the source out of.
+        let std_slots = self.std_layer().then(|| self.state.slots());
+        for slot in std_slots.into_iter().flatten() {
             let model = slot.model();
             let Some(blocks) = self.blocks.get(index, model) else {
                 continue;
