@@ -1,4 +1,5 @@
-//! Ingest cost per block (thread CPU time) and memory against the number of distinct LoRA names (issue 14).
+//! Ingest cost per block (thread CPU time) and memory against the number of distinct LoRA
+//! names (issue 14).
 //!
 //! One source stores `blocks` blocks of 16 tokens (100 `BlockStored` events per batch, one
 //! block each), event i under LoRA `lora-{i mod names}`, then removes every block. Cases:
@@ -6,13 +7,16 @@
 //! (every block a new name, so every block creates a model) — the per-source cap is raised
 //! past them, so the data structure is what is timed — and 100,000 names under the default
 //! cap (1,024: the rest are dropped and counted). The index keeps no freed model names, as
-//! the daemon without Redis; one case keeps the mirror's 16,384 to show what they cost. Batches are built outside the timed part. Reported: ingest time per block and its ratio to the 1-name case (goal
-//! ≤ 1.5×), the live heap (counting allocator) and RSS before, after ingest and after every
-//! block is removed (goal: RSS after removes within 10 % of before), and RSS after
-//! `malloc_trim(0)` to tell freed-but-cached allocator pages from memory still held (glibc
-//! only: a no-op for jemalloc, which as built returns freed pages at once). Each
-//! case runs in a fresh index, in this order, within one process; the 1-name case runs
-//! first and again last as the reference.
+//! the daemon without Redis; one case keeps the mirror's 16,384 to show what they cost.
+//! Batches are built outside the timed part.
+//!
+//! Reported: ingest time per block and its ratio to the 1-name case (goal ≤ 1.5×), the live
+//! heap (counting allocator) and RSS before, after ingest and after every block is removed
+//! (goal: RSS after removes within 10 % of before), and RSS after `malloc_trim(0)` to tell
+//! freed-but-cached allocator pages from memory still held (glibc only: a no-op for
+//! jemalloc, which as built returns freed pages at once). Each case runs in a fresh index, in
+//! this order, within one process; the 1-name case runs first and again last as the
+//! reference.
 //!
 //! Run: `cargo bench --bench lora_names [-- CASE]` (a few seconds; `CASE` keeps only the
 //! cases whose name contains it, e.g. to profile one).

@@ -4,12 +4,17 @@ use std::time::Duration;
 
 /// CPU time the calling thread has used so far.
 pub fn thread_cpu() -> Duration {
+    cpu_time(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CPU time of `clock` (a thread's or the whole process's CPU-time clock).
+pub fn cpu_time(clock: libc::clockid_t) -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux knows.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    // SAFETY: `ts` is a valid, writable timespec; the clock ids passed are constants Linux knows.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime({clock}) failed");
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }

@@ -136,7 +136,8 @@ impl Index {
             let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
             // The checkpoint keeps the chain hash, so a warm start matches in `prefix` mode
             // too (an entry written before it did has none: `kthena` only until re-stored).
-            // Its parent is not known here: a restored block starts a run of its own.
+            // Its parent is not known here: a restored chain block joins the open run, as a
+            // chain start stored alone does.
             let block = StoreHashes {
                 std: state.std_hash,
                 chain: state.chain,
@@ -553,12 +554,11 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return false;
         }
         let who = self.chain_editor();
-        let index = self.out.index;
-        let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
-        let state = &mut *self.state;
+        let place = (parent, self.alone);
+        let (chains, state) = self.chain_edit();
         let edited = (&mut state.dups, &mut state.runs);
         let ((before, after), duplicate) =
-            chains.add_media((parent, self.alone), edited, chain, who, added, new_copy);
+            chains.add_media(place, edited, chain, who, added, new_copy);
         self.count_chain(before, after);
         duplicate
     }
@@ -571,9 +571,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return 0;
         }
         let who = self.chain_editor();
-        let index = self.out.index;
-        let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
-        let state = &mut *self.state;
+        let (chains, state) = self.chain_edit();
         let edited = (&mut state.dups, &mut state.runs);
         let dropped = chains.drop_media(edited, chain, who, removed, slot_gone);
         let Some(((before, after), stored_at)) = dropped else {
@@ -581,6 +579,14 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         };
         self.count_chain(before, after);
         stored_at
+    }
+
+    /// The chain runs, write-locked until the event ends, with the source's state beside
+    /// them (a chain edit updates the source's duplicate counts and held runs).
+    fn chain_edit(&mut self) -> (&mut ChainRuns, &mut SourceState) {
+        let index = self.out.index;
+        let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
+        (chains, self.state)
     }
 
     /// Whether the index keeps the std layer; without it entries are counted on the chain
@@ -633,8 +639,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// Records `added` media (and a new engine copy) on the source's residents of the std
-    /// block and, when known, the chain block (with its parent's); returns whether the std block is now held
-    /// through more than one engine hash.
+    /// block and, when known, the chain block (with its parent's); returns whether the std
+    /// block is now held through more than one engine hash.
     fn add_engine_media(
         &mut self,
         model: u32,

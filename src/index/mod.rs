@@ -26,8 +26,8 @@
 //! SHA-256 and keeps no std map; its entry counts then come from the chain layer.
 //!
 //! Concurrency: std blocks live in one concurrent map per model (sharded locks); the chain
-//! runs sit behind one read-write lock, taken by a writer per block edit and by a query
-//! once; each source's state sits behind its own mutex, which only that source's ingest
+//! runs sit behind one read-write lock, taken by a writer for one event at most and by a
+//! query once; each source's state sits behind its own mutex, which only that source's ingest
 //! task takes on the hot path.
 
 mod apply;

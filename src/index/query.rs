@@ -1,10 +1,10 @@
 //! The read side of the index: names of ids, owners of a block, walks, dump and size figures.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLockReadGuard};
 use serde::Serialize;
-use std::cell::Cell;
 
 use super::counters::slot_medium;
 use super::delta::{EngineState, FieldValue};
@@ -12,7 +12,7 @@ use super::layer::LayerMap;
 use super::residents::{self, Resident, Residents};
 use super::runs::{ChainRuns, Cursor};
 use super::source::{table_bytes, SourceState};
-use super::{BlockRef, Blocks, Index, ModelBlocks, ModelId, PodId};
+use super::{Blocks, Index, ModelBlocks, ModelId, PodId};
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
 
@@ -333,15 +333,6 @@ pub enum Visit {
 }
 
 impl LayerReader<'_> {
-    /// The residents of block `key`, from whichever map holds the layer (a LoRA adapter's
-    /// std blocks are in the adapters' shared map).
-    fn get(&self, key: u64) -> Option<BlockRef<'_>> {
-        match &self.blocks {
-            Layer::Std(blocks) => blocks.get(&key),
-            Layer::Chain(..) => None,
-        }
-    }
-
     /// Whether any source holds block `key`.
     pub fn contains(&self, key: u64) -> bool {
         match &self.blocks {
@@ -360,10 +351,12 @@ impl LayerReader<'_> {
         unless: Option<u64>,
         mut visit: impl FnMut(PodId, MediaSet, u32),
     ) -> Visit {
-        if let Layer::Chain(runs, cursor) = &self.blocks {
-            return runs.visit(key, unless, cursor, visit);
-        }
-        let Some(entry) = self.get(key) else {
+        let blocks = match &self.blocks {
+            Layer::Chain(runs, cursor) => return runs.visit(key, unless, cursor, visit),
+            // A LoRA adapter's std blocks are in the adapters' shared map: `Blocks` knows.
+            Layer::Std(blocks) => blocks,
+        };
+        let Some(entry) = blocks.get(&key) else {
             return Visit::Absent;
         };
         let fingerprint = entry.fingerprint();

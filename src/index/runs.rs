@@ -184,74 +184,56 @@ impl ChainRuns {
     /// (or, a chain start stored `alone`, in the open run).
     /// Also says whether the block is new.
     fn place(&mut self, hash: u64, (parent, alone): (u64, bool)) -> (Spot, bool) {
-        let after = self.parent_spot(parent);
-        if let Some(next) = after.and_then(|p| self.next_in_run(p, hash)) {
-            self.last = Some((hash, next));
-            return (next, false);
-        }
-        if let Some(spot) = self.spot(hash) {
+        if let Some(spot) = self.find(hash) {
             self.last = Some((hash, spot));
             return (spot, false);
         }
-        let after = after.or_else(|| (parent != 0).then(|| self.spot(parent)).flatten());
-        let spot = match after {
-            Some(p) if self.extends(p) => self.append(p.node, hash),
-            // A fork (or a full run): its continuation will most likely follow, in a run of
-            // its own.
-            Some(_) => {
-                let node = self.new_node();
-                self.append(node, hash)
-            }
-            None if !alone => {
-                let node = self.new_node();
-                self.append(node, hash)
-            }
-            None => {
+        let after = match self.last {
+            // The parent is the block edited last (its spot checked against the run, which
+            // may have changed since): no probe.
+            Some((last, spot)) if last == parent && self.at(spot) == Some(parent) => Some(spot),
+            _ => (parent != 0).then(|| self.spot(parent)).flatten(),
+        };
+        let node = match after {
+            Some(p) if self.extends(p) => p.node,
+            None if alone => {
                 let open = self.open.filter(|id| {
                     let len = self.nodes[*id as usize].hashes.len();
                     len > 0 && len < MAX_RUN
                 });
                 let node = open.unwrap_or_else(|| self.new_node());
                 self.open = Some(node);
-                self.append(node, hash)
+                node
             }
+            // A fork, a full run or a start stored with its continuation: the continuation
+            // will most likely follow, in a run of its own.
+            _ => self.new_node(),
         };
+        let spot = self.append(node, hash);
         self.locator.insert(hash, spot);
         self.last = Some((hash, spot));
         (spot, true)
     }
 
-    /// The spot of `parent` when it is the block placed last (no probe); `None` otherwise.
-    fn parent_spot(&self, parent: u64) -> Option<Spot> {
-        let (hash, spot) = self.last?;
-        // The run may have changed since (freed, trimmed, reused): trust only what is there.
+    /// The chain hash at `spot`, if the run still reaches it.
+    fn at(&self, spot: Spot) -> Option<u64> {
         let node = self.nodes.get(spot.node as usize)?;
-        (hash == parent && parent != 0 && node.hashes.get(spot.pos as usize) == Some(&parent))
-            .then_some(spot)
+        node.hashes.get(spot.pos as usize).copied()
     }
 
-    /// The spot of `hash` when it sits right after or before the block edited last (an
-    /// engine removes a chain's blocks in a row too): no probe.
-    fn near_last(&self, hash: u64) -> Option<Spot> {
-        let (_, last) = self.last?;
-        let node = self.nodes.get(last.node as usize)?;
-        [last.pos + 1, last.pos.wrapping_sub(1)]
-            .into_iter()
-            .find(|pos| node.hashes.get(*pos as usize) == Some(&hash))
-            .map(|pos| Spot {
-                node: last.node,
-                pos,
-            })
-    }
-
-    /// The spot right after `spot` in its run, when it is chain block `hash`.
-    fn next_in_run(&self, spot: Spot, hash: u64) -> Option<Spot> {
-        let node = &self.nodes[spot.node as usize];
-        let pos = spot.pos + 1;
-        (node.hashes.get(pos as usize) == Some(&hash)).then_some(Spot {
-            node: spot.node,
-            pos,
-        })
+    /// The spot of `hash`: right after or before the block edited last without a probe (an
+    /// engine stores and removes a chain's blocks in a row), else from the locator.
+    fn find(&self, hash: u64) -> Option<Spot> {
+        let near = self.last.and_then(|(_, last)| {
+            [last.pos + 1, last.pos.wrapping_sub(1)]
+                .into_iter()
+                .map(|pos| Spot {
+                    node: last.node,
+                    pos,
+                })
+                .find(|spot| self.at(*spot) == Some(hash))
+        });
+        near.or_else(|| self.spot(hash))
     }
 
     /// Puts `hash` at the end of node `id`'s run.
@@ -278,14 +260,9 @@ impl ChainRuns {
         self.nodes.len() as u32 - 1
     }
 
-    /// Gives back what a block nobody holds any more kept: the run's tail nobody holds, or
-    /// the whole run when nobody holds any of it.
-    fn release(&mut self, spot: Spot) {
-        self.release_node(spot.node);
-    }
-
-    /// [`Self::release`] for any blocks of node `id`.
-    fn release_node(&mut self, id: u32) {
+    /// Gives back what blocks of run `id` nobody holds any more kept: the run's tail nobody
+    /// holds, or the whole run when nobody holds any of it.
+    fn release(&mut self, id: u32) {
         let node = &mut self.nodes[id as usize];
         if node.spans.is_empty() {
             for hash in node.hashes.drain(..) {
@@ -310,7 +287,6 @@ impl ChainRuns {
     /// Adds `added` media (and an engine copy when `new_copy`) to the editor's resident of
     /// chain block `key`, a new block placed after `parent` (stored `alone` or not,
     /// [`Self::place`]; [`layer::add_media`]).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn add_media(
         &mut self,
         parent: (u64, bool),
@@ -344,7 +320,7 @@ impl ChainRuns {
         slot_gone: bool,
     ) -> Option<(Change, u32)> {
         // A source that holds no resident there is answered `None` by the rules below.
-        let spot = self.near_last(key).or_else(|| self.spot(key))?;
+        let spot = self.find(key)?;
         self.last = Some((key, spot));
         let dup_key = (layer::CHAIN_DUPS, key);
         let mut block = self.open(spot);
@@ -354,7 +330,7 @@ impl ChainRuns {
             held.forget(spot.node);
         }
         if empty {
-            self.release(spot);
+            self.release(spot.node);
         }
         Some(dropped)
     }
@@ -398,7 +374,7 @@ impl ChainRuns {
                     }
                 }
             }
-            self.release_node(id);
+            self.release(id);
         }
     }
 
@@ -417,14 +393,12 @@ impl ChainRuns {
         mut visit: impl FnMut(PodId, MediaSet, u32),
     ) -> Visit {
         let next = cursor.get().and_then(|c| {
-            let node = &self.nodes[c.spot.node as usize];
-            let pos = c.spot.pos + 1;
-            (node.hashes.get(pos as usize) == Some(&key)).then(|| {
-                let spot = Spot {
-                    node: c.spot.node,
-                    pos,
-                };
-                let same = c.same.filter(|(_, to)| u32::from(*to) >= pos);
+            let spot = Spot {
+                node: c.spot.node,
+                pos: c.spot.pos + 1,
+            };
+            (self.at(spot) == Some(key)).then(|| {
+                let same = c.same.filter(|(_, to)| u32::from(*to) >= spot.pos);
                 Cursor { spot, same }
             })
         });

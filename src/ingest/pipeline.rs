@@ -558,7 +558,8 @@ impl SourcePipeline {
         obs: &mut Observer,
     ) -> Result<(), IndexError> {
         if let Some(bytes) = self.oversized(&replayed.frames) {
-            let (seq, limit) = (Some(replayed.seq), self.max_frame_bytes);
+            let seq = Some(replayed.seq);
+            let limit = self.max_frame_bytes;
             obs.observe(Happening::Oversized { bytes, limit, seq });
             self.tracker.applied(replayed.seq);
             return Ok(());

@@ -21,9 +21,8 @@
 //!
 //! Run: `cd benches/peers/dynamo && cargo run --release` (about a minute on 2 cores).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,47 +39,19 @@ use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, E
 use kvindex::{MatchMode, Medium, PromptSettings, TierWeights};
 
 // ---------------------------------------------------------------------------------------
-// Live heap bytes, for bytes per resident entry.
+// Live heap bytes (for bytes per resident entry) and CPU time: kvindex's benches' own.
 // ---------------------------------------------------------------------------------------
 
-static LIVE: AtomicIsize = AtomicIsize::new(0);
+// The counting allocator wraps `kvindex::allocator::Chosen`: the system allocator here, as
+// kvindex is built without its default features.
+#[path = "../../../common/counting_alloc.rs"]
+mod counting_alloc;
+// Only `cpu_time` serves here (the process clock).
+#[allow(dead_code)]
+#[path = "../../../common/thread_cpu.rs"]
+mod thread_cpu;
 
-struct Counting;
-
-// SAFETY: every call is forwarded to `System` unchanged; only the byte count is added.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
-        if !p.is_null() {
-            LIVE.fetch_add(
-                new_size as isize - layout.size() as isize,
-                Ordering::Relaxed,
-            );
-        }
-        p
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+use counting_alloc::LIVE;
 
 fn live() -> isize {
     LIVE.load(Ordering::Relaxed)
@@ -88,14 +59,7 @@ fn live() -> isize {
 
 /// CPU time of the whole process (CRTC applies on a worker thread of its own).
 fn cpu_now() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux knows.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime failed");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    thread_cpu::cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
 // ---------------------------------------------------------------------------------------
