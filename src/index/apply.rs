@@ -12,8 +12,8 @@ use serde::Serialize;
 use super::counters::{CountDelta, EntryCounter};
 use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Editor};
-use super::runs::ChainRuns;
-use super::source::SourceState;
+use super::runs::{ChainRuns, Spot};
+use super::source::{twin_of, HeldSlot, SourceState};
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
 use crate::hash::{chain_hash, content_hash, model_seed, std_hash};
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
@@ -428,10 +428,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         // holds the parent under the same model; otherwise the blocks have no chain.
         let mut parent = match &stored.parent_block_hash {
             None => seed,
-            Some(p) => match self.state.find_mut(p, model) {
-                Some((m, slot)) if m == model => slot.chain(),
-                _ => 0,
-            },
+            Some(p) => {
+                let (chains, state) = self.chain_edit();
+                match state.find(p, chains) {
+                    Some(held) if held.model() == model => held.chain(),
+                    _ => 0,
+                }
+            }
         };
         for (i, hash) in stored.block_hashes.iter().enumerate() {
             let tokens = stored.block_tokens(i);
@@ -461,56 +464,59 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         block: Option<StoreHashes>,
         media: MediaSet,
     ) -> u64 {
-        let existing = self
-            .state
-            .find_mut(hash, model)
-            .map(|(m, slot)| (m, slot.std(), slot.chain(), slot.media()));
-        let before = existing.map_or(MediaSet::EMPTY, |(_, _, _, media)| media);
+        let (chains, state) = self.chain_edit();
+        let found = state.find_key(hash, chains);
+        let existing = found.filter(|held| held.sent_as(hash));
+        let before = existing.map_or(MediaSet::EMPTY, |old| old.media());
         let parent = block.map_or(0, |b| b.parent);
         let (model, std, chain, added, new_copy) = match (existing, block) {
             (None, None) => {
                 self.stats.unresolved_stores += 1;
                 return 0;
             }
-            (Some((m, old_std, old_chain, old_media)), None) => {
-                (m, old_std, old_chain, media.difference(old_media), false)
-            }
-            (Some((m, old_std, old_chain, old_media)), Some(new))
-                if m == model && old_std == new.std =>
-            {
+            (Some(old), None) => (
+                old.model(),
+                old.std(),
+                old.chain(),
+                media.difference(old.media()),
+                false,
+            ),
+            (Some(old), Some(new)) if old.model() == model && old.std() == new.std => {
                 // The same block again: a chain learnt now replaces an unknown or other one;
                 // an unknown one never forgets a chain verified before.
-                let chain = if new.chain == 0 { old_chain } else { new.chain };
-                if chain != old_chain {
-                    self.move_chain(hash, m, old_chain, (chain, parent), old_media);
+                let chain = if new.chain == 0 {
+                    old.chain()
+                } else {
+                    new.chain
+                };
+                if chain != old.chain() {
+                    self.move_chain(new.std, old.chain(), (chain, parent), old.media());
                 }
-                (m, new.std, chain, media.difference(old_media), false)
+                (model, new.std, chain, media.difference(old.media()), false)
             }
-            (Some((m, old_std, old_chain, old_media)), Some(new)) => {
+            (Some(old), Some(new)) => {
                 // The engine reused a hash for other content: the old block is gone.
-                self.state.remove(m, hash);
-                self.drop_engine_media(m, old_std, old_chain, old_media, true);
-                if m != model {
+                self.state.remove(hash);
+                self.drop_engine_media(old.model(), old.std(), old.chain(), old.media(), true);
+                if old.model() != model {
                     // The checkpoint keys entries by model: the old model's entry goes.
-                    self.out.engine_state(m, hash, None);
+                    self.out.engine_state(old.model(), hash, None);
                 }
-                self.insert_slot(model, hash, new, media);
                 (model, new.std, new.chain, media, true)
             }
             (None, Some(new)) => {
-                self.insert_slot(model, hash, new, media);
+                if let Some(twin) = found {
+                    self.drop_twin(hash, twin);
+                }
                 (model, new.std, new.chain, media, true)
             }
         };
-        if !new_copy {
-            if let Some((_, slot)) = self.state.find_mut(hash, model) {
-                slot.set_media(slot.media().union(media));
-            }
-        }
-        if self.add_engine_media(model, std, (chain, parent), added, new_copy) {
+        let (duplicate, spot) = self.add_engine_media(model, std, (chain, parent), added, new_copy);
+        if duplicate {
             self.stats.duplicate_engine_hashes += 1;
         }
         let media = if new_copy { media } else { before.union(media) };
+        self.state.put(model, hash, (std, chain, spot), media);
         let state = EngineState {
             std_hash: std,
             media,
@@ -523,44 +529,48 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         chain
     }
 
-    /// Moves an engine block held on `media` from chain block `from` to `to` (either may be
-    /// 0, no chain; `to` with its parent's chain): the std layer is untouched.
-    fn move_chain(
-        &mut self,
-        hash: &BlockHash,
-        model: u32,
-        from: u64,
-        to: (u64, u64),
-        media: MediaSet,
-    ) {
-        if let Some((_, slot)) = self.state.find_mut(hash, model) {
-            slot.set_chain(to.0);
-        }
+    /// Drops the block held under an int `hash`'s key with the other sign, which the block
+    /// of `hash` displaces (int keys hold only the 64 bits; found by fuzzing): like a reused
+    /// hash, its mapping key included.
+    fn drop_twin(&mut self, hash: &BlockHash, old: HeldSlot) {
+        let twin = twin_of(hash);
+        self.state.remove(&twin);
+        self.drop_engine_media(old.model(), old.std(), old.chain(), old.media(), true);
+        self.out.engine_state(old.model(), &twin, None);
+        self.out.mapping(&twin, None);
+    }
+
+    /// Moves an engine block of std hash `std` held on `media` from chain block `from` to
+    /// `to` (either may be 0, no chain; `to` with its parent's chain): the std layer is
+    /// untouched.
+    fn move_chain(&mut self, std: u64, from: u64, to: (u64, u64), media: MediaSet) {
         self.drop_chain_media(from, media, true);
-        self.add_chain_media(to, media, true);
+        self.add_chain_media(to, std, media, true);
     }
 
     /// Adds `added` media (and one engine copy when `new_copy`) to the source's resident of
     /// chain block `chain` (none when 0, chain unknown; a new one placed after `parent`),
     /// counted when the chain layer is the counted one; returns whether the source now holds
-    /// it through more than one engine block.
+    /// it through more than one engine block, and the block's spot when its run keeps `std`
+    /// for it (the source's slot then needs neither hash).
     fn add_chain_media(
         &mut self,
         (chain, parent): (u64, u64),
+        std: u64,
         added: MediaSet,
         new_copy: bool,
-    ) -> bool {
+    ) -> (bool, Option<Spot>) {
         if chain == 0 {
-            return false;
+            return (false, None);
         }
         let who = self.chain_editor();
         let place = (parent, self.alone);
         let (chains, state) = self.chain_edit();
         let edited = (&mut state.dups, &mut state.runs);
-        let ((before, after), duplicate) =
-            chains.add_media(place, edited, chain, who, added, new_copy);
+        let ((before, after), duplicate, spot) =
+            chains.add_media(place, edited, (chain, std), who, added, new_copy);
         self.count_chain(before, after);
-        duplicate
+        (duplicate, spot)
     }
 
     /// Takes `removed` media off the source's resident of chain block `chain` (none when 0;
@@ -613,21 +623,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         }
     }
 
-    /// Adds an engine slot. Int keys hold only the 64 bits, so a hash with the same bits
-    /// and the other sign (found by fuzzing) is displaced: that block is dropped like a
-    /// reused hash, its mapping key included.
-    fn insert_slot(&mut self, model: u32, hash: &BlockHash, block: StoreHashes, media: MediaSet) {
-        let Some((twin, old)) = self
-            .state
-            .insert(model, hash, block.std, block.chain, media)
-        else {
-            return;
-        };
-        self.drop_engine_media(old.model(), old.std(), old.chain(), old.media(), true);
-        self.out.engine_state(old.model(), &twin, None);
-        self.out.mapping(&twin, None);
-    }
-
     /// The source and store time of this call's edits.
     fn editor(&self) -> Editor {
         Editor {
@@ -640,7 +635,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
 
     /// Records `added` media (and a new engine copy) on the source's residents of the std
     /// block and, when known, the chain block (with its parent's); returns whether the std
-    /// block is now held through more than one engine hash.
+    /// block is now held through more than one engine hash, and the chain block's spot
+    /// ([`Self::add_chain_media`]).
     fn add_engine_media(
         &mut self,
         model: u32,
@@ -648,12 +644,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         chain: (u64, u64),
         added: MediaSet,
         new_copy: bool,
-    ) -> bool {
+    ) -> (bool, Option<Spot>) {
         let who = self.editor();
-        let chain_duplicate = self.add_chain_media(chain, added, new_copy);
+        let (chain_duplicate, spot) = self.add_chain_media(chain, std, added, new_copy);
         let Some(blocks) = self.blocks.get(self.out.index, model) else {
             // No std layer: a duplicate is a chain block held through another engine hash.
-            return chain_duplicate;
+            return (chain_duplicate, spot);
         };
         let dup_key = (model, std);
         let dups = &mut self.state.dups;
@@ -668,7 +664,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             new_copy
         );
         self.out.field(model, std, before, after);
-        duplicate
+        (duplicate, spot)
     }
 
     /// Takes `removed` media off the source's residents of the std block and, when known,
@@ -722,23 +718,25 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         };
         let base = self.state.base_model;
         for hash in &removed.block_hashes {
-            let Some((model, slot)) = self.state.find_mut(hash, base) else {
+            let (chains, state) = self.chain_edit();
+            let Some(held) = state.find(hash, chains) else {
                 self.stats.unknown_removes += 1;
                 self.out.unknown_remove(base, hash);
                 continue;
             };
-            let taken = MediaSet::from_bits(slot.media().bits() & mask.bits());
+            let taken = MediaSet::from_bits(held.media().bits() & mask.bits());
             if taken.is_empty() {
                 self.stats.noop_removes += 1;
                 continue;
             }
-            let left = slot.media().difference(taken);
-            slot.set_media(left);
-            let (std, chain) = (slot.std(), slot.chain());
+            let left = held.media().difference(taken);
+            let (model, std, chain) = (held.model(), held.std(), held.chain());
             let gone = left.is_empty();
             if gone {
-                self.state.remove(model, hash);
+                self.state.remove(hash);
                 self.out.mapping(hash, None);
+            } else {
+                self.state.set_media(hash, left);
             }
             let stored_at = self.drop_engine_media(model, std, chain, taken, gone);
             let state = (!gone).then_some(EngineState {
@@ -759,21 +757,14 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let who = self.editor();
         let wants_mappings = self.out.sink.wants_mappings();
         let whole = self.out.sink.takes_cleared();
-        let index = self.out.index;
+        let std_layer = self.std_layer();
         let chain_who = self.chain_editor();
-        let count_chains = !self.std_layer();
-        {
-            let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
-            let held = std::mem::take(&mut self.state.runs);
-            let out = &mut self.out;
-            chains.drop_source(held, chain_who, |(before, after)| {
-                if count_chains {
-                    out.count(before, after);
-                }
-            });
-        }
-        // A `prefix`-only index has no std block to take the source out of.
-        let std_slots = self.std_layer().then(|| self.state.slots());
+        let index = self.out.index;
+        let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
+        // The source's slots read their hashes from the runs: everything that reads them
+        // goes before the source's spans do. A `prefix`-only index has no std block to take
+        // the source out of.
+        let std_slots = std_layer.then(|| self.state.slots(chains));
         for slot in std_slots.into_iter().flatten() {
             let model = slot.model();
             let Some(blocks) = self.blocks.get(index, model) else {
@@ -792,18 +783,25 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             }
         }
         if whole {
-            let blocks = self.state.take_blocks();
+            let blocks = self.state.take_blocks(chains);
             let (pod, rank, engine) = (PodId(self.out.pod), self.out.rank, self.out.engine);
             let cleared = ClearedBlocks::new(pod, rank, engine, blocks);
             if !cleared.is_empty() {
                 self.out.sink.push_cleared(cleared);
             }
         } else if wants_mappings {
-            for (engine_hash, held) in self.state.entries() {
+            for (engine_hash, held) in self.state.entries(chains) {
                 self.out.engine_state(held.model(), &engine_hash, None);
                 self.out.mapping_owned(engine_hash, None);
             }
         }
+        let held = std::mem::take(&mut self.state.runs);
+        let out = &mut self.out;
+        chains.drop_source(held, chain_who, |(before, after)| {
+            if !std_layer {
+                out.count(before, after);
+            }
+        });
         self.state.clear();
     }
 }

@@ -372,7 +372,7 @@ impl Index {
     pub fn pod_engine_std(&self, pod: PodId, engine_hash: &crate::wire::BlockHash) -> Option<u64> {
         let ids = self.inner.pod_sources.read().get(&pod.0).cloned()?;
         ids.into_iter()
-            .find_map(|id| self.source(id).ok()?.lock().std_of(engine_hash))
+            .find_map(|id| self.source_std(&*self.source(id).ok()?, engine_hash))
     }
 
     /// The registered source of `(pod, rank)`, if any.
@@ -386,7 +386,19 @@ impl Index {
     pub fn source_holds(&self, pod: PodId, rank: u8, engine_hash: &crate::wire::BlockHash) -> bool {
         self.source_of(pod, rank)
             .and_then(|id| self.source(id).ok())
-            .is_some_and(|s| s.lock().std_of(engine_hash).is_some())
+            .is_some_and(|s| self.source_std(&s, engine_hash).is_some())
+    }
+
+    /// The std hash `source` maps `hash` to. The runs, which keep it for most blocks, are
+    /// locked after the source, as an apply locks them.
+    fn source_std(
+        &self,
+        source: &Mutex<SourceState>,
+        hash: &crate::wire::BlockHash,
+    ) -> Option<u64> {
+        let state = source.lock();
+        let chains = self.inner.chains.read_recursive();
+        state.std_of(hash, &chains)
     }
 
     fn unlink_pod_source(&self, pod: u32, source: SourceId) {

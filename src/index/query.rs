@@ -140,7 +140,8 @@ impl Index {
     ) {
         for source in self.live_sources() {
             let state = source.lock();
-            for (hash, held) in state.entries() {
+            let chains = self.inner.chains.read_recursive();
+            for (hash, held) in state.entries(&chains) {
                 let model = held.model();
                 let stored_at = self
                     .blocks_of(model)
@@ -182,7 +183,8 @@ impl Index {
     pub fn for_each_mapping(&self, mut visit: impl FnMut(PodId, Engine, BlockHash, u64)) {
         for source in self.live_sources() {
             let state = source.lock();
-            for (hash, slot) in state.entries() {
+            let chains = self.inner.chains.read_recursive();
+            for (hash, slot) in state.entries(&chains) {
                 visit(PodId(state.pod), state.engine, hash, slot.std());
             }
         }

@@ -42,6 +42,18 @@ pub(crate) struct Spot {
     pos: u32,
 }
 
+impl Spot {
+    /// The spot at position `pos` of node `node` (as [`Self::parts`] gave them).
+    pub(crate) fn from_parts(node: u32, pos: u32) -> Spot {
+        Spot { node, pos }
+    }
+
+    /// The node and the position: what a source keeps to find its block again.
+    pub(crate) fn parts(self) -> (u32, u32) {
+        (self.node, self.pos)
+    }
+}
+
 /// One resident over positions `from..=to` of a node.
 #[derive(Debug, Clone, Copy)]
 struct Span {
@@ -77,6 +89,10 @@ impl Span {
 #[derive(Debug, Default)]
 struct Node {
     hashes: Vec<u64>,
+    /// The std (or content) hash of each position: a function of the block's tokens, as the
+    /// chain hash is of its tokens and prefix, so every source holding the block shares it
+    /// (sources keep a spot rather than both hashes, [`super::source`]).
+    stds: Vec<u64>,
     /// Spans of one source never overlap.
     spans: Vec<Span>,
 }
@@ -183,7 +199,7 @@ impl ChainRuns {
     /// the parent's run when the parent ends one with room left, else as a run of its own
     /// (or, a chain start stored `alone`, in the open run).
     /// Also says whether the block is new.
-    fn place(&mut self, hash: u64, (parent, alone): (u64, bool)) -> (Spot, bool) {
+    fn place(&mut self, hash: u64, std: u64, (parent, alone): (u64, bool)) -> (Spot, bool) {
         if let Some(spot) = self.find(hash) {
             self.last = Some((hash, spot));
             return (spot, false);
@@ -209,7 +225,7 @@ impl ChainRuns {
             // will most likely follow, in a run of its own.
             _ => self.new_node(),
         };
-        let spot = self.append(node, hash);
+        let spot = self.append(node, hash, std);
         self.locator.insert(hash, spot);
         self.last = Some((hash, spot));
         (spot, true)
@@ -219,6 +235,13 @@ impl ChainRuns {
     fn at(&self, spot: Spot) -> Option<u64> {
         let node = self.nodes.get(spot.node as usize)?;
         node.hashes.get(spot.pos as usize).copied()
+    }
+
+    /// The chain hash and the std hash at `spot`, if the run still reaches it.
+    pub(crate) fn hashes_at(&self, spot: Spot) -> Option<(u64, u64)> {
+        let node = self.nodes.get(spot.node as usize)?;
+        let pos = spot.pos as usize;
+        Some((*node.hashes.get(pos)?, *node.stds.get(pos)?))
     }
 
     /// The spot of `hash`: right after or before the block edited last without a probe (an
@@ -237,9 +260,10 @@ impl ChainRuns {
     }
 
     /// Puts `hash` at the end of node `id`'s run.
-    fn append(&mut self, id: u32, hash: u64) -> Spot {
+    fn append(&mut self, id: u32, hash: u64, std: u64) -> Spot {
         let node = &mut self.nodes[id as usize];
         node.hashes.push(hash);
+        node.stds.push(std);
         Spot {
             node: id,
             pos: node.hashes.len() as u32 - 1,
@@ -280,33 +304,40 @@ impl ChainRuns {
                 break;
             }
             node.hashes.pop();
+            node.stds.pop();
             self.locator.remove(&last);
         }
     }
 
     /// Adds `added` media (and an engine copy when `new_copy`) to the editor's resident of
-    /// chain block `key`, a new block placed after `parent` (stored `alone` or not,
-    /// [`Self::place`]; [`layer::add_media`]).
+    /// chain block `key` (std hash `std`), a new block placed after `parent` (stored `alone`
+    /// or not, [`Self::place`]; [`layer::add_media`]). Also gives the block's spot when the
+    /// run keeps `std` for it (it may not, on a chain-hash collision): the source then
+    /// finds both hashes there.
     pub(crate) fn add_media(
         &mut self,
         parent: (u64, bool),
         (dups, held): (&mut DupCounts, &mut HeldRuns),
-        key: u64,
+        (key, std): (u64, u64),
         who: Editor,
         added: MediaSet,
         new_copy: bool,
-    ) -> (Change, bool) {
-        let (spot, created) = self.place(key, parent);
+    ) -> (Change, bool, Option<Spot>) {
+        let (spot, created) = self.place(key, std, parent);
         held.note(spot.node);
         let mut block = self.open(spot);
+        let same_std = block.node.stds.get(block.pos as usize) == Some(&std);
+        let spot = same_std.then_some(spot);
         // A block nobody holds gets the editor as its first resident, as a new map entry
         // would; with media added that is what the rules below do too, without the scan.
         if created || (added.is_empty() && !block.node.held(block.pos)) {
             block.push(Resident::new(who.pod, who.rank, who.now, added));
-            return layer::first_resident(who, added);
+            let (change, duplicate) = layer::first_resident(who, added);
+            return (change, duplicate, spot);
         }
         let dup_key = (layer::CHAIN_DUPS, key);
-        layer::add_to(&mut block, dups, dup_key, who, added, new_copy)
+        let (change, duplicate) = layer::add_to(&mut block, dups, dup_key, who, added, new_copy);
+        (change, duplicate, spot)
     }
 
     /// Takes `removed` media off the editor's resident of chain block `key`
@@ -467,7 +498,10 @@ impl ChainRuns {
     pub(crate) fn heap_bytes(&self) -> usize {
         let nodes = self.nodes.capacity() * std::mem::size_of::<Node>();
         let runs: usize = (self.nodes.iter())
-            .map(|n| n.hashes.capacity() * 8 + n.spans.capacity() * std::mem::size_of::<Span>())
+            .map(|n| {
+                (n.hashes.capacity() + n.stds.capacity()) * 8
+                    + n.spans.capacity() * std::mem::size_of::<Span>()
+            })
             .sum();
         table_bytes::<u64, Spot>(self.locator.capacity()) + nodes + runs + self.free.capacity() * 4
     }
@@ -660,7 +694,7 @@ mod tests {
             runs.add_media(
                 (parent, false),
                 (dups, held),
-                key,
+                (key, !key),
                 who(pod, 10),
                 gpu(),
                 true,
@@ -739,6 +773,11 @@ mod tests {
     /// position, a source's spans apart and not touching with the same resident).
     fn run_residents(runs: &ChainRuns) -> Vec<(u64, Vec<Resident>)> {
         for node in &runs.nodes {
+            assert_eq!(
+                node.hashes.len(),
+                node.stds.len(),
+                "a position without its std"
+            );
             for pair in node.spans.windows(2) {
                 let [a, b] = pair else { continue };
                 let key = |s: &Span| (s.resident.pod(), s.resident.rank(), s.from);
@@ -791,8 +830,12 @@ mod tests {
                         let want = layer::add_media(&map, dups, dup_key, key, who, media, new_copy);
                         let dups = run_dups.entry(source).or_default();
                         let held = run_held.entry(source).or_default();
-                        let got = runs.add_media((parent, alone), (dups, held), key, who, media, new_copy);
-                        proptest::prop_assert_eq!(want, got);
+                        let (change, duplicate, spot) =
+                            runs.add_media((parent, alone), (dups, held), (key, !key), who, media, new_copy);
+                        proptest::prop_assert_eq!(want, (change, duplicate));
+                        // The spot a source keeps gives both hashes back.
+                        let spot = spot.map(|s| runs.hashes_at(s));
+                        proptest::prop_assert_eq!(spot, Some(Some((key, !key))));
                     }
                     Op::Drop { source, key, media, slot_gone } => {
                         let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true };
@@ -871,7 +914,7 @@ mod tests {
         runs.add_media(
             (4, true),
             (&mut dups, &mut held),
-            5,
+            (5, !5),
             who(1, 10),
             gpu(),
             true,
@@ -897,7 +940,7 @@ mod tests {
             runs.add_media(
                 (0, true),
                 (&mut dups, &mut held2),
-                key,
+                (key, !key),
                 who(2, 10),
                 gpu(),
                 true,

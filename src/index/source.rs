@@ -4,11 +4,19 @@
 //! forgetting a pod walks exactly that source's entries, never the whole index.
 //!
 //! Keyed by engine hash alone (an engine hash names one block of one source whatever its
-//! model): one map for the base model's blocks and one for every LoRA adapter's, whose
-//! slots carry their model, so a lookup is at most two probes whatever the number of LoRA
-//! names, and a source without LoRA blocks pays nothing for them. Per-model block counts say which models the source holds; the
-//! source keeps one reference in the [`ModelTable`] per model it holds, so a model whose
-//! last block leaves every source is freed.
+//! model), in two kinds of map:
+//! - a base-model block whose chain block sits in the chain runs keeps only its spot there
+//!   and its media ([`RunSlot`], 8 bytes): the run keeps the block's chain and std hashes
+//!   once for every source holding it, so the common entry costs a 16-byte bucket;
+//! - every other block (a LoRA adapter's, or one whose chain is unknown) keeps its slot
+//!   whole, with its model ([`HeldSlot`]).
+//!
+//! A lookup is at most two probes whatever the number of LoRA names, and a source without
+//! LoRA blocks pays nothing for them. Reading a block's hashes needs the runs, which every
+//! caller holds already (an apply has them write-locked for its chain edits). Per-model
+//! block counts say which models the source holds; the source keeps one reference in the
+//! [`ModelTable`] per model it holds, so a model whose last block leaves every source is
+//! freed.
 
 use std::sync::Arc;
 
@@ -16,7 +24,7 @@ use hashbrown::HashMap;
 
 use super::intern::ModelTable;
 use super::layer::DupCounts;
-use super::runs::HeldRuns;
+use super::runs::{ChainRuns, HeldRuns, Spot};
 use super::walk::{partition_of_bits, partition_of_bytes};
 use super::Blocks;
 
@@ -26,7 +34,7 @@ use crate::wire::{BlockHash, Engine};
 /// Where one engine block sits: its std hash (63 bits, top bit = "sent as negative"), its
 /// chain hash (0 = chain unknown, not matched in `prefix` mode) and the media this engine
 /// block is resident on. 20 bytes (4-byte aligned halves): the model is implied by the map
-/// that holds it (the base model's, or the LoRA map's [`HeldSlot`]).
+/// that holds it, or carried beside it ([`HeldSlot`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct EngineSlot {
     std_lo: u32,
@@ -55,11 +63,6 @@ impl EngineSlot {
         (u64::from(self.chain_hi) << 32) | u64::from(self.chain_lo)
     }
 
-    pub(crate) fn set_chain(&mut self, chain: u64) {
-        self.chain_lo = chain as u32;
-        self.chain_hi = (chain >> 32) as u32;
-    }
-
     fn packed(&self) -> u64 {
         (u64::from(self.std_hi) << 32) | u64::from(self.std_lo)
     }
@@ -73,27 +76,79 @@ impl EngineSlot {
         self.packed() & NEG_FLAG != 0
     }
 
-    /// The engine hash of an int key's 64 `bits` as it was sent: signed when this slot's
-    /// hash came negative.
-    fn int_hash(&self, bits: u64) -> BlockHash {
-        if self.negative() {
-            BlockHash::Neg(bits as i64)
-        } else {
-            BlockHash::Int(bits)
-        }
-    }
-
     /// Media of this engine block.
     pub(crate) fn media(&self) -> MediaSet {
         MediaSet::from_bits(self.media)
     }
+}
 
-    pub(crate) fn set_media(&mut self, media: MediaSet) {
-        self.media = media.bits();
+/// The engine hash of an int key's 64 `bits` as it was sent: signed when it came negative.
+fn int_hash(bits: u64, negative: bool) -> BlockHash {
+    if negative {
+        BlockHash::Neg(bits as i64)
+    } else {
+        BlockHash::Int(bits)
     }
 }
 
-/// An engine slot with its model: how slots are stored in the LoRA maps and handed out.
+/// The twin of an int `hash`: the same 64 bits sent with the other sign.
+pub(crate) fn twin_of(hash: &BlockHash) -> BlockHash {
+    match hash {
+        BlockHash::Int(v) => BlockHash::Neg(*v as i64),
+        BlockHash::Neg(v) => BlockHash::Int(*v as u64),
+        BlockHash::Bytes(b) => BlockHash::Bytes(b.clone()),
+    }
+}
+
+/// A base-model block found through its spot in the chain runs, which keep its chain and
+/// std hashes: 8 bytes. Word 0 holds the node (31 bits) and the "sent as negative" flag,
+/// word 1 the position (8 bits) and the media (24 bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RunSlot([u32; 2]);
+
+const RUN_NEG: u32 = 1 << 31;
+const _: () = assert!(MEDIA_SLOTS <= 24 && super::runs::MAX_RUN <= 256);
+
+impl RunSlot {
+    /// The slot of a block at `spot`; `None` past the node ids a slot can name.
+    fn new(spot: Spot, negative: bool, media: MediaSet) -> Option<RunSlot> {
+        let (node, pos) = spot.parts();
+        if node >= RUN_NEG || pos > 0xff {
+            return None;
+        }
+        let sign = if negative { RUN_NEG } else { 0 };
+        Some(RunSlot([node | sign, pos | (media.bits() << 8)]))
+    }
+
+    fn spot(self) -> Spot {
+        Spot::from_parts(self.0[0] & !RUN_NEG, self.0[1] & 0xff)
+    }
+
+    fn negative(self) -> bool {
+        self.0[0] & RUN_NEG != 0
+    }
+
+    fn media(self) -> MediaSet {
+        MediaSet::from_bits(self.0[1] >> 8)
+    }
+
+    fn set_media(&mut self, media: MediaSet) {
+        self.0[1] = (self.0[1] & 0xff) | (media.bits() << 8);
+    }
+
+    /// The whole slot, with the hashes the runs keep at its spot. `None` only if the runs
+    /// lost the spot, which a source holding the block prevents (its span keeps it).
+    fn resolve(self, model: u32, runs: &ChainRuns) -> Option<HeldSlot> {
+        let found = runs.hashes_at(self.spot());
+        debug_assert!(found.is_some(), "a held block's spot left the runs");
+        let (chain, std) = found?;
+        let slot = EngineSlot::new(std, chain, self.negative(), self.media());
+        Some(HeldSlot { slot, model })
+    }
+}
+
+/// An engine slot with its model: how whole slots are stored and how every slot is handed
+/// out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HeldSlot {
     slot: EngineSlot,
@@ -120,6 +175,24 @@ impl HeldSlot {
     pub(crate) fn model(&self) -> u32 {
         self.model
     }
+
+    fn negative(&self) -> bool {
+        self.slot.negative()
+    }
+
+    /// Whether this is the block of `hash` as sent, not of its twin: the int hash with the
+    /// same 64 bits and the other sign.
+    pub(crate) fn sent_as(&self, hash: &BlockHash) -> bool {
+        match hash {
+            BlockHash::Int(_) => !self.negative(),
+            BlockHash::Neg(_) => self.negative(),
+            BlockHash::Bytes(_) => true,
+        }
+    }
+
+    fn set_media(&mut self, media: MediaSet) {
+        self.slot.media = media.bits();
+    }
 }
 
 /// An integer engine hash's 64 bits, split so map buckets pack to 4-byte alignment.
@@ -133,6 +206,20 @@ fn int_bits(key: &IntKey) -> u64 {
     (u64::from(key[1]) << 32) | u64::from(key[0])
 }
 
+/// An engine hash as a map key: an int's 64 bits and its sign, or the bytes.
+enum Key<'a> {
+    Int(IntKey, bool),
+    Bytes(&'a [u8]),
+}
+
+fn key_of(hash: &BlockHash) -> Key<'_> {
+    match hash {
+        BlockHash::Int(v) => Key::Int(int_key(*v), false),
+        BlockHash::Neg(v) => Key::Int(int_key(*v as u64), true),
+        BlockHash::Bytes(b) => Key::Bytes(b),
+    }
+}
+
 /// Approximate heap bytes of a hashbrown table with `capacity` usable slots.
 pub(crate) fn table_bytes<K, V>(capacity: usize) -> usize {
     if capacity == 0 {
@@ -143,37 +230,23 @@ pub(crate) fn table_bytes<K, V>(capacity: usize) -> usize {
 }
 
 /// Engine blocks taken out of a source whole, when a clear hands them to a mirror rather
-/// than one delta per block: the maps the clear would have freed, walked once by the mirror
-/// (in slices) and freed when the walk ends.
+/// than one delta per block: read out of the source (with their hashes from the runs)
+/// before its spans go, walked once by the mirror (in slices) and freed when the walk ends.
 pub(crate) struct TakenBlocks {
-    base: u32,
-    ints: HashMap<IntKey, EngineSlot>,
-    bytes: HashMap<Box<[u8]>, EngineSlot>,
-    lora_ints: HashMap<IntKey, HeldSlot>,
-    lora_bytes: HashMap<Box<[u8]>, HeldSlot>,
+    entries: Vec<(BlockHash, HeldSlot)>,
 }
 
 impl TakenBlocks {
     /// Number of engine blocks taken.
     pub(crate) fn len(&self) -> usize {
-        self.ints.len() + self.bytes.len() + self.lora_ints.len() + self.lora_bytes.len()
+        self.entries.len()
     }
 
-    /// Every (engine hash as it was sent, slot), consuming the maps.
+    /// Every (engine hash as it was sent, slot), consuming the list.
     pub(crate) fn into_entries(
         self,
     ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + Send + 'static {
-        let base = self.base;
-        let ints = self.ints.into_iter().map(move |(k, slot)| {
-            let held = HeldSlot { slot, model: base };
-            (slot.int_hash(int_bits(&k)), held)
-        });
-        let lora_ints = (self.lora_ints.into_iter())
-            .map(move |(k, held)| (held.slot.int_hash(int_bits(&k)), held));
-        let bytes = (self.bytes.into_iter())
-            .map(move |(k, slot)| (BlockHash::Bytes(k), HeldSlot { slot, model: base }));
-        let lora_bytes = (self.lora_bytes.into_iter()).map(|(k, held)| (BlockHash::Bytes(k), held));
-        ints.chain(lora_ints).chain(bytes).chain(lora_bytes)
+        self.entries.into_iter()
     }
 }
 
@@ -185,14 +258,15 @@ pub(crate) struct SourceState {
     pub(crate) base_model: u32,
     /// The full-attention KV-cache group, learned from events that name their spec kind.
     main_group: Option<i64>,
-    /// Engine hash → slot of the base model's blocks (most sources hold nothing else, and
-    /// pay nothing for LoRA support).
-    ints: HashMap<IntKey, EngineSlot>,
-    bytes: HashMap<Box<[u8]>, EngineSlot>,
-    /// The same for LoRA adapters' blocks, each slot with its model. A key is in at most one
-    /// of the base and LoRA maps.
-    lora_ints: HashMap<IntKey, HeldSlot>,
-    lora_bytes: HashMap<Box<[u8]>, HeldSlot>,
+    /// Engine hash → spot of the base model's blocks with a chain in the runs (most blocks
+    /// of most sources).
+    ints: HashMap<IntKey, RunSlot>,
+    bytes: HashMap<Box<[u8]>, RunSlot>,
+    /// Engine hash → whole slot of every other block: LoRA adapters' blocks, and blocks
+    /// whose chain is unknown or whose run keeps another std hash. A key is in at most one
+    /// of the run and whole maps.
+    whole_ints: HashMap<IntKey, HeldSlot>,
+    whole_bytes: HashMap<Box<[u8]>, HeldSlot>,
     /// Engine blocks held per model; a model is here (and referenced) while it has any.
     models: HashMap<u32, u32>,
     /// References to drop once the current call has settled the block maps (dropping one
@@ -230,8 +304,8 @@ impl SourceState {
             main_group: None,
             ints: HashMap::new(),
             bytes: HashMap::new(),
-            lora_ints: HashMap::new(),
-            lora_bytes: HashMap::new(),
+            whole_ints: HashMap::new(),
+            whole_bytes: HashMap::new(),
             models: HashMap::new(),
             deferred: Vec::new(),
             table,
@@ -291,110 +365,128 @@ impl SourceState {
         self.shrink();
     }
 
-    /// The slot of `hash`, whatever its model, with that model. (`_model` is kept for the
-    /// call sites: an engine hash names one block per source, so no preference is needed.)
-    pub(crate) fn find_mut(
-        &mut self,
-        hash: &BlockHash,
-        _model: u32,
-    ) -> Option<(u32, &mut EngineSlot)> {
-        let base = self.base_model;
-        let (key, negative) = match hash {
-            BlockHash::Int(v) => (int_key(*v), false),
-            BlockHash::Neg(v) => (int_key(*v as u64), true),
-            BlockHash::Bytes(b) => {
-                if let Some(slot) = self.bytes.get_mut(&**b) {
-                    return Some((base, slot));
-                }
-                let held = self.lora_bytes.get_mut(&**b)?;
-                return Some((held.model, &mut held.slot));
-            }
-        };
-        if let Some(slot) = self.ints.get_mut(&key) {
-            return (slot.negative() == negative).then_some((base, slot));
-        }
-        let held = self.lora_ints.get_mut(&key)?;
-        (held.slot.negative() == negative).then_some((held.model, &mut held.slot))
+    /// The slot of `hash` (as sent: an int key held with the other sign is not it), whatever
+    /// its model, with its hashes read from `runs`.
+    pub(crate) fn find(&self, hash: &BlockHash, runs: &ChainRuns) -> Option<HeldSlot> {
+        self.find_key(hash, runs).filter(|held| held.sent_as(hash))
     }
 
-    /// Inserts `hash` under `model`; returns the slot it displaced (with its own model).
-    /// Int keys hold only the 64 bits, so an unsigned hash and a negative one with the same
-    /// bits share a key: the caller must drop the displaced block (returned with its hash as
-    /// it was sent).
-    pub(crate) fn insert(
+    /// The slot under `hash`'s key: for an int hash, whichever sign it was sent with (int
+    /// keys hold only the 64 bits; see [`HeldSlot::sent_as`]).
+    pub(crate) fn find_key(&self, hash: &BlockHash, runs: &ChainRuns) -> Option<HeldSlot> {
+        let base = self.base_model;
+        match key_of(hash) {
+            Key::Int(key, _) => match self.ints.get(&key) {
+                Some(slot) => slot.resolve(base, runs),
+                None => self.whole_ints.get(&key).copied(),
+            },
+            Key::Bytes(b) => match self.bytes.get(b) {
+                Some(slot) => slot.resolve(base, runs),
+                None => self.whole_bytes.get(b).copied(),
+            },
+        }
+    }
+
+    /// The std hash this source maps `hash` to, whatever its model.
+    pub(crate) fn std_of(&self, hash: &BlockHash, runs: &ChainRuns) -> Option<u64> {
+        self.find(hash, runs).map(|s| s.std())
+    }
+
+    /// Sets the media of `hash`, a block this source holds.
+    pub(crate) fn set_media(&mut self, hash: &BlockHash, media: MediaSet) {
+        match key_of(hash) {
+            Key::Int(key, _) => {
+                if let Some(slot) = self.ints.get_mut(&key) {
+                    slot.set_media(media);
+                } else if let Some(held) = self.whole_ints.get_mut(&key) {
+                    held.set_media(media);
+                }
+            }
+            Key::Bytes(b) => {
+                if let Some(slot) = self.bytes.get_mut(b) {
+                    slot.set_media(media);
+                } else if let Some(held) = self.whole_bytes.get_mut(b) {
+                    held.set_media(media);
+                }
+            }
+        }
+    }
+
+    /// Puts `hash` under `model` with its hashes and media, replacing what the source held
+    /// under that key (the caller took any block of another identity out first): in the run
+    /// map when the block is the base model's and has a `spot` whose run keeps its hashes,
+    /// else whole.
+    pub(crate) fn put(
         &mut self,
         model: u32,
         hash: &BlockHash,
-        std: u64,
-        chain: u64,
+        (std, chain, spot): (u64, u64, Option<Spot>),
         media: MediaSet,
-    ) -> Option<(BlockHash, HeldSlot)> {
-        self.count_in(model);
-        let (bits, negative) = match hash {
-            BlockHash::Int(v) => (*v, false),
-            BlockHash::Neg(v) => (*v as u64, true),
-            BlockHash::Bytes(b) => {
-                let slot = EngineSlot::new(std, chain, false, media);
-                let old = self.take_bytes(b);
-                if model == self.base_model {
-                    self.bytes.insert(b.clone(), slot);
-                } else {
-                    self.lora_bytes.insert(b.clone(), HeldSlot { slot, model });
+    ) {
+        let base = self.base_model;
+        let key = key_of(hash);
+        let negative = matches!(key, Key::Int(_, true));
+        let run_slot = spot
+            .filter(|_| model == base)
+            .and_then(|spot| RunSlot::new(spot, negative, media));
+        let whole = || HeldSlot {
+            slot: EngineSlot::new(std, chain, negative, media),
+            model,
+        };
+        // The insert hands back what it replaced in the same probe; the other map is only
+        // checked when it did not, and is mostly empty.
+        let old_model = match (key, run_slot) {
+            (Key::Int(key, _), Some(slot)) => match self.ints.insert(key, slot) {
+                Some(_) => Some(base),
+                None => self.whole_ints.remove(&key).map(|h| h.model),
+            },
+            (Key::Int(key, _), None) => match self.whole_ints.insert(key, whole()) {
+                Some(old) => Some(old.model),
+                None => self.ints.remove(&key).map(|_| base),
+            },
+            (Key::Bytes(b), Some(slot)) => match self.bytes.get_mut(b) {
+                Some(old) => {
+                    *old = slot;
+                    Some(base)
                 }
-                let old = old?;
-                self.count_out(old.model);
-                return Some((hash.clone(), old));
+                None => {
+                    let old = self.whole_bytes.remove(b).map(|h| h.model);
+                    self.bytes.insert(b.into(), slot);
+                    old
+                }
+            },
+            (Key::Bytes(b), None) => match self.whole_bytes.get_mut(b) {
+                Some(old) => Some(std::mem::replace(old, whole()).model),
+                None => {
+                    let old = self.bytes.remove(b).map(|_| base);
+                    self.whole_bytes.insert(b.into(), whole());
+                    old
+                }
+            },
+        };
+        if old_model != Some(model) {
+            self.count_in(model);
+            if let Some(old) = old_model {
+                self.count_out(old);
             }
-        };
-        let key = int_key(bits);
-        let slot = EngineSlot::new(std, chain, negative, media);
-        let base = self.base_model;
-        // `insert` hands back what it displaced in the same probe; a key is in at most one of
-        // the two maps, so the other one is only checked for it.
-        let old = if model == base {
-            let old = self.ints.insert(key, slot);
-            let old = old.map(|slot| HeldSlot { slot, model: base });
-            old.or_else(|| self.lora_ints.remove(&key))
-        } else {
-            let old = self.lora_ints.insert(key, HeldSlot { slot, model });
-            old.or_else(|| {
-                self.ints
-                    .remove(&key)
-                    .map(|slot| HeldSlot { slot, model: base })
-            })
-        };
-        let old = old?;
-        self.count_out(old.model);
-        Some((old.slot.int_hash(bits), old))
-    }
-
-    /// Takes an int key out of whichever map holds it.
-    fn take_int(&mut self, key: IntKey) -> Option<HeldSlot> {
-        let base = self.base_model;
-        match self.ints.remove(&key) {
-            Some(slot) => Some(HeldSlot { slot, model: base }),
-            None => self.lora_ints.remove(&key),
         }
     }
 
-    /// Takes a bytes key out of whichever map holds it.
-    fn take_bytes(&mut self, key: &[u8]) -> Option<HeldSlot> {
+    /// Removes `hash` (of any model, either sign).
+    pub(crate) fn remove(&mut self, hash: &BlockHash) {
         let base = self.base_model;
-        match self.bytes.remove(key) {
-            Some(slot) => Some(HeldSlot { slot, model: base }),
-            None => self.lora_bytes.remove(key),
-        }
-    }
-
-    /// Removes `hash` (of any model).
-    pub(crate) fn remove(&mut self, _model: u32, hash: &BlockHash) {
-        let old = match hash {
-            BlockHash::Int(v) => self.take_int(int_key(*v)),
-            BlockHash::Neg(v) => self.take_int(int_key(*v as u64)),
-            BlockHash::Bytes(b) => self.take_bytes(b),
+        let old = match key_of(hash) {
+            Key::Int(key, _) => match self.ints.remove(&key) {
+                Some(_) => Some(base),
+                None => self.whole_ints.remove(&key).map(|h| h.model),
+            },
+            Key::Bytes(b) => match self.bytes.remove(b) {
+                Some(_) => Some(base),
+                None => self.whole_bytes.remove(b).map(|h| h.model),
+            },
         };
         if let Some(old) = old {
-            self.count_out(old.model);
+            self.count_out(old);
         }
     }
 
@@ -421,103 +513,75 @@ impl SourceState {
 
     /// Number of engine blocks held.
     pub(crate) fn len(&self) -> usize {
-        self.ints.len() + self.bytes.len() + self.lora_ints.len() + self.lora_bytes.len()
+        self.ints.len() + self.bytes.len() + self.whole_ints.len() + self.whole_bytes.len()
     }
 
     /// Every (engine hash, slot), rebuilding the hash exactly as it was sent.
-    pub(crate) fn entries(&self) -> impl Iterator<Item = (BlockHash, HeldSlot)> + '_ {
-        self.entries_where(|_| true, |_| true)
+    pub(crate) fn entries<'a>(
+        &'a self,
+        runs: &'a ChainRuns,
+    ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + 'a {
+        self.entries_where(runs, |_| true, |_| true)
     }
 
     /// The entries of one partition of the source (see `walk.rs`): keys are filtered before
     /// hashes are rebuilt, so a walk in pieces copies each entry once per pass.
-    pub(crate) fn partition_entries(
-        &self,
+    pub(crate) fn partition_entries<'a>(
+        &'a self,
+        runs: &'a ChainRuns,
         partition: u32,
         partitions: u32,
-    ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + '_ {
+    ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + 'a {
         self.entries_where(
+            runs,
             move |bits| partition_of_bits(bits, partitions) == partition,
             move |bytes| partition_of_bytes(bytes, partitions) == partition,
         )
     }
 
     /// The entries whose key passes `keep_int` (int hashes, by their 64 bits) or
-    /// `keep_bytes` (byte-string hashes); only those hashes are rebuilt.
+    /// `keep_bytes` (byte-string hashes); only those slots are resolved and hashes rebuilt.
     fn entries_where<'a>(
         &'a self,
+        runs: &'a ChainRuns,
         keep_int: impl Fn(u64) -> bool + 'a,
         keep_bytes: impl Fn(&[u8]) -> bool + 'a,
     ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + 'a {
         let base = self.base_model;
-        let held = move |slot: &EngineSlot| HeldSlot {
-            slot: *slot,
-            model: base,
-        };
-        let ints = self.ints.iter().map(move |(k, s)| (int_bits(k), held(s)));
-        let ints = ints.chain(self.lora_ints.iter().map(|(k, s)| (int_bits(k), *s)));
+        let ints = (self.ints.iter())
+            .filter(move |(k, _)| keep_int(int_bits(k)))
+            .filter_map(move |(k, s)| Some((int_bits(k), s.resolve(base, runs)?)));
+        let whole_ints = (self.whole_ints.iter()).map(|(k, s)| (int_bits(k), *s));
         let ints = ints
-            .filter(move |(bits, _)| keep_int(*bits))
-            .map(move |(bits, s)| (s.slot.int_hash(bits), s));
-        let bytes = self.bytes.iter().map(move |(k, s)| (k, held(s)));
-        let bytes = bytes.chain(self.lora_bytes.iter().map(|(k, s)| (k, *s)));
-        let bytes = bytes
+            .chain(whole_ints)
+            .map(|(bits, s)| (int_hash(bits, s.negative()), s));
+        let bytes = (self.bytes.iter())
             .filter(move |(k, _)| keep_bytes(k))
-            .map(|(k, s)| (BlockHash::Bytes(k.clone()), s));
+            .filter_map(move |(k, s)| Some((k, s.resolve(base, runs)?)));
+        let bytes = bytes.chain(self.whole_bytes.iter().map(|(k, s)| (k, *s)));
+        let bytes = bytes.map(|(k, s)| (BlockHash::Bytes(k.clone()), s));
         ints.chain(bytes)
     }
 
-    /// The std hash this source maps `hash` to, whatever its model.
-    pub(crate) fn std_of(&self, hash: &BlockHash) -> Option<u64> {
-        self.slot_of(hash).map(|s| s.std())
-    }
-
-    /// The slot of `hash`, whatever its model.
-    pub(crate) fn slot_of(&self, hash: &BlockHash) -> Option<EngineSlot> {
-        let (key, negative) = match hash {
-            BlockHash::Int(v) => (int_key(*v), false),
-            BlockHash::Neg(v) => (int_key(*v as u64), true),
-            BlockHash::Bytes(b) => {
-                return self
-                    .bytes
-                    .get(&**b)
-                    .copied()
-                    .or_else(|| self.lora_bytes.get(&**b).map(|h| h.slot));
-            }
-        };
-        let slot = self
-            .ints
-            .get(&key)
-            .copied()
-            .or_else(|| self.lora_ints.get(&key).map(|h| h.slot))?;
-        (slot.negative() == negative).then_some(slot)
-    }
-
     /// Every slot without rebuilding hashes.
-    pub(crate) fn slots(&self) -> impl Iterator<Item = HeldSlot> + '_ {
+    pub(crate) fn slots<'a>(&'a self, runs: &'a ChainRuns) -> impl Iterator<Item = HeldSlot> + 'a {
         let base = self.base_model;
-        let held = move |slot: &EngineSlot| HeldSlot {
-            slot: *slot,
-            model: base,
-        };
-        let base_slots = self.ints.values().chain(self.bytes.values()).map(held);
-        base_slots.chain(
-            self.lora_ints
+        let run_slots = self.ints.values().chain(self.bytes.values());
+        let run_slots = run_slots.filter_map(move |s| s.resolve(base, runs));
+        run_slots.chain(
+            self.whole_ints
                 .values()
-                .chain(self.lora_bytes.values())
+                .chain(self.whole_bytes.values())
                 .copied(),
         )
     }
 
-    /// Takes the engine-hash maps out whole (after their residents were removed), for a
-    /// clear that hands them to a mirror; [`Self::clear`] then does the rest.
-    pub(crate) fn take_blocks(&mut self) -> TakenBlocks {
+    /// Reads every engine block out (before their residents are removed: the runs still
+    /// keep their hashes), for a clear that hands them to a mirror; [`Self::clear`] then
+    /// drops them.
+    pub(crate) fn take_blocks(&self, runs: &ChainRuns) -> TakenBlocks {
         TakenBlocks {
-            base: self.base_model,
-            ints: std::mem::take(&mut self.ints),
-            bytes: std::mem::take(&mut self.bytes),
-            lora_ints: std::mem::take(&mut self.lora_ints),
-            lora_bytes: std::mem::take(&mut self.lora_bytes),
+            entries: self.entries(runs).collect(),
         }
     }
 
@@ -526,8 +590,8 @@ impl SourceState {
     pub(crate) fn clear(&mut self) {
         self.ints = HashMap::new();
         self.bytes = HashMap::new();
-        self.lora_ints = HashMap::new();
-        self.lora_bytes = HashMap::new();
+        self.whole_ints = HashMap::new();
+        self.whole_bytes = HashMap::new();
         self.dups = HashMap::new();
         self.runs = HeldRuns::default();
         let models: Vec<u32> = self.models.drain().map(|(m, _)| m).collect();
@@ -538,34 +602,30 @@ impl SourceState {
 
     /// Gives back map memory after many removes (a quarter full or less).
     fn shrink(&mut self) {
-        if self.ints.capacity() > 64 && self.ints.len() * 4 < self.ints.capacity() {
-            self.ints.shrink_to(self.ints.len() * 2);
-        }
-        if self.bytes.capacity() > 64 && self.bytes.len() * 4 < self.bytes.capacity() {
-            self.bytes.shrink_to(self.bytes.len() * 2);
-        }
-        if self.lora_ints.capacity() > 64 && self.lora_ints.len() * 4 < self.lora_ints.capacity() {
-            self.lora_ints.shrink_to(self.lora_ints.len() * 2);
-        }
-        if self.lora_bytes.capacity() > 64 && self.lora_bytes.len() * 4 < self.lora_bytes.capacity()
-        {
-            self.lora_bytes.shrink_to(self.lora_bytes.len() * 2);
-        }
-        if self.models.capacity() > 16 && self.models.len() * 4 < self.models.capacity() {
-            self.models.shrink_to(self.models.len() * 2);
-        }
+        shrink_map(&mut self.ints, 64);
+        shrink_map(&mut self.bytes, 64);
+        shrink_map(&mut self.whole_ints, 64);
+        shrink_map(&mut self.whole_bytes, 64);
+        shrink_map(&mut self.models, 16);
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        table_bytes::<IntKey, EngineSlot>(self.ints.capacity())
-            + table_bytes::<Box<[u8]>, EngineSlot>(self.bytes.capacity())
+        table_bytes::<IntKey, RunSlot>(self.ints.capacity())
+            + table_bytes::<Box<[u8]>, RunSlot>(self.bytes.capacity())
             + self.bytes.keys().map(|k| k.len()).sum::<usize>()
-            + table_bytes::<IntKey, HeldSlot>(self.lora_ints.capacity())
-            + table_bytes::<Box<[u8]>, HeldSlot>(self.lora_bytes.capacity())
-            + self.lora_bytes.keys().map(|k| k.len()).sum::<usize>()
+            + table_bytes::<IntKey, HeldSlot>(self.whole_ints.capacity())
+            + table_bytes::<Box<[u8]>, HeldSlot>(self.whole_bytes.capacity())
+            + self.whole_bytes.keys().map(|k| k.len()).sum::<usize>()
             + table_bytes::<u32, u32>(self.models.capacity())
             + table_bytes::<(u32, u64), [u16; MEDIA_SLOTS]>(self.dups.capacity())
             + self.runs.heap_bytes()
+    }
+}
+
+/// Gives back a map's memory once it is a quarter full or less (past `floor` slots).
+fn shrink_map<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>, floor: usize) {
+    if map.capacity() > floor && map.len() * 4 < map.capacity() {
+        map.shrink_to(map.len() * 2);
     }
 }
 

@@ -83,9 +83,10 @@ pub struct WalkEntry {
 
 /// The registered sources grouped by pod: the pods this index owns, taken once per chunk
 /// of a background pass so lookups need no walk over the source list.
-#[derive(Default)]
 pub struct OwnedPods {
     by_pod: HashMap<u32, Vec<Arc<Mutex<SourceState>>>>,
+    /// The index the sources are in, whose chain runs keep most blocks' std hashes.
+    index: Index,
 }
 
 impl std::fmt::Debug for OwnedPods {
@@ -117,7 +118,7 @@ impl OwnedPods {
         self.by_pod
             .get(&pod.0)?
             .iter()
-            .find_map(|s| s.lock().std_of(hash))
+            .find_map(|s| self.index.source_std(s, hash))
     }
 }
 
@@ -139,11 +140,12 @@ impl Index {
         let first = out.len();
         let (pod, rank) = {
             let s = state.lock();
+            let chains = self.inner.chains.read_recursive();
             if cursor.partitions == 0 {
                 let wanted = s.len().div_ceil(PARTITION_TARGET).max(MIN_PARTITIONS);
                 cursor.partitions = u32::try_from(wanted).unwrap_or(u32::MAX);
             }
-            for (hash, held) in s.partition_entries(cursor.partition, cursor.partitions) {
+            for (hash, held) in s.partition_entries(&chains, cursor.partition, cursor.partitions) {
                 out.push(WalkEntry {
                     pod: PodId(s.pod),
                     rank: s.rank,
@@ -227,7 +229,10 @@ impl Index {
 
     /// The registered sources grouped by pod.
     pub fn owned_pods(&self) -> OwnedPods {
-        let mut owned = OwnedPods::default();
+        let mut owned = OwnedPods {
+            by_pod: HashMap::new(),
+            index: self.clone(),
+        };
         for source in self.live_sources() {
             let pod = source.lock().pod;
             owned.by_pod.entry(pod).or_default().push(source);
