@@ -882,6 +882,21 @@ mod tests {
     }
 
     #[test]
+    fn a_block_whose_run_keeps_another_std_hash_gets_no_spot() {
+        let mut runs = ChainRuns::default();
+        let (mut dups, mut held) = (DupCounts::new(), HeldRuns::default());
+        let edited = (&mut dups, &mut held);
+        let (_, _, spot) = runs.add_media((0, true), edited, (7, 70), who(1, 10), gpu(), true);
+        let spot = spot.expect("the first std hash is the run's");
+        // The same chain hash with other content (a 64-bit collision): the source keeps its
+        // slot whole rather than read the first block's std hash.
+        let edited = (&mut dups, &mut held);
+        let (_, _, other) = runs.add_media((0, true), edited, (7, 71), who(2, 10), gpu(), true);
+        assert_eq!(other, None);
+        assert_eq!(runs.hashes_at(spot), Some((7, 70)));
+    }
+
+    #[test]
     fn a_chain_stored_in_order_is_one_run_with_one_span_per_source() {
         let mut runs = ChainRuns::default();
         let mut dups = DupCounts::new();

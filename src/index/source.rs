@@ -511,6 +511,15 @@ impl SourceState {
         }
     }
 
+    /// Engine blocks kept as spots in the runs and kept whole, for tests of where slots go.
+    #[cfg(test)]
+    pub(crate) fn slot_kinds(&self) -> (usize, usize) {
+        (
+            self.ints.len() + self.bytes.len(),
+            self.whole_ints.len() + self.whole_bytes.len(),
+        )
+    }
+
     /// Number of engine blocks held.
     pub(crate) fn len(&self) -> usize {
         self.ints.len() + self.bytes.len() + self.whole_ints.len() + self.whole_bytes.len()

@@ -537,3 +537,81 @@ fn a_source_clear_takes_its_chain_blocks_and_keeps_the_other_sources() {
     index.forget_pod("b.ns", &mut Discard);
     assert_eq!(index.chain_entries(), 0);
 }
+
+#[test]
+fn a_slot_moves_between_spot_and_whole_as_its_chain_is_learnt_and_reads_back_the_same() {
+    use crate::hash::{chain_hash, model_seed};
+    let index = Index::new();
+    let src = index.register_source(&spec("p.ns", 0)).unwrap();
+    let kinds = || index.source(src).unwrap().lock().slot_kinds();
+    let chain1 = chain_hash(model_seed("m"), &tokens(0, 1));
+    let chain2 = chain_hash(chain1, &tokens(16, 1));
+    // A chain from the model's seed: both blocks are spots in one run.
+    let first = stored(&[1, -2], tokens(0, 2), "GPU");
+    index
+        .apply(src, &batch(vec![first]), 10, &mut Discard)
+        .unwrap();
+    assert_eq!(kinds(), (2, 0));
+    // A block after a parent the source does not hold has no chain: kept whole.
+    let mut orphan = BlockStored::new(vec![BlockHash::Int(3)], tokens(32, 1), 16, Medium::GPU);
+    orphan.parent_block_hash = Some(BlockHash::Int(99));
+    let orphan = Event::BlockStored(orphan);
+    index
+        .apply(src, &batch(vec![orphan]), 11, &mut Discard)
+        .unwrap();
+    assert_eq!(kinds(), (2, 1));
+    // Stored again after block -2, it learns its chain and becomes a spot.
+    let mut again = BlockStored::new(
+        vec![BlockHash::Int(3)],
+        tokens(32, 1),
+        16,
+        Medium::intern("CPU"),
+    );
+    again.parent_block_hash = Some(BlockHash::Neg(-2));
+    index
+        .apply(
+            src,
+            &batch(vec![Event::BlockStored(again)]),
+            12,
+            &mut Discard,
+        )
+        .unwrap();
+    assert_eq!(kinds(), (3, 0));
+    let chain3 = chain_hash(chain2, &tokens(32, 1));
+    let mut states: Vec<(String, u64, u64, usize)> = Vec::new();
+    index.for_each_engine_state(|_, _, _, hash, state| {
+        let media = state.media.iter().count();
+        states.push((hash.to_string(), state.std_hash, state.chain, media));
+    });
+    states.sort();
+    let want = |h: &str, t: u32, chain: u64, media: usize| {
+        (h.to_owned(), std_hash(&tokens(t, 1)), chain, media)
+    };
+    assert_eq!(
+        states,
+        [
+            want("-2", 16, chain2, 1),
+            want("1", 0, chain1, 1),
+            want("3", 32, chain3, 2)
+        ]
+    );
+    assert_eq!(
+        index.pod_engine_std(PodId(0), &BlockHash::Neg(-2)),
+        Some(std_hash(&tokens(16, 1)))
+    );
+    assert_eq!(
+        index.pod_engine_std(PodId(0), &BlockHash::Int(2)),
+        None,
+        "the sign is kept"
+    );
+    // Removes and the clear leave no slot of either kind.
+    index
+        .apply(src, &batch(vec![removed(&[1], "GPU")]), 13, &mut Discard)
+        .unwrap();
+    assert_eq!(kinds(), (2, 0));
+    index
+        .apply(src, &batch(vec![Event::AllBlocksCleared]), 14, &mut Discard)
+        .unwrap();
+    assert_eq!(kinds(), (0, 0));
+    assert_eq!(index.stats().engine_hashes, 0);
+}
