@@ -872,11 +872,19 @@ fn main() {
     let queries = query_sets(&mut w, &mut rng);
     let splices = spliced(&mut w, &mut rng);
 
-    if std::env::args().nth(1).as_deref() == Some("profile") {
-        // Only kvindex's `prefix`-only store, remove and clear, for a profiler.
+    let profiled: Option<Vec<&[Op]>> = match std::env::args().nth(1).as_deref() {
+        Some("profile") => Some(vec![&stores_8, &stores_1, &removes, &clears]),
+        Some("profile-store1") => Some(vec![&stores_1]),
+        Some("profile-store8") => Some(vec![&stores_8]),
+        Some("profile-remove") => Some(vec![&stores_8, &removes]),
+        _ => None,
+    };
+    if let Some(phases) = profiled {
+        // Only kvindex's `prefix`-only edits, for a profiler: all of them (`profile`) or one
+        // kind on a fresh index (a remove profile includes the stores it needs).
         for _ in 0..RUNS {
             let mut peer = Kvindex::prefix_only();
-            for ops in [&stores_8, &stores_1, &removes, &clears] {
+            for ops in &phases {
                 peer.apply(ops, &w, true);
             }
         }
