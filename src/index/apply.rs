@@ -497,7 +497,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             (Some(old), Some(new)) => {
                 // The engine reused a hash for other content: the old block is gone.
                 self.state.remove(hash);
-                self.drop_engine_media(old.model(), old.std(), old.chain(), old.media(), true);
+                self.drop_engine_media(
+                    old.model(),
+                    old.std(),
+                    (old.chain(), None),
+                    old.media(),
+                    true,
+                );
                 if old.model() != model {
                     // The checkpoint keys entries by model: the old model's entry goes.
                     self.out.engine_state(old.model(), hash, None);
@@ -535,7 +541,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     fn drop_twin(&mut self, hash: &BlockHash, old: HeldSlot) {
         let twin = twin_of(hash);
         self.state.remove(&twin);
-        self.drop_engine_media(old.model(), old.std(), old.chain(), old.media(), true);
+        self.drop_engine_media(
+            old.model(),
+            old.std(),
+            (old.chain(), None),
+            old.media(),
+            true,
+        );
         self.out.engine_state(old.model(), &twin, None);
         self.out.mapping(&twin, None);
     }
@@ -544,7 +556,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// `to` (either may be 0, no chain; `to` with its parent's chain): the std layer is
     /// untouched.
     fn move_chain(&mut self, std: u64, from: u64, to: (u64, u64), media: MediaSet) {
-        self.drop_chain_media(from, media, true);
+        self.drop_chain_media((from, None), media, true);
         self.add_chain_media(to, std, media, true);
     }
 
@@ -574,16 +586,22 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// Takes `removed` media off the source's resident of chain block `chain` (none when 0;
-    /// `slot_gone` when the engine block itself went), counted likewise; returns the
+    /// found at `spot` when given; `slot_gone` when the engine block itself went), counted
+    /// likewise; returns the
     /// resident's last store time (0 when the source held no such block).
-    fn drop_chain_media(&mut self, chain: u64, removed: MediaSet, slot_gone: bool) -> u32 {
+    fn drop_chain_media(
+        &mut self,
+        (chain, spot): (u64, Option<Spot>),
+        removed: MediaSet,
+        slot_gone: bool,
+    ) -> u32 {
         if chain == 0 {
             return 0;
         }
         let who = self.chain_editor();
         let (chains, state) = self.chain_edit();
         let edited = (&mut state.dups, &mut state.runs);
-        let dropped = chains.drop_media(edited, chain, who, removed, slot_gone);
+        let dropped = chains.drop_media(edited, (chain, spot), who, removed, slot_gone);
         let Some(((before, after), stored_at)) = dropped else {
             return 0;
         };
@@ -647,7 +665,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     ) -> (bool, Option<Spot>) {
         let who = self.editor();
         let (chain_duplicate, spot) = self.add_chain_media(chain, std, added, new_copy);
-        let Some(blocks) = self.blocks.get(self.out.index, model) else {
+        let blocks = self
+            .std_layer()
+            .then(|| self.blocks.get(self.out.index, model));
+        let Some(blocks) = blocks.flatten() else {
             // No std layer: a duplicate is a chain block held through another engine hash.
             return (chain_duplicate, spot);
         };
@@ -668,19 +689,22 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// Takes `removed` media off the source's residents of the std block and, when known,
-    /// the chain block; `slot_gone` when the engine block itself is no longer held. Returns
-    /// the std resident's last store time.
+    /// the chain block (at its spot, when the source's slot gives it); `slot_gone` when the
+    /// engine block itself is no longer held. Returns the std resident's last store time.
     fn drop_engine_media(
         &mut self,
         model: u32,
         std: u64,
-        chain: u64,
+        chain: (u64, Option<Spot>),
         removed: MediaSet,
         slot_gone: bool,
     ) -> u32 {
         let who = self.editor();
         let chain_stored_at = self.drop_chain_media(chain, removed, slot_gone);
-        let Some(blocks) = self.blocks.get(self.out.index, model) else {
+        let blocks = self
+            .std_layer()
+            .then(|| self.blocks.get(self.out.index, model));
+        let Some(blocks) = blocks.flatten() else {
             // No std layer: the chain resident's store time is the one kept.
             return chain_stored_at;
         };
@@ -719,7 +743,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let base = self.state.base_model;
         for hash in &removed.block_hashes {
             let (chains, state) = self.chain_edit();
-            let Some(held) = state.find(hash, chains) else {
+            let Some((held, spot)) = state.find_placed(hash, chains) else {
                 self.stats.unknown_removes += 1;
                 self.out.unknown_remove(base, hash);
                 continue;
@@ -738,7 +762,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             } else {
                 self.state.set_media(hash, left);
             }
-            let stored_at = self.drop_engine_media(model, std, chain, taken, gone);
+            let stored_at = self.drop_engine_media(model, std, (chain, spot), taken, gone);
             let state = (!gone).then_some(EngineState {
                 std_hash: std,
                 media: left,

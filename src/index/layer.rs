@@ -222,7 +222,10 @@ pub(crate) fn drop_from(
     removed: MediaSet,
     slot_gone: bool,
 ) -> Option<((Change, u32), bool)> {
-    let edit = |resident: &mut Resident| {
+    // The edit is made on a copy and kept only if the resident stays: one that goes is
+    // removed as it was (a run would split its span for the edit, then join it back).
+    let edit = |kept: &mut Resident| {
+        let mut resident = *kept;
         let stored_at = resident.stored_at;
         let copies = resident.copies();
         if copies > 1 {
@@ -249,6 +252,9 @@ pub(crate) fn drop_from(
                 dups.remove(&dup_key);
             }
             drop_resident |= left == 0;
+        }
+        if !drop_resident {
+            *kept = resident;
         }
         (stored_at, drop_resident)
     };

@@ -85,14 +85,21 @@ impl Span {
     }
 }
 
+/// The hashes of one run position. The std (or content) hash is a function of the block's
+/// tokens, as the chain hash is of its tokens and prefix, so every source holding the block
+/// shares it (sources keep a spot rather than both hashes, [`super::source`]).
+#[derive(Debug, Clone, Copy)]
+struct Hashes {
+    chain: u64,
+    std: u64,
+}
+
 /// A run of chain blocks and who holds which part of it.
 #[derive(Debug, Default)]
 struct Node {
-    hashes: Vec<u64>,
-    /// The std (or content) hash of each position: a function of the block's tokens, as the
-    /// chain hash is of its tokens and prefix, so every source holding the block shares it
-    /// (sources keep a spot rather than both hashes, [`super::source`]).
-    stds: Vec<u64>,
+    /// Each position's chain hash and std hash, side by side: a source reading its block
+    /// reads both, in one cache line.
+    blocks: Vec<Hashes>,
     /// Spans of one source never overlap.
     spans: Vec<Span>,
 }
@@ -214,7 +221,7 @@ impl ChainRuns {
             Some(p) if self.extends(p) => p.node,
             None if alone => {
                 let open = self.open.filter(|id| {
-                    let len = self.nodes[*id as usize].hashes.len();
+                    let len = self.nodes[*id as usize].blocks.len();
                     len > 0 && len < MAX_RUN
                 });
                 let node = open.unwrap_or_else(|| self.new_node());
@@ -234,14 +241,15 @@ impl ChainRuns {
     /// The chain hash at `spot`, if the run still reaches it.
     fn at(&self, spot: Spot) -> Option<u64> {
         let node = self.nodes.get(spot.node as usize)?;
-        node.hashes.get(spot.pos as usize).copied()
+        node.blocks.get(spot.pos as usize).map(|b| b.chain)
     }
 
     /// The chain hash and the std hash at `spot`, if the run still reaches it.
     pub(crate) fn hashes_at(&self, spot: Spot) -> Option<(u64, u64)> {
         let node = self.nodes.get(spot.node as usize)?;
         let pos = spot.pos as usize;
-        Some((*node.hashes.get(pos)?, *node.stds.get(pos)?))
+        let block = node.blocks.get(pos)?;
+        Some((block.chain, block.std))
     }
 
     /// The spot of `hash`: right after or before the block edited last without a probe (an
@@ -262,17 +270,16 @@ impl ChainRuns {
     /// Puts `hash` at the end of node `id`'s run.
     fn append(&mut self, id: u32, hash: u64, std: u64) -> Spot {
         let node = &mut self.nodes[id as usize];
-        node.hashes.push(hash);
-        node.stds.push(std);
+        node.blocks.push(Hashes { chain: hash, std });
         Spot {
             node: id,
-            pos: node.hashes.len() as u32 - 1,
+            pos: node.blocks.len() as u32 - 1,
         }
     }
 
     /// Whether a block after `parent` may extend the parent's run.
     fn extends(&self, parent: Spot) -> bool {
-        let len = self.nodes[parent.node as usize].hashes.len();
+        let len = self.nodes[parent.node as usize].blocks.len();
         parent.pos as usize + 1 == len && len < MAX_RUN
     }
 
@@ -289,8 +296,8 @@ impl ChainRuns {
     fn release(&mut self, id: u32) {
         let node = &mut self.nodes[id as usize];
         if node.spans.is_empty() {
-            for hash in node.hashes.drain(..) {
-                self.locator.remove(&hash);
+            for block in node.blocks.drain(..) {
+                self.locator.remove(&block.chain);
             }
             *node = Node::default();
             self.free.push(id);
@@ -299,13 +306,12 @@ impl ChainRuns {
             }
             return;
         }
-        while let Some(&last) = node.hashes.last() {
-            if node.held(node.hashes.len() as u16 - 1) {
+        while let Some(&last) = node.blocks.last() {
+            if node.held(node.blocks.len() as u16 - 1) {
                 break;
             }
-            node.hashes.pop();
-            node.stds.pop();
-            self.locator.remove(&last);
+            node.blocks.pop();
+            self.locator.remove(&last.chain);
         }
     }
 
@@ -326,7 +332,7 @@ impl ChainRuns {
         let (spot, created) = self.place(key, std, parent);
         held.note(spot.node);
         let mut block = self.open(spot);
-        let same_std = block.node.stds.get(block.pos as usize) == Some(&std);
+        let same_std = (block.node.blocks.get(block.pos as usize)).is_some_and(|b| b.std == std);
         let spot = same_std.then_some(spot);
         // A block nobody holds gets the editor as its first resident, as a new map entry
         // would; with media added that is what the rules below do too, without the scan.
@@ -340,18 +346,19 @@ impl ChainRuns {
         (change, duplicate, spot)
     }
 
-    /// Takes `removed` media off the editor's resident of chain block `key`
-    /// ([`layer::drop_media`]).
+    /// Takes `removed` media off the editor's resident of chain block `key`, at `spot` when
+    /// the caller knows it ([`layer::drop_media`]).
     pub(crate) fn drop_media(
         &mut self,
         (dups, held): (&mut DupCounts, &mut HeldRuns),
-        key: u64,
+        (key, spot): (u64, Option<Spot>),
         who: Editor,
         removed: MediaSet,
         slot_gone: bool,
     ) -> Option<(Change, u32)> {
         // A source that holds no resident there is answered `None` by the rules below.
-        let spot = self.find(key)?;
+        let known = spot.filter(|s| self.at(*s) == Some(key));
+        let spot = known.or_else(|| self.find(key))?;
         self.last = Some((key, spot));
         let dup_key = (layer::CHAIN_DUPS, key);
         let mut block = self.open(spot);
@@ -472,7 +479,7 @@ impl ChainRuns {
     pub(crate) fn for_each_block(&self, mut visit: impl FnMut(&[Resident])) {
         let mut residents = Vec::new();
         for node in &self.nodes {
-            for pos in 0..node.hashes.len() as u16 {
+            for pos in 0..node.blocks.len() as u16 {
                 residents.clear();
                 residents.extend(node.residents_at(pos).copied());
                 if !residents.is_empty() {
@@ -499,7 +506,7 @@ impl ChainRuns {
         let nodes = self.nodes.capacity() * std::mem::size_of::<Node>();
         let runs: usize = (self.nodes.iter())
             .map(|n| {
-                (n.hashes.capacity() + n.stds.capacity()) * 8
+                n.blocks.capacity() * std::mem::size_of::<Hashes>()
                     + n.spans.capacity() * std::mem::size_of::<Span>()
             })
             .sum();
@@ -515,7 +522,7 @@ impl ChainRuns {
         if self.free.len() > 1024 && self.free.len() * 2 > self.nodes.len() {
             // Trailing free nodes go; ids of the rest stay as they are.
             let mut top = self.nodes.len();
-            while top > 0 && self.nodes[top - 1].hashes.is_empty() {
+            while top > 0 && self.nodes[top - 1].blocks.is_empty() {
                 top -= 1;
             }
             self.nodes.truncate(top);
@@ -530,7 +537,7 @@ impl ChainRuns {
 /// position up to which they stay the same.
 fn fingerprint_at(node: &Node, pos: u16) -> (Option<u64>, u16) {
     let mut fingerprint = None;
-    let mut stable_to = node.hashes.len().saturating_sub(1) as u16;
+    let mut stable_to = node.blocks.len().saturating_sub(1) as u16;
     for s in &node.spans {
         if s.covers(pos) {
             fingerprint = Some(fingerprint.unwrap_or(0) ^ owner_key(&s.resident));
@@ -773,11 +780,16 @@ mod tests {
     /// position, a source's spans apart and not touching with the same resident).
     fn run_residents(runs: &ChainRuns) -> Vec<(u64, Vec<Resident>)> {
         for node in &runs.nodes {
-            assert_eq!(
-                node.hashes.len(),
-                node.stds.len(),
-                "a position without its std"
-            );
+            // Every position is in the locator, at that position.
+            for (pos, block) in node.blocks.iter().enumerate() {
+                let spot = runs.locator.get(&block.chain).map(|s| (s.node, s.pos));
+                let here = runs.nodes.iter().position(|n| std::ptr::eq(n, node));
+                assert_eq!(
+                    spot,
+                    here.map(|n| (n as u32, pos as u32)),
+                    "{block:?} misplaced"
+                );
+            }
             for pair in node.spans.windows(2) {
                 let [a, b] = pair else { continue };
                 let key = |s: &Span| (s.resident.pod(), s.resident.rank(), s.from);
@@ -845,7 +857,13 @@ mod tests {
                         let want = layer::drop_media(&map, dups, dup_key, key, who, media, slot_gone);
                         let dups = run_dups.entry(source).or_default();
                         let held = run_held.entry(source).or_default();
-                        let got = runs.drop_media((dups, held), key, who, media, slot_gone);
+                        // The caller's spot: right, stale (another block's) or none.
+                        let spot = match key % 3 {
+                            0 => runs.spot(key),
+                            1 => Some(Spot { node: 0, pos: 0 }),
+                            _ => None,
+                        };
+                        let got = runs.drop_media((dups, held), (key, spot), who, media, slot_gone);
                         proptest::prop_assert_eq!(want, got);
                     }
                     Op::Clear { source } => {
@@ -905,7 +923,7 @@ mod tests {
             store_chain(&mut runs, (&mut dups, &mut held), pod, 1..=100);
         }
         assert_eq!(runs.nodes.len(), 1);
-        assert_eq!(runs.nodes[0].hashes.len(), 100);
+        assert_eq!(runs.nodes[0].blocks.len(), 100);
         assert_eq!(runs.nodes[0].spans.len(), 2);
     }
 
@@ -916,14 +934,14 @@ mod tests {
         let mut held = HeldRuns::default();
         store_chain(&mut runs, (&mut dups, &mut held), 1, 1..=10);
         assert!(runs
-            .drop_media((&mut dups, &mut held), 5, who(1, 10), gpu(), true)
+            .drop_media((&mut dups, &mut held), (5, None), who(1, 10), gpu(), true)
             .is_some());
         assert_eq!(pods_at(&runs, 5), Vec::<u32>::new());
         assert_eq!(pods_at(&runs, 6), vec![1]);
         assert_eq!(runs.nodes[0].spans.len(), 2);
         // The later blocks can still be removed: nothing was truncated.
         assert!(runs
-            .drop_media((&mut dups, &mut held), 10, who(1, 10), gpu(), true)
+            .drop_media((&mut dups, &mut held), (10, None), who(1, 10), gpu(), true)
             .is_some());
         assert_eq!(runs.len(), 9, "the tail nobody holds is trimmed");
         runs.add_media(

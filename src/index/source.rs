@@ -368,21 +368,38 @@ impl SourceState {
     /// The slot of `hash` (as sent: an int key held with the other sign is not it), whatever
     /// its model, with its hashes read from `runs`.
     pub(crate) fn find(&self, hash: &BlockHash, runs: &ChainRuns) -> Option<HeldSlot> {
-        self.find_key(hash, runs).filter(|held| held.sent_as(hash))
+        self.find_placed(hash, runs).map(|(held, _)| held)
+    }
+
+    /// [`Self::find`], with the block's spot in the runs when the source keeps it there (an
+    /// edit of the chain block then needs no lookup of it).
+    pub(crate) fn find_placed(
+        &self,
+        hash: &BlockHash,
+        runs: &ChainRuns,
+    ) -> Option<(HeldSlot, Option<Spot>)> {
+        self.lookup(hash, runs)
+            .filter(|(held, _)| held.sent_as(hash))
     }
 
     /// The slot under `hash`'s key: for an int hash, whichever sign it was sent with (int
     /// keys hold only the 64 bits; see [`HeldSlot::sent_as`]).
     pub(crate) fn find_key(&self, hash: &BlockHash, runs: &ChainRuns) -> Option<HeldSlot> {
+        self.lookup(hash, runs).map(|(held, _)| held)
+    }
+
+    /// The slot under `hash`'s key, whatever its sign, and its spot if it has one.
+    fn lookup(&self, hash: &BlockHash, runs: &ChainRuns) -> Option<(HeldSlot, Option<Spot>)> {
         let base = self.base_model;
+        let placed = |slot: &RunSlot| Some((slot.resolve(base, runs)?, Some(slot.spot())));
         match key_of(hash) {
             Key::Int(key, _) => match self.ints.get(&key) {
-                Some(slot) => slot.resolve(base, runs),
-                None => self.whole_ints.get(&key).copied(),
+                Some(slot) => placed(slot),
+                None => self.whole_ints.get(&key).map(|held| (*held, None)),
             },
             Key::Bytes(b) => match self.bytes.get(b) {
-                Some(slot) => slot.resolve(base, runs),
-                None => self.whole_bytes.get(b).copied(),
+                Some(slot) => placed(slot),
+                None => self.whole_bytes.get(b).map(|held| (*held, None)),
             },
         }
     }
