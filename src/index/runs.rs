@@ -555,6 +555,19 @@ impl BlockMut<'_> {
     fn set(&mut self, at: usize, new: Resident) {
         let pos = self.pos;
         let span = self.node.spans[at];
+        // A run stored again block after block: the edited position is the span's first and
+        // the span before already holds the new resident up to it, so it moves over by one
+        // with no split.
+        if pos == span.from && self.grow_before(at, new) {
+            if span.to == pos {
+                self.node.spans.remove(at);
+                // The grown span may now meet the next one of the source.
+                self.coalesce(at - 1);
+            } else {
+                self.node.spans[at].from = pos + 1;
+            }
+            return;
+        }
         let mid = Span {
             resident: new,
             from: pos,
@@ -565,6 +578,31 @@ impl BlockMut<'_> {
         let pieces = left.into_iter().chain([mid]).chain(right);
         self.node.spans.splice(at..=at, pieces);
         self.coalesce(at + usize::from(left.is_some()));
+    }
+
+    /// Grows the span before `at` over this position when it holds `resident` (so the same
+    /// source) and ends right before it, merging it with the span at `at` when that one
+    /// then follows on with the same resident; says whether it did. The position must be
+    /// free of the source's spans from `at` on (or be the first of span `at`, which the
+    /// caller gives up).
+    fn grow_before(&mut self, at: usize, resident: Resident) -> bool {
+        let pos = self.pos;
+        let Some(prev) = at.checked_sub(1) else {
+            return false;
+        };
+        let spans = &mut self.node.spans;
+        if spans[prev].resident != resident || u32::from(spans[prev].to) + 1 != u32::from(pos) {
+            return false;
+        }
+        spans[prev].to = pos;
+        // The span after it may now follow on (a hole filled); the caller's own span at
+        // `at`, if it starts here, is handled by the caller.
+        let next = (spans.get(at)).filter(|n| n.from == pos + 1 && n.resident == resident);
+        if let Some(next) = next.copied() {
+            spans[prev].to = next.to;
+            spans.remove(at);
+        }
+        true
     }
 
     /// Merges span `at` with the spans right before and after it that hold the same
@@ -602,15 +640,9 @@ impl Node {
         (span.is(pod, rank) && span.covers(pos)).then_some(at)
     }
 
-    /// Puts `span` in its place in span order; returns where.
+    /// Whether `(pod, rank)` holds any position of the run.
     fn has(&self, pod: u32, rank: u8) -> bool {
         (self.spans.get(self.seek(pod, rank, 0))).is_some_and(|s| s.is(pod, rank))
-    }
-
-    fn insert(&mut self, span: Span) -> usize {
-        let at = self.seek(span.resident.pod(), span.resident.rank(), span.from);
-        self.spans.insert(at, span);
-        at
     }
 }
 
@@ -650,11 +682,18 @@ impl ResidentSet for BlockMut<'_> {
 
     fn push(&mut self, resident: Resident) {
         let pos = self.pos;
-        let at = self.node.insert(Span {
+        let at = self.node.seek(resident.pod(), resident.rank(), pos);
+        // A source storing a run block after block: its span before grows by one, with no
+        // insert (and no shift of the spans after it).
+        if self.grow_before(at, resident) {
+            return;
+        }
+        let span = Span {
             resident,
             from: pos,
             to: pos,
-        });
+        };
+        self.node.spans.insert(at, span);
         self.coalesce(at);
     }
 
@@ -721,6 +760,13 @@ mod tests {
     /// One edit of the equivalence test below.
     #[derive(Debug, Clone)]
     enum Op {
+        Run {
+            source: (u32, u8),
+            first: u64,
+            last: u64,
+            media: u8,
+            now: u32,
+        },
         Add {
             source: (u32, u8),
             key: u64,
@@ -763,8 +809,36 @@ mod tests {
                 .prop_map(|(source, key, media, slot_gone)| Op::Drop {
                     source, key, media, slot_gone,
                 }),
-            1 => source.prop_map(|source| Op::Clear { source }),
+            1 => source.clone().prop_map(|source| Op::Clear { source }),
+            // A source storing a run of blocks in order, as engines do (again, mostly).
+            2 => (source, 1u64..16, 1u64..8, 1u8..8, 0u32..3).prop_map(|(source, first, len, media, now)| {
+                Op::Run { source, first, last: (first + len).min(15), media, now }
+            }),
         ]
+    }
+
+    /// The adds of a run, block after block; other ops as they are.
+    fn expand(op: Op) -> Vec<Op> {
+        match op {
+            Op::Run {
+                source,
+                first,
+                last,
+                media,
+                now,
+            } => (first..=last)
+                .map(|key| Op::Add {
+                    source,
+                    key,
+                    after_previous: key > first,
+                    alone: false,
+                    media,
+                    new_copy: false,
+                    now,
+                })
+                .collect(),
+            op => vec![op],
+        }
     }
 
     /// The residents of every block, sorted, as the block map holds them.
@@ -831,8 +905,9 @@ mod tests {
             let mut map_dups: HashMap<(u32, u8), DupCounts> = HashMap::new();
             let mut run_dups: HashMap<(u32, u8), DupCounts> = HashMap::new();
             let mut run_held: HashMap<(u32, u8), HeldRuns> = HashMap::new();
-            for op in ops {
+            for op in ops.into_iter().flat_map(expand) {
                 match op {
+                    Op::Run { .. } => unreachable!("runs are expanded into adds"),
                     Op::Add { source, key, after_previous, alone, media, new_copy, now } => {
                         let who = Editor { pod: source.0, rank: source.1, now, pod_values: true };
                         let dup_key = (layer::CHAIN_DUPS, key);
