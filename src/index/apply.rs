@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::counters::{CountDelta, EntryCounter};
 use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
-use super::layer::{self, Editor};
+use super::layer::{self, Change, Editor};
 use super::runs::{ChainRuns, Spot};
 use super::source::{twin_of, HeldSlot, SourceState};
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
@@ -272,6 +272,13 @@ impl<S: DeltaSink> Out<'_, S> {
         }
         self.counted.record(before, after);
         true
+    }
+
+    /// [`Self::count`] for `times` fields with the same change.
+    fn count_times(&mut self, (before, after): Change, times: u32) {
+        if before != after {
+            self.counted.record_times(before, after, i64::from(times));
+        }
     }
 
     /// Tells the sink that `engine_hash` now maps to `std`, or to nothing; clones the hash
@@ -821,9 +828,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         }
         let held = std::mem::take(&mut self.state.runs);
         let out = &mut self.out;
-        chains.drop_source(held, chain_who, |(before, after)| {
+        chains.drop_source(held, chain_who, |change, times| {
             if !std_layer {
-                out.count(before, after);
+                out.count_times(change, times);
             }
         });
         self.state.clear();

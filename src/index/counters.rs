@@ -32,15 +32,26 @@ pub(crate) struct CountDelta {
 impl CountDelta {
     /// Counts one pod-level field going from `before` to `after`.
     pub(crate) fn record(&mut self, before: Option<FieldValue>, after: Option<FieldValue>) {
+        self.record_times(before, after, 1);
+    }
+
+    /// Counts `times` pod-level fields each going from `before` to `after` (a source clear
+    /// drops a span of blocks with one value at once).
+    pub(crate) fn record_times(
+        &mut self,
+        before: Option<FieldValue>,
+        after: Option<FieldValue>,
+        times: i64,
+    ) {
         let media = |v: Option<FieldValue>| v.map_or(MediaSet::EMPTY, |v| v.media);
         let (old, new) = (media(before), media(after));
         for m in old.difference(new).iter() {
-            self.by_slot[m.slot() as usize] -= 1;
+            self.by_slot[m.slot() as usize] -= times;
         }
         for m in new.difference(old).iter() {
-            self.by_slot[m.slot() as usize] += 1;
+            self.by_slot[m.slot() as usize] += times;
         }
-        self.total += i64::from(after.is_some()) - i64::from(before.is_some());
+        self.total += times * (i64::from(after.is_some()) - i64::from(before.is_some()));
     }
 }
 

@@ -376,13 +376,14 @@ impl ChainRuns {
     /// Removes every resident of the editor's source from the runs it holds spans in
     /// (`held`, a source clear): each run is edited once, whatever the number of its blocks
     /// the source held, and none of its blocks is looked up. Calls `changed` with the pod's
-    /// value before and after for every chain block whose value the editor reads
-    /// ([`Editor::values`]).
+    /// value before and after, and the number of chain blocks it changed for, for every
+    /// chain block whose value the editor reads ([`Editor::values`]): once per span when the
+    /// pod has no other DP rank in the run (the common case), else per block.
     pub(crate) fn drop_source(
         &mut self,
         held: HeldRuns,
         who: Editor,
-        mut changed: impl FnMut(Change),
+        mut changed: impl FnMut(Change, u32),
     ) {
         let mut gone = Vec::new();
         for id in held.ids {
@@ -404,11 +405,16 @@ impl ChainRuns {
                 let others = &node.spans[first..first + ranks];
                 for span in &gone {
                     let own = own_value(&span.resident);
+                    if others.is_empty() {
+                        let blocks = u32::from(span.to - span.from) + 1;
+                        changed(who.values(None, own, None), blocks);
+                        continue;
+                    }
                     for pos in span.from..=span.to {
                         let others = (others.iter())
                             .filter(|s| s.covers(pos))
                             .fold(None, |v, s| merge(v, own_value(&s.resident)));
-                        changed(who.values(others, own, None));
+                        changed(who.values(others, own, None), 1);
                     }
                 }
             }
@@ -953,7 +959,9 @@ mod tests {
                         }
                         let mut got = Vec::new();
                         let runs_held = run_held.remove(&source).unwrap_or_default();
-                        runs.drop_source(runs_held, who, |change| got.push(change));
+                        runs.drop_source(runs_held, who, |change, times| {
+                            got.extend(std::iter::repeat_n(change, times as usize));
+                        });
                         let order = |c: &Change| format!("{c:?}");
                         want.sort_by_key(order);
                         got.sort_by_key(order);
@@ -1029,9 +1037,9 @@ mod tests {
         );
         assert_eq!(runs.nodes[0].spans.len(), 1, "the run is whole again");
         let mut changes = 0;
-        runs.drop_source(held, who(1, 10), |(before, after)| {
+        runs.drop_source(held, who(1, 10), |(before, after), times| {
             assert!(before.is_some() && after.is_none());
-            changes += 1;
+            changes += times;
         });
         assert_eq!(changes, 9);
         assert_eq!((runs.len(), runs.free.len()), (0, 1));
