@@ -25,6 +25,7 @@ use std::cell::Cell;
 
 use hashbrown::HashMap;
 
+use super::delta::FieldValue;
 use super::layer::{self, Change, DupCounts, Editor, ResidentSet};
 use super::query::Visit;
 use super::residents::{merge, own_value, owner_key, Edited, Resident};
@@ -179,6 +180,10 @@ pub(crate) struct Cursor {
 pub(crate) struct BlockMut<'a> {
     node: &'a mut Node,
     pos: u16,
+    /// Where the source the last lookup found no span of would have its span for this
+    /// position (the binary search a `push` after that lookup needs is done already);
+    /// cleared by every change of the spans.
+    vacant: Option<(u32, u8, usize)>,
 }
 
 impl ChainRuns {
@@ -191,6 +196,7 @@ impl ChainRuns {
         BlockMut {
             node: &mut self.nodes[spot.node as usize],
             pos: spot.pos as u16,
+            vacant: None,
         }
     }
 
@@ -646,6 +652,22 @@ impl Node {
         (span.is(pod, rank) && span.covers(pos)).then_some(at)
     }
 
+    /// The value at `pos` of `pod`'s DP ranks other than `rank` (`None` when none holds
+    /// it). A pod's spans sit together in span order, by rank, so a pod with one rank (the
+    /// common case) is answered by two binary searches without a scan.
+    fn other_ranks(&self, pod: u32, rank: u8, pos: u16) -> Option<FieldValue> {
+        let first = self.seek(pod, 0, 0);
+        let len = self.spans[first..].partition_point(|s| s.resident.pod() == pod);
+        let group = &self.spans[first..first + len];
+        let only_ours = |s: Option<&Span>| s.is_none_or(|s| s.resident.rank() == rank);
+        if only_ours(group.first()) && only_ours(group.last()) {
+            return None;
+        }
+        (group.iter())
+            .filter(|s| s.resident.rank() != rank && s.covers(pos))
+            .fold(None, |v, s| merge(v, own_value(&s.resident)))
+    }
+
     /// Whether `(pod, rank)` holds any position of the run.
     fn has(&self, pod: u32, rank: u8) -> bool {
         (self.spans.get(self.seek(pod, rank, 0))).is_some_and(|s| s.is(pod, rank))
@@ -661,24 +683,26 @@ impl ResidentSet for BlockMut<'_> {
         edit: impl FnOnce(&mut Resident) -> R,
     ) -> Edited<R> {
         let pos = self.pos;
-        let at = self.node.find(pod, rank, pos);
-        let mut other = None;
-        if others {
-            let first = self.node.seek(pod, 0, 0);
-            for s in self.node.spans[first..].iter() {
-                if s.resident.pod() != pod {
-                    break;
-                }
-                if s.resident.rank() != rank && s.covers(pos) {
-                    other = merge(other, own_value(&s.resident));
-                }
-            }
-        }
+        // The source's spans starting after `pos` begin here; the one before, if any of
+        // the source's, is the only one that may cover `pos`. With none covering it, this
+        // is also where a span of it for `pos` goes.
+        let after = self.node.seek(pod, rank, pos + 1);
+        let at = (after.checked_sub(1)).filter(|&i| {
+            let span = &self.node.spans[i];
+            span.is(pod, rank) && span.covers(pos)
+        });
+        self.vacant = at.is_none().then_some((pod, rank, after));
+        let other = if others {
+            self.node.other_ranks(pod, rank, pos)
+        } else {
+            None
+        };
         let edited = at.map(|i| {
             let old = self.node.spans[i].resident;
             let mut new = old;
             let out = edit(&mut new);
             if new != old {
+                self.vacant = None;
                 self.set(i, new);
             }
             (out, old, new)
@@ -688,7 +712,11 @@ impl ResidentSet for BlockMut<'_> {
 
     fn push(&mut self, resident: Resident) {
         let pos = self.pos;
-        let at = self.node.seek(resident.pod(), resident.rank(), pos);
+        let (pod, rank) = (resident.pod(), resident.rank());
+        let at = match self.vacant.take() {
+            Some((p, r, at)) if (p, r) == (pod, rank) => at,
+            _ => self.node.seek(pod, rank, pos),
+        };
         // A source storing a run block after block: its span before grows by one, with no
         // insert (and no shift of the spans after it).
         if self.grow_before(at, resident) {
@@ -704,6 +732,7 @@ impl ResidentSet for BlockMut<'_> {
     }
 
     fn remove(&mut self, pod: u32, rank: u8) -> bool {
+        self.vacant = None;
         let pos = self.pos;
         if let Some(at) = self.node.find(pod, rank, pos) {
             let (left, right) = self.node.spans[at].around(pos);
