@@ -594,8 +594,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
 
     /// Takes `removed` media off the source's resident of chain block `chain` (none when 0;
     /// found at `spot` when given; `slot_gone` when the engine block itself went), counted
-    /// likewise; returns the
-    /// resident's last store time (0 when the source held no such block).
+    /// likewise; returns the resident's last store time (0 when the source held no such
+    /// block).
     fn drop_chain_media(
         &mut self,
         (chain, spot): (u64, Option<Spot>),
