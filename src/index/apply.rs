@@ -792,40 +792,18 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let chain_who = self.chain_editor();
         let index = self.out.index;
         let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
-        // The source's slots read their hashes from the runs: everything that reads them
-        // goes before the source's spans do. A `prefix`-only index has no std block to take
-        // the source out of.
-        let std_slots = std_layer.then(|| self.state.slots(chains));
-        for slot in std_slots.into_iter().flatten() {
-            let model = slot.model();
-            let Some(blocks) = self.blocks.get(index, model) else {
-                continue;
-            };
-            let dropped = match blocks {
-                Blocks::Own(map) => layer::drop_resident(map, slot.std(), who),
-                Blocks::Lora(map, m) => layer::drop_resident(map, (*m, slot.std()), who),
-            };
-            if let Some((before, after)) = dropped {
-                if whole {
-                    self.out.count(before, after);
-                } else {
-                    self.out.field(model, slot.std(), before, after);
-                }
-            }
-        }
-        if whole {
-            let blocks = self.state.take_blocks(chains);
-            let (pod, rank, engine) = (PodId(self.out.pod), self.out.rank, self.out.engine);
-            let cleared = ClearedBlocks::new(pod, rank, engine, blocks);
-            if !cleared.is_empty() {
-                self.out.sink.push_cleared(cleared);
-            }
-        } else if wants_mappings {
-            for (engine_hash, held) in self.state.entries(chains) {
-                self.out.engine_state(held.model(), &engine_hash, None);
-                self.out.mapping_owned(engine_hash, None);
-            }
-        }
+        // The source's slots read their hashes from the runs, so what needs them is read
+        // out before the source's spans go. The runs are then unlocked for the rest, which
+        // edits a std block per engine block and must not hold queries back that long. A
+        // `prefix`-only index has no std block to take the source out of.
+        let std_blocks: Vec<(u32, u64)> = if std_layer {
+            (self.state.slots(chains))
+                .map(|s| (s.model(), s.std()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let taken = (whole || wants_mappings).then(|| self.state.take_blocks(chains));
         let held = std::mem::take(&mut self.state.runs);
         let out = &mut self.out;
         chains.drop_source(held, chain_who, |change, times| {
@@ -833,6 +811,39 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 out.count_times(change, times);
             }
         });
+        self.chains = None;
+        for (model, std) in std_blocks {
+            let Some(blocks) = self.blocks.get(index, model) else {
+                continue;
+            };
+            let dropped = match blocks {
+                Blocks::Own(map) => layer::drop_resident(map, std, who),
+                Blocks::Lora(map, m) => layer::drop_resident(map, (*m, std), who),
+            };
+            if let Some((before, after)) = dropped {
+                if whole {
+                    self.out.count(before, after);
+                } else {
+                    self.out.field(model, std, before, after);
+                }
+            }
+        }
+        match taken {
+            Some(blocks) if whole => {
+                let (pod, rank, engine) = (PodId(self.out.pod), self.out.rank, self.out.engine);
+                let cleared = ClearedBlocks::new(pod, rank, engine, blocks);
+                if !cleared.is_empty() {
+                    self.out.sink.push_cleared(cleared);
+                }
+            }
+            Some(blocks) => {
+                for (engine_hash, held) in blocks.into_entries() {
+                    self.out.engine_state(held.model(), &engine_hash, None);
+                    self.out.mapping_owned(engine_hash, None);
+                }
+            }
+            None => {}
+        }
         self.state.clear();
     }
 }

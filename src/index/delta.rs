@@ -238,9 +238,9 @@ impl DeltaChunk {
 
 /// Receives the deltas of one `apply` call, in order.
 ///
-/// A sink is called while the index holds the source's lock and the chain runs' write lock,
-/// so it must not call back into the index: it buffers, and the caller reads the index once
-/// `apply` returned (as the Redis mirror does).
+/// A sink is called while the index holds the source's lock and, for most deltas, the chain
+/// runs' write lock, so it must not call back into the index: it buffers, and the caller
+/// reads the index once `apply` returned (as the Redis mirror does).
 pub trait DeltaSink {
     /// Whether mapping-key deltas are wanted (building them clones engine hashes).
     fn wants_mappings(&self) -> bool {

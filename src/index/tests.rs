@@ -615,3 +615,38 @@ fn a_slot_moves_between_spot_and_whole_as_its_chain_is_learnt_and_reads_back_the
     assert_eq!(kinds(), (0, 0));
     assert_eq!(index.stats().engine_hashes, 0);
 }
+
+#[test]
+fn a_clear_edits_the_std_blocks_with_the_chain_runs_unlocked() {
+    /// Records, per field delta, whether a query could read the chain runs then.
+    struct Probe {
+        index: Index,
+        runs_free: Vec<bool>,
+    }
+    impl DeltaSink for Probe {
+        fn push(&mut self, delta: Delta) {
+            if let Delta::Field { .. } = delta {
+                let free = self.index.inner.chains.try_read().is_some();
+                self.runs_free.push(free);
+            }
+        }
+    }
+    let index = Index::new();
+    let src = index.register_source(&spec("p.ns", 0)).unwrap();
+    let store = stored(&[1, 2, 3], tokens(0, 3), "GPU");
+    index
+        .apply(src, &batch(vec![store]), 10, &mut Discard)
+        .unwrap();
+    let mut probe = Probe {
+        index: index.clone(),
+        runs_free: Vec::new(),
+    };
+    let clear = batch(vec![Event::AllBlocksCleared]);
+    index.apply(src, &clear, 11, &mut probe).unwrap();
+    assert_eq!(
+        probe.runs_free, [true; 3],
+        "a field delta per block, none under the lock"
+    );
+    assert!(index.dump().is_empty());
+    assert_eq!(index.chain_entries(), 0);
+}
