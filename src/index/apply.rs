@@ -4,12 +4,10 @@
 //! A [`Mutation`] is built per `apply` call while the source's lock is held; its steps take
 //! only what differs per block, the rest (source state, sink, store time, counters) is in it.
 
-use std::sync::Arc;
-
 use parking_lot::RwLockWriteGuard;
 use serde::Serialize;
 
-use super::counters::{CountDelta, EntryCounter};
+use super::counters::CountDelta;
 use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Change, Editor};
 use super::runs::{ChainRuns, Spot};
@@ -230,17 +228,15 @@ struct Out<'a, S: DeltaSink> {
     pod: u32,
     rank: u8,
     engine: Engine,
-    /// The pod's counter, looked up once per call rather than once per field.
-    pod_entries: Arc<EntryCounter>,
-    /// This call's field changes, added to both counters when it ends.
+    /// This call's field changes, added to the index's and the pod's counters when it ends.
     counted: CountDelta,
 }
 
-impl<S: DeltaSink> Drop for Out<'_, S> {
+impl<S: DeltaSink> Drop for Mutation<'_, S> {
     /// Adds the call's counts, whichever way the call ended.
     fn drop(&mut self) {
-        self.index.inner.entries.add(&self.counted);
-        self.pod_entries.add(&self.counted);
+        self.out.index.inner.entries.add(&self.out.counted);
+        self.state.pod_entries.add(&self.out.counted);
     }
 }
 
@@ -385,7 +381,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             pod: state.pod,
             rank: state.rank,
             engine: state.engine,
-            pod_entries: index.inner.pod_entries.of(state.pod),
             counted: CountDelta::default(),
         };
         Mutation {

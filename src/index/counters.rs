@@ -27,6 +27,9 @@ pub(crate) struct EntryCounter {
 pub(crate) struct CountDelta {
     total: i64,
     by_slot: [i64; MEDIA_SLOTS],
+    /// The slots `by_slot` changed in (a call mostly touches one or two), so adding the
+    /// delta visits only those.
+    touched: u32,
 }
 
 impl CountDelta {
@@ -51,6 +54,7 @@ impl CountDelta {
         for m in new.difference(old).iter() {
             self.by_slot[m.slot() as usize] += times;
         }
+        self.touched |= old.bits() ^ new.bits();
         self.total += times * (i64::from(after.is_some()) - i64::from(before.is_some()));
     }
 }
@@ -61,9 +65,13 @@ impl EntryCounter {
         if delta.total != 0 {
             self.total.fetch_add(delta.total, Ordering::Relaxed);
         }
-        for (slot, n) in delta.by_slot.iter().enumerate() {
-            if *n != 0 {
-                self.by_slot[slot].fetch_add(*n, Ordering::Relaxed);
+        let mut touched = delta.touched;
+        while touched != 0 {
+            let slot = touched.trailing_zeros() as usize;
+            touched &= touched - 1;
+            let n = delta.by_slot[slot];
+            if n != 0 {
+                self.by_slot[slot].fetch_add(n, Ordering::Relaxed);
             }
         }
     }

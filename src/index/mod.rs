@@ -300,7 +300,7 @@ impl Index {
         let model = (self.inner.models)
             .acquire(&spec.model)
             .ok_or(IndexError::TooManyModels)?;
-        self.inner.pod_entries.of(pod);
+        let pod_entries = self.inner.pod_entries.of(pod);
         let mut sources = self.inner.sources.write();
         for (id, slot) in sources.iter().enumerate() {
             if let Some(state) = slot {
@@ -314,6 +314,7 @@ impl Index {
         let models = self.inner.models.clone();
         let mut state = SourceState::new(pod, spec.dp_rank, spec.engine, model, models);
         state.base_seed = crate::hash::model_seed(&spec.model);
+        state.pod_entries = pod_entries;
         sources.push(Some(Arc::new(Mutex::new(state))));
         let id = SourceId(sources.len() as u32 - 1);
         drop(sources);
