@@ -503,14 +503,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             }
             (Some(old), Some(new)) => {
                 // The engine reused a hash for other content: the old block is gone.
-                self.state.remove(hash);
-                self.drop_engine_media(
-                    old.model(),
-                    old.std(),
-                    (old.chain(), None),
-                    old.media(),
-                    true,
-                );
+                self.drop_block(hash, old);
                 if old.model() != model {
                     // The checkpoint keys entries by model: the old model's entry goes.
                     self.out.engine_state(old.model(), hash, None);
@@ -547,16 +540,16 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// hash, its mapping key included.
     fn drop_twin(&mut self, hash: &BlockHash, old: HeldSlot) {
         let twin = twin_of(hash);
-        self.state.remove(&twin);
-        self.drop_engine_media(
-            old.model(),
-            old.std(),
-            (old.chain(), None),
-            old.media(),
-            true,
-        );
+        self.drop_block(&twin, old);
         self.out.engine_state(old.model(), &twin, None);
         self.out.mapping(&twin, None);
+    }
+
+    /// Takes engine block `hash`, held as `old`, out of the source and off its residents.
+    fn drop_block(&mut self, hash: &BlockHash, old: HeldSlot) {
+        self.state.remove(hash);
+        let chain = (old.chain(), None);
+        self.drop_engine_media(old.model(), old.std(), chain, old.media(), true);
     }
 
     /// Moves an engine block of std hash `std` held on `media` from chain block `from` to
