@@ -79,6 +79,7 @@ impl Index {
         let mut state = state.ok_or(IndexError::UnknownSource(source.0))?.lock();
         let mut mutation = Mutation::new(self, &mut state, sink, now);
         for event in &batch.events {
+            let removed_before = mutation.stats.blocks_removed;
             match event {
                 Event::BlockStored(stored) => mutation.stored(stored),
                 Event::BlockRemoved(removed) => mutation.removed(removed),
@@ -87,16 +88,26 @@ impl Index {
                     mutation.stats.clears += 1;
                 }
             }
+            if mutation.stats.blocks_removed > removed_before {
+                // While they are locked anyway: a check of two lengths, mostly.
+                if let Some(chains) = mutation.chains.as_mut() {
+                    chains.shrink();
+                }
+            }
             // Queries wait for a writer one event at most.
             mutation.chains = None;
         }
-        let stats = mutation.stats;
+        let (stats, dropped_lora) = (mutation.stats, mutation.dropped_lora);
         drop(mutation);
         state.settle();
         drop(state);
         drop(sources);
-        if stats.blocks_removed > 0 || stats.clears > 0 {
+        if stats.clears > 0 {
             self.shrink_shared();
+        } else if dropped_lora {
+            // The adapters' map is checked only by calls that took blocks out of it: its
+            // length is a walk of its shards.
+            shrink_sparse(self.inner.models.lora_blocks());
         }
         Ok(stats)
     }
@@ -368,6 +379,9 @@ struct Mutation<'a, S: DeltaSink> {
     /// The chain runs, write-locked from the event's first chain edit to its end: one lock
     /// per event rather than one per block.
     chains: Option<RwLockWriteGuard<'a, ChainRuns>>,
+    /// Whether this call took a LoRA adapter's block off its residents (the adapters'
+    /// shared map may then be worth shrinking).
+    dropped_lora: bool,
     /// Whether the event being applied stores one block alone (a new chain start of it
     /// shares a run with other such starts; see [`ChainRuns`]).
     alone: bool,
@@ -392,6 +406,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             state,
             out,
             chains: None,
+            dropped_lora: false,
             alone: true,
             blocks: BlocksCache::default(),
             now,
@@ -700,6 +715,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         slot_gone: bool,
     ) -> u32 {
         let who = self.editor();
+        self.dropped_lora |= model != self.state.base_model;
         let chain_stored_at = self.drop_chain_media(chain, removed, slot_gone);
         let blocks = self
             .std_layer()
