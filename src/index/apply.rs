@@ -195,6 +195,7 @@ impl Index {
         let (pod, rank) = {
             let mut state = state.lock();
             Mutation::new(self, &mut state, sink, 0).clear();
+            self.keep_departed_counts(state.pod, &std::mem::take(&mut state.counted));
             (state.pod, state.rank)
         };
         self.shrink_shared();
@@ -244,15 +245,14 @@ struct Out<'a, S: DeltaSink> {
     pod: u32,
     rank: u8,
     engine: Engine,
-    /// This call's field changes, added to the index's and the pod's counters when it ends.
+    /// This call's field changes, added to its source's counts when it ends.
     counted: CountDelta,
 }
 
 impl<S: DeltaSink> Drop for Mutation<'_, S> {
     /// Adds the call's counts, whichever way the call ended.
     fn drop(&mut self) {
-        self.out.index.inner.entries.add(&self.out.counted);
-        self.state.pod_entries.add(&self.out.counted);
+        self.state.counted.merge(&self.out.counted);
     }
 }
 

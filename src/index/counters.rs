@@ -1,9 +1,13 @@
 //! Resident (block, pod) entry counters, kept as fields change so that metrics and
-//! `GET /v1/pods` read them in O(1) instead of walking the index.
+//! `GET /v1/pods` read them without walking the index.
 //!
 //! Every pod-level field change is counted in the apply call's [`CountDelta`], which is added
-//! twice at the call's end: to the whole index's counter and to the pod's. So the counters
-//! are exact whenever no apply is in flight.
+//! at the call's end to its source's running counts (plain integers under the source's lock:
+//! no shared atomic is written per call). A reader sums the sources' counts (a walk of the
+//! sources, not the blocks) and what departed sources left ([`EntryCounter`], the index's
+//! and each pod's: a change a source counted may be undone by another of the pod's DP ranks,
+//! so a source's counts are folded in when it is unregistered, never dropped). So the counts
+//! are exact whenever no apply or source removal is in flight.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -14,16 +18,15 @@ use super::delta::FieldValue;
 use super::{Index, PodId};
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
 
-/// Entries in total and per medium slot.
+/// Entries in total and per medium slot left by unregistered sources.
 #[derive(Default)]
 pub(crate) struct EntryCounter {
     total: AtomicI64,
     by_slot: [AtomicI64; MEDIA_SLOTS],
 }
 
-/// Field changes counted by one apply call, added to the shared counters once at its end:
-/// a call changes many fields, and each shared counter is an atomic other threads touch.
-#[derive(Debug, Default)]
+/// Field changes counted by one apply call, or the running sum of a source's calls.
+#[derive(Debug, Default, Clone)]
 pub(crate) struct CountDelta {
     total: i64,
     by_slot: [i64; MEDIA_SLOTS],
@@ -59,8 +62,22 @@ impl CountDelta {
     }
 }
 
+impl CountDelta {
+    /// Adds `other`'s counts.
+    pub(crate) fn merge(&mut self, other: &CountDelta) {
+        self.total += other.total;
+        let mut touched = other.touched;
+        while touched != 0 {
+            let slot = touched.trailing_zeros() as usize;
+            touched &= touched - 1;
+            self.by_slot[slot] += other.by_slot[slot];
+        }
+        self.touched |= other.touched;
+    }
+}
+
 impl EntryCounter {
-    /// Adds the changes one call counted.
+    /// Adds a departed source's counts.
     pub(crate) fn add(&self, delta: &CountDelta) {
         if delta.total != 0 {
             self.total.fetch_add(delta.total, Ordering::Relaxed);
@@ -76,18 +93,15 @@ impl EntryCounter {
         }
     }
 
-    /// The total and the non-zero counts per medium spelling (`""` = no medium reported).
-    fn snapshot(&self) -> (u64, Vec<(&'static str, u64)>) {
-        let total = self.total.load(Ordering::Relaxed).max(0) as u64;
-        let per_medium = self
-            .by_slot
-            .iter()
+    /// The total and the non-zero counts per medium spelling (`""` = no medium reported),
+    /// with the live sources' counts `live`.
+    fn snapshot_with(&self, live: &CountDelta) -> (u64, Vec<(&'static str, u64)>) {
+        let total = (self.total.load(Ordering::Relaxed) + live.total).max(0) as u64;
+        let per_medium = (self.by_slot.iter().zip(&live.by_slot))
             .enumerate()
-            .map(|(slot, n)| {
-                (
-                    slot_medium(slot).spelling(),
-                    n.load(Ordering::Relaxed).max(0) as u64,
-                )
+            .map(|(slot, (n, live))| {
+                let n = n.load(Ordering::Relaxed) + live;
+                (slot_medium(slot).spelling(), n.max(0) as u64)
             })
             .filter(|(_, n)| *n > 0)
             .collect();
@@ -95,7 +109,8 @@ impl EntryCounter {
     }
 }
 
-/// One [`EntryCounter`] per pod id (ids are dense: the pod interner hands them out in order).
+/// One [`EntryCounter`] of departed sources per pod id (ids are dense: the pod interner
+/// hands them out in order).
 #[derive(Default)]
 pub(crate) struct PodCounters {
     by_pod: RwLock<Vec<Arc<EntryCounter>>>,
@@ -129,17 +144,34 @@ pub(crate) fn slot_medium(slot: usize) -> Medium {
 
 impl Index {
     /// Resident (block, pod) entries and their count per medium spelling, without walking the
-    /// index (kept up to date as fields change; for metrics).
+    /// blocks (kept up to date as fields change; a walk of the sources; for metrics).
     pub fn entry_counts(&self) -> (u64, Vec<(&'static str, u64)>) {
-        self.inner.entries.snapshot()
+        let mut live = CountDelta::default();
+        for source in self.live_sources() {
+            live.merge(&source.lock().counted);
+        }
+        self.inner.entries.snapshot_with(&live)
     }
 
-    /// The same figures for one pod (over all its DP ranks), in O(1): what `GET /v1/pods`
-    /// reports. A pod never registered has none.
+    /// The same figures for one pod (over all its DP ranks), from its sources: what
+    /// `GET /v1/pods` reports. A pod never registered has none.
     pub fn pod_entry_counts(&self, pod: PodId) -> (u64, Vec<(&'static str, u64)>) {
-        self.inner
-            .pod_entries
-            .get(pod.0)
-            .map_or((0, Vec::new()), |counter| counter.snapshot())
+        let Some(departed) = self.inner.pod_entries.get(pod.0) else {
+            return (0, Vec::new());
+        };
+        let mut live = CountDelta::default();
+        let ids = self.inner.pod_sources.read().get(&pod.0).cloned();
+        for id in ids.into_iter().flatten() {
+            if let Ok(source) = self.source(id) {
+                live.merge(&source.lock().counted);
+            }
+        }
+        departed.snapshot_with(&live)
+    }
+
+    /// Folds the counts of a source being unregistered into what departed sources left.
+    pub(super) fn keep_departed_counts(&self, pod: u32, counted: &CountDelta) {
+        self.inner.entries.add(counted);
+        self.inner.pod_entries.of(pod).add(counted);
     }
 }

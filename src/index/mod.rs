@@ -199,9 +199,10 @@ struct Inner {
     /// Chain blocks of every model, in runs (`prefix` matching): one lock, since an edit
     /// may touch a run other sources share; a query takes it once for all its blocks.
     chains: RwLock<ChainRuns>,
-    /// Resident (block, pod) entries, kept as fields change so metrics need no index walk.
+    /// Resident (block, pod) entries counted by unregistered sources; the live sources keep
+    /// their own counts, so metrics need no walk of the blocks ([`counters`]).
     entries: EntryCounter,
-    /// The same per pod, so `GET /v1/pods` needs no walk either.
+    /// The same per pod, for `GET /v1/pods`.
     pod_entries: PodCounters,
     /// Whether kthena's std layer is kept (see [`IndexOptions::std_layer`]).
     std_layer: bool,
@@ -300,7 +301,7 @@ impl Index {
         let model = (self.inner.models)
             .acquire(&spec.model)
             .ok_or(IndexError::TooManyModels)?;
-        let pod_entries = self.inner.pod_entries.of(pod);
+        self.inner.pod_entries.of(pod);
         let mut sources = self.inner.sources.write();
         for (id, slot) in sources.iter().enumerate() {
             if let Some(state) = slot {
@@ -314,7 +315,6 @@ impl Index {
         let models = self.inner.models.clone();
         let mut state = SourceState::new(pod, spec.dp_rank, spec.engine, model, models);
         state.base_seed = crate::hash::model_seed(&spec.model);
-        state.pod_entries = pod_entries;
         sources.push(Some(Arc::new(Mutex::new(state))));
         let id = SourceId(sources.len() as u32 - 1);
         drop(sources);

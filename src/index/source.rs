@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use hashbrown::HashMap;
 
-use super::counters::EntryCounter;
+use super::counters::CountDelta;
 use super::intern::ModelTable;
 use super::layer::DupCounts;
 use super::runs::{ChainRuns, HeldRuns, Spot};
@@ -286,8 +286,8 @@ pub(crate) struct SourceState {
     pub(crate) resume_seq: Option<u64>,
     /// The engine run (process identity) whose blocks the source holds, when known.
     pub(crate) run: Option<String>,
-    /// The entry counter of the source's pod, which every apply call adds its counts to.
-    pub(crate) pod_entries: Arc<EntryCounter>,
+    /// The pod-level field changes this source's calls counted, summed ([`super::counters`]).
+    pub(crate) counted: CountDelta,
 }
 
 impl SourceState {
@@ -317,7 +317,7 @@ impl SourceState {
             base_seed: 0,
             resume_seq: None,
             run: None,
-            pod_entries: Arc::default(),
+            counted: CountDelta::default(),
         }
     }
 

@@ -650,3 +650,26 @@ fn a_clear_edits_the_std_blocks_with_the_chain_runs_unlocked() {
     assert!(index.dump().is_empty());
     assert_eq!(index.chain_entries(), 0);
 }
+
+#[test]
+fn a_departed_source_leaves_its_counts_with_its_pod() {
+    // Rank 0 counts block 1 (the pod's field appears); rank 1 then holds it too, rank 0
+    // lets go (the field stays: no change), and rank 1 counts block 2. Rank 0's count is
+    // the pod's block 1, so it must outlive rank 0's registration.
+    let index = Index::new();
+    let r0 = index.register_source(&spec("p.ns", 0)).unwrap();
+    let r1 = index.register_source(&spec("p.ns", 1)).unwrap();
+    let apply = |src, events| index.apply(src, &batch(events), 1, &mut Discard).unwrap();
+    apply(r0, vec![stored(&[1], tokens(0, 1), "GPU")]);
+    apply(r1, vec![stored(&[1], tokens(0, 1), "GPU")]);
+    apply(r0, vec![removed(&[1], "GPU")]);
+    apply(r1, vec![stored(&[2], tokens(16, 1), "GPU")]);
+    let pod = index.pod_id("p.ns").unwrap();
+    assert_eq!(index.pod_entry_counts(pod), (2, vec![("GPU", 2)]));
+    index.remove_source(r0, &mut Discard).unwrap();
+    assert_eq!(index.pod_entry_counts(pod), (2, vec![("GPU", 2)]));
+    assert_eq!(index.entry_counts(), (2, vec![("GPU", 2)]));
+    index.remove_source(r1, &mut Discard).unwrap();
+    assert_eq!(index.pod_entry_counts(pod), (0, vec![]));
+    assert_eq!(index.entry_counts(), (0, vec![]));
+}
