@@ -86,21 +86,16 @@ impl Span {
     }
 }
 
-/// The hashes of one run position. The std (or content) hash is a function of the block's
-/// tokens, as the chain hash is of its tokens and prefix, so every source holding the block
-/// shares it (sources keep a spot rather than both hashes, [`super::source`]).
-#[derive(Debug, Clone, Copy)]
-struct Hashes {
-    chain: u64,
-    std: u64,
-}
-
 /// A run of chain blocks and who holds which part of it.
 #[derive(Debug, Default)]
 struct Node {
-    /// Each position's chain hash and std hash, side by side: a source reading its block
-    /// reads both, in one cache line.
-    blocks: Vec<Hashes>,
+    /// Each position's chain hash: what a query reads, position after position.
+    chains: Vec<u64>,
+    /// Each position's std (or content) hash, a function of the block's tokens as the chain
+    /// hash is of its tokens and prefix: every source holding the block shares it (sources
+    /// keep a spot rather than both hashes, [`super::source`]). Apart from the chain hashes,
+    /// so a query's walk of a run reads half the memory.
+    stds: Vec<u64>,
     /// Spans of one source never overlap.
     spans: Vec<Span>,
 }
@@ -227,7 +222,7 @@ impl ChainRuns {
             Some(p) if self.extends(p) => p.node,
             None if alone => {
                 let open = self.open.filter(|id| {
-                    let len = self.nodes[*id as usize].blocks.len();
+                    let len = self.nodes[*id as usize].chains.len();
                     len > 0 && len < MAX_RUN
                 });
                 let node = open.unwrap_or_else(|| self.new_node());
@@ -247,15 +242,14 @@ impl ChainRuns {
     /// The chain hash at `spot`, if the run still reaches it.
     fn at(&self, spot: Spot) -> Option<u64> {
         let node = self.nodes.get(spot.node as usize)?;
-        node.blocks.get(spot.pos as usize).map(|b| b.chain)
+        node.chains.get(spot.pos as usize).copied()
     }
 
     /// The chain hash and the std hash at `spot`, if the run still reaches it.
     pub(crate) fn hashes_at(&self, spot: Spot) -> Option<(u64, u64)> {
         let node = self.nodes.get(spot.node as usize)?;
         let pos = spot.pos as usize;
-        let block = node.blocks.get(pos)?;
-        Some((block.chain, block.std))
+        Some((*node.chains.get(pos)?, *node.stds.get(pos)?))
     }
 
     /// The spot of `hash`: right after or before the block edited last without a probe (an
@@ -276,16 +270,17 @@ impl ChainRuns {
     /// Puts `hash` at the end of node `id`'s run.
     fn append(&mut self, id: u32, hash: u64, std: u64) -> Spot {
         let node = &mut self.nodes[id as usize];
-        node.blocks.push(Hashes { chain: hash, std });
+        node.chains.push(hash);
+        node.stds.push(std);
         Spot {
             node: id,
-            pos: node.blocks.len() as u32 - 1,
+            pos: node.chains.len() as u32 - 1,
         }
     }
 
     /// Whether a block after `parent` may extend the parent's run.
     fn extends(&self, parent: Spot) -> bool {
-        let len = self.nodes[parent.node as usize].blocks.len();
+        let len = self.nodes[parent.node as usize].chains.len();
         parent.pos as usize + 1 == len && len < MAX_RUN
     }
 
@@ -302,8 +297,8 @@ impl ChainRuns {
     fn release(&mut self, id: u32) {
         let node = &mut self.nodes[id as usize];
         if node.spans.is_empty() {
-            for block in node.blocks.drain(..) {
-                self.locator.remove(&block.chain);
+            for hash in node.chains.drain(..) {
+                self.locator.remove(&hash);
             }
             *node = Node::default();
             self.free.push(id);
@@ -312,12 +307,13 @@ impl ChainRuns {
             }
             return;
         }
-        while let Some(&last) = node.blocks.last() {
-            if node.held(node.blocks.len() as u16 - 1) {
+        while let Some(&last) = node.chains.last() {
+            if node.held(node.chains.len() as u16 - 1) {
                 break;
             }
-            node.blocks.pop();
-            self.locator.remove(&last.chain);
+            node.chains.pop();
+            node.stds.pop();
+            self.locator.remove(&last);
         }
     }
 
@@ -338,7 +334,7 @@ impl ChainRuns {
         let (spot, created) = self.place(key, std, parent);
         held.note(spot.node);
         let mut block = self.open(spot);
-        let same_std = (block.node.blocks.get(block.pos as usize)).is_some_and(|b| b.std == std);
+        let same_std = block.node.stds.get(block.pos as usize) == Some(&std);
         let spot = same_std.then_some(spot);
         // A block nobody holds gets the editor as its first resident, as a new map entry
         // would; with media added that is what the rules below do too, without the scan.
@@ -491,7 +487,7 @@ impl ChainRuns {
     pub(crate) fn for_each_block(&self, mut visit: impl FnMut(&[Resident])) {
         let mut residents = Vec::new();
         for node in &self.nodes {
-            for pos in 0..node.blocks.len() as u16 {
+            for pos in 0..node.chains.len() as u16 {
                 residents.clear();
                 residents.extend(node.residents_at(pos).copied());
                 if !residents.is_empty() {
@@ -518,7 +514,7 @@ impl ChainRuns {
         let nodes = self.nodes.capacity() * std::mem::size_of::<Node>();
         let runs: usize = (self.nodes.iter())
             .map(|n| {
-                n.blocks.capacity() * std::mem::size_of::<Hashes>()
+                (n.chains.capacity() + n.stds.capacity()) * 8
                     + n.spans.capacity() * std::mem::size_of::<Span>()
             })
             .sum();
@@ -534,7 +530,7 @@ impl ChainRuns {
         if self.free.len() > 1024 && self.free.len() * 2 > self.nodes.len() {
             // Trailing free nodes go; ids of the rest stay as they are.
             let mut top = self.nodes.len();
-            while top > 0 && self.nodes[top - 1].blocks.is_empty() {
+            while top > 0 && self.nodes[top - 1].chains.is_empty() {
                 top -= 1;
             }
             self.nodes.truncate(top);
@@ -549,7 +545,7 @@ impl ChainRuns {
 /// position up to which they stay the same.
 fn fingerprint_at(node: &Node, pos: u16) -> (Option<u64>, u16) {
     let mut fingerprint = None;
-    let mut stable_to = node.blocks.len().saturating_sub(1) as u16;
+    let mut stable_to = node.chains.len().saturating_sub(1) as u16;
     for s in &node.spans {
         if s.covers(pos) {
             fingerprint = Some(fingerprint.unwrap_or(0) ^ owner_key(&s.resident));
@@ -890,13 +886,18 @@ mod tests {
     fn run_residents(runs: &ChainRuns) -> Vec<(u64, Vec<Resident>)> {
         for node in &runs.nodes {
             // Every position is in the locator, at that position.
-            for (pos, block) in node.blocks.iter().enumerate() {
-                let spot = runs.locator.get(&block.chain).map(|s| (s.node, s.pos));
+            assert_eq!(
+                node.chains.len(),
+                node.stds.len(),
+                "a position without its std"
+            );
+            for (pos, hash) in node.chains.iter().enumerate() {
+                let spot = runs.locator.get(hash).map(|s| (s.node, s.pos));
                 let here = runs.nodes.iter().position(|n| std::ptr::eq(n, node));
                 assert_eq!(
                     spot,
                     here.map(|n| (n as u32, pos as u32)),
-                    "{block:?} misplaced"
+                    "{hash} misplaced"
                 );
             }
             for pair in node.spans.windows(2) {
@@ -1035,7 +1036,7 @@ mod tests {
             store_chain(&mut runs, (&mut dups, &mut held), pod, 1..=100);
         }
         assert_eq!(runs.nodes.len(), 1);
-        assert_eq!(runs.nodes[0].blocks.len(), 100);
+        assert_eq!(runs.nodes[0].chains.len(), 100);
         assert_eq!(runs.nodes[0].spans.len(), 2);
     }
 
