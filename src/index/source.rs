@@ -639,6 +639,7 @@ impl SourceState {
         shrink_map(&mut self.models, 16);
     }
 
+    /// Estimated heap bytes of the source's maps.
     pub(crate) fn heap_bytes(&self) -> usize {
         table_bytes::<IntKey, RunSlot>(self.ints.capacity())
             + table_bytes::<Box<[u8]>, RunSlot>(self.bytes.capacity())
