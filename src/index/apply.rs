@@ -440,6 +440,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         };
         let media = MediaSet::single(stored.medium);
         self.alone = stored.block_hashes.len() == 1;
+        self.state.warm(&stored.block_hashes);
         if stored.token_ids.is_empty() {
             for hash in &stored.block_hashes {
                 self.store_block(model, hash, None, media);
@@ -757,6 +758,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             mask
         };
         let base = self.state.base_model;
+        self.state.warm(&removed.block_hashes);
         for hash in &removed.block_hashes {
             let (chains, state) = self.chain_edit();
             let Some((held, spot)) = state.find_placed(hash, chains) else {
