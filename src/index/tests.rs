@@ -673,3 +673,34 @@ fn a_departed_source_leaves_its_counts_with_its_pod() {
     assert_eq!(index.pod_entry_counts(pod), (0, vec![]));
     assert_eq!(index.entry_counts(), (0, vec![]));
 }
+
+#[test]
+fn a_block_after_one_that_kept_its_verified_chain_follows_that_chain() {
+    use crate::hash::{chain_hash, model_seed};
+    let index = Index::new();
+    let src = index.register_source(&spec("p.ns", 0)).unwrap();
+    let first = stored(&[1], tokens(0, 1), "GPU");
+    index
+        .apply(src, &batch(vec![first]), 10, &mut Discard)
+        .unwrap();
+    // Block 1 again, now after a parent the source does not know, with block 2 after it:
+    // block 1 keeps the chain it was verified with, and block 2 is chained after that.
+    let mut both = BlockStored::new(
+        vec![BlockHash::Int(1), BlockHash::Int(2)],
+        tokens(0, 2),
+        16,
+        Medium::GPU,
+    );
+    both.parent_block_hash = Some(BlockHash::Int(99));
+    let both = Event::BlockStored(both);
+    index
+        .apply(src, &batch(vec![both]), 11, &mut Discard)
+        .unwrap();
+    let chain1 = chain_hash(model_seed("m"), &tokens(0, 1));
+    let mut chains = Vec::new();
+    index
+        .for_each_engine_state(|_, _, _, hash, state| chains.push((hash.to_string(), state.chain)));
+    chains.sort();
+    let chain2 = chain_hash(chain1, &tokens(16, 1));
+    assert_eq!(chains, [("1".to_owned(), chain1), ("2".to_owned(), chain2)]);
+}
