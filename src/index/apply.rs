@@ -11,7 +11,7 @@ use super::counters::CountDelta;
 use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Change, Editor};
 use super::runs::{ChainRuns, Spot};
-use super::source::{twin_of, HeldSlot, SourceState};
+use super::source::{twin_of, HeldSlot, SourceState, TakenBlocks};
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
 use crate::hash::{chain_hash, content_hash, model_seed, std_hash};
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
@@ -348,6 +348,10 @@ struct BlocksCache {
 
 impl BlocksCache {
     fn get(&mut self, index: &Index, model: u32) -> Option<&Blocks> {
+        if !index.inner.std_layer {
+            // Nothing to look up, on every block of a `prefix`-only index.
+            return None;
+        }
         if self.model != model || self.blocks.is_none() {
             self.blocks = index.blocks_of(model);
             self.model = model;
@@ -454,7 +458,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             Some(p) => {
                 let (chains, state) = self.chain_edit();
                 match state.find(p, chains) {
-                    Some(held) if held.model() == model => held.chain(),
+                    Some((held, _)) if held.model() == model => held.chain(),
                     _ => 0,
                 }
             }
@@ -681,10 +685,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     ) -> (bool, Option<Spot>) {
         let who = self.editor();
         let (chain_duplicate, spot) = self.add_chain_media(chain, std, added, new_copy);
-        let blocks = self
-            .std_layer()
-            .then(|| self.blocks.get(self.out.index, model));
-        let Some(blocks) = blocks.flatten() else {
+        let Some(blocks) = self.blocks.get(self.out.index, model) else {
             // No std layer: a duplicate is a chain block held through another engine hash.
             return (chain_duplicate, spot);
         };
@@ -718,10 +719,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let who = self.editor();
         self.dropped_lora |= model != self.state.base_model;
         let chain_stored_at = self.drop_chain_media(chain, removed, slot_gone);
-        let blocks = self
-            .std_layer()
-            .then(|| self.blocks.get(self.out.index, model));
-        let Some(blocks) = blocks.flatten() else {
+        let Some(blocks) = self.blocks.get(self.out.index, model) else {
             // No std layer: the chain resident's store time is the one kept.
             return chain_stored_at;
         };
@@ -761,7 +759,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         self.state.warm(&removed.block_hashes);
         for hash in &removed.block_hashes {
             let (chains, state) = self.chain_edit();
-            let Some((held, spot)) = state.find_placed(hash, chains) else {
+            let Some((held, spot)) = state.find(hash, chains) else {
                 self.stats.unknown_removes += 1;
                 self.out.unknown_remove(base, hash);
                 continue;
@@ -807,14 +805,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         // out before the source's spans go. The runs are then unlocked for the rest, which
         // edits a std block per engine block and must not hold queries back that long. A
         // `prefix`-only index has no std block to take the source out of.
-        let std_blocks: Vec<(u32, u64)> = if std_layer {
-            (self.state.slots(chains))
-                .map(|s| (s.model(), s.std()))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let taken = (whole || wants_mappings).then(|| self.state.take_blocks(chains));
+        let read_out = std_layer || whole || wants_mappings;
+        let taken = read_out.then(|| self.state.take_blocks(chains));
         let held = std::mem::take(&mut self.state.runs);
         let out = &mut self.out;
         chains.drop_source(held, chain_who, |change, times| {
@@ -823,7 +815,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             }
         });
         self.chains = None;
-        for (model, std) in std_blocks {
+        let std_slots = taken
+            .iter()
+            .filter(|_| std_layer)
+            .flat_map(TakenBlocks::slots);
+        for slot in std_slots {
+            let (model, std) = (slot.model(), slot.std());
             let Some(blocks) = self.blocks.get(index, model) else {
                 continue;
             };
@@ -839,7 +836,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 }
             }
         }
-        match taken {
+        match taken.filter(|_| whole || wants_mappings) {
             Some(blocks) if whole => {
                 let (pod, rank, engine) = (PodId(self.out.pod), self.out.rank, self.out.engine);
                 let cleared = ClearedBlocks::new(pod, rank, engine, blocks);

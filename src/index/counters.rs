@@ -26,7 +26,7 @@ pub(crate) struct EntryCounter {
 }
 
 /// Field changes counted by one apply call, or the running sum of a source's calls.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 pub(crate) struct CountDelta {
     total: i64,
     by_slot: [i64; MEDIA_SLOTS],
@@ -60,19 +60,24 @@ impl CountDelta {
         self.touched |= old.bits() ^ new.bits();
         self.total += times * (i64::from(after.is_some()) - i64::from(before.is_some()));
     }
-}
 
-impl CountDelta {
     /// Adds `other`'s counts.
     pub(crate) fn merge(&mut self, other: &CountDelta) {
         self.total += other.total;
-        let mut touched = other.touched;
-        while touched != 0 {
-            let slot = touched.trailing_zeros() as usize;
-            touched &= touched - 1;
-            self.by_slot[slot] += other.by_slot[slot];
+        for (slot, n) in other.touched_slots() {
+            self.by_slot[slot] += n;
         }
         self.touched |= other.touched;
+    }
+
+    /// The (slot, count) of every slot the counts touched.
+    fn touched_slots(&self) -> impl Iterator<Item = (usize, i64)> + '_ {
+        let mut touched = self.touched;
+        std::iter::from_fn(move || {
+            let slot = (touched != 0).then(|| touched.trailing_zeros() as usize)?;
+            touched &= touched - 1;
+            Some((slot, self.by_slot[slot]))
+        })
     }
 }
 
@@ -82,14 +87,8 @@ impl EntryCounter {
         if delta.total != 0 {
             self.total.fetch_add(delta.total, Ordering::Relaxed);
         }
-        let mut touched = delta.touched;
-        while touched != 0 {
-            let slot = touched.trailing_zeros() as usize;
-            touched &= touched - 1;
-            let n = delta.by_slot[slot];
-            if n != 0 {
-                self.by_slot[slot].fetch_add(n, Ordering::Relaxed);
-            }
+        for (slot, n) in delta.touched_slots().filter(|(_, n)| *n != 0) {
+            self.by_slot[slot].fetch_add(n, Ordering::Relaxed);
         }
     }
 

@@ -17,7 +17,7 @@ use hashbrown::HashMap;
 
 use super::counters::slot_medium;
 use super::delta::FieldValue;
-use super::residents::{merge, own_value, Edited, Resident, Residents};
+use super::residents::{merge, own_value, Resident, ResidentSet, Residents};
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 
 /// Per-medium engine-copy counts of blocks a source holds more than once.
@@ -69,45 +69,6 @@ impl Editor {
 
 /// The pod's value of a block before and after an edit.
 pub(crate) type Change = (Option<FieldValue>, Option<FieldValue>);
-
-/// A block's residents as an edit sees them: a block map's [`Residents`] or one position of
-/// a chain run ([`super::runs`]); the layer rules below are written once for both.
-pub(crate) trait ResidentSet {
-    /// See [`Residents::edit_with_others`].
-    fn edit_with_others<R>(
-        &mut self,
-        pod: u32,
-        rank: u8,
-        others: bool,
-        edit: impl FnOnce(&mut Resident) -> R,
-    ) -> Edited<R>;
-
-    /// Adds a resident the set does not hold.
-    fn push(&mut self, resident: Resident);
-
-    /// Removes the resident of `(pod, rank)`; returns whether none is left.
-    fn remove(&mut self, pod: u32, rank: u8) -> bool;
-}
-
-impl ResidentSet for Residents {
-    fn edit_with_others<R>(
-        &mut self,
-        pod: u32,
-        rank: u8,
-        others: bool,
-        edit: impl FnOnce(&mut Resident) -> R,
-    ) -> Edited<R> {
-        Residents::edit_with_others(self, pod, rank, others, edit)
-    }
-
-    fn push(&mut self, resident: Resident) {
-        Residents::push(self, resident);
-    }
-
-    fn remove(&mut self, pod: u32, rank: u8) -> bool {
-        Residents::remove(self, pod, rank)
-    }
-}
 
 /// Adds `added` media (and one engine copy when `new_copy`) to the editor's resident of
 /// block `key`. Returns the pod's value before and after, and whether the source now holds

@@ -113,12 +113,75 @@ impl Residents {
         edited.map(|(out, _, _)| out)
     }
 
+    /// Heap bytes behind the list (0 for one resident).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        match self {
+            Residents::One(_) => 0,
+            Residents::Many(m) => {
+                std::mem::size_of::<Many>() + m.list.capacity() * std::mem::size_of::<Resident>()
+            }
+        }
+    }
+
+    /// The pod-level value of `pod`: union of its ranks' media, latest store time.
+    pub(crate) fn pod_value(&self, pod: u32) -> Option<FieldValue> {
+        pod_value(self.as_slice(), pod)
+    }
+}
+
+/// What one resident contributes to its pod's value: nothing once it is on no medium.
+pub(crate) fn own_value(r: &Resident) -> Option<FieldValue> {
+    (!r.media().is_empty()).then(|| FieldValue {
+        stored_at: r.stored_at,
+        media: r.media(),
+    })
+}
+
+/// Two contributions to one pod's value combined: media united, the latest store time.
+pub(crate) fn merge(a: Option<FieldValue>, b: Option<FieldValue>) -> Option<FieldValue> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(FieldValue {
+            stored_at: a.stored_at.max(b.stored_at),
+            media: a.media.union(b.media),
+        }),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// Pod-level value of `pod` among `residents`.
+pub(crate) fn pod_value(residents: &[Resident], pod: u32) -> Option<FieldValue> {
+    (residents.iter())
+        .filter(|r| r.pod() == pod)
+        .fold(None, |value, r| merge(value, own_value(r)))
+}
+
+/// A block's residents as an edit sees them: a block map's [`Residents`] or one position of
+/// a chain run ([`super::runs`]); the layer rules ([`super::layer`]) are written once for
+/// both.
+pub(crate) trait ResidentSet {
     /// One pass over the residents for an edit of `(pod, rank)`: runs `edit` on its resident,
     /// if any, keeping the fingerprint true, and returns the resident as it was and as it is
     /// with `edit`'s result; plus, when `others` is asked, the value the pod has through its
     /// other DP ranks (gathered in the same pass, so an edit that reports the pod's value
     /// before and after scans a block's residents once, not three times).
-    pub(crate) fn edit_with_others<R>(
+    fn edit_with_others<R>(
+        &mut self,
+        pod: u32,
+        rank: u8,
+        others: bool,
+        edit: impl FnOnce(&mut Resident) -> R,
+    ) -> Edited<R>;
+
+    /// Adds a resident the set does not hold.
+    fn push(&mut self, resident: Resident);
+
+    /// Removes the resident of `(pod, rank)`; returns whether none is left.
+    fn remove(&mut self, pod: u32, rank: u8) -> bool;
+}
+
+impl ResidentSet for Residents {
+    fn edit_with_others<R>(
         &mut self,
         pod: u32,
         rank: u8,
@@ -168,7 +231,7 @@ impl Residents {
         }
     }
 
-    pub(crate) fn push(&mut self, resident: Resident) {
+    fn push(&mut self, resident: Resident) {
         match self {
             Residents::One(first) => {
                 *self = Residents::Many(Box::new(Many {
@@ -183,8 +246,7 @@ impl Residents {
         }
     }
 
-    /// Removes the resident of `(pod, rank)`; returns whether none is left.
-    pub(crate) fn remove(&mut self, pod: u32, rank: u8) -> bool {
+    fn remove(&mut self, pod: u32, rank: u8) -> bool {
         match self {
             Residents::One(r) => r.pod() == pod && r.rank() == rank,
             Residents::Many(m) => {
@@ -208,48 +270,6 @@ impl Residents {
             }
         }
     }
-
-    /// Heap bytes behind the list (0 for one resident).
-    pub(crate) fn heap_bytes(&self) -> usize {
-        match self {
-            Residents::One(_) => 0,
-            Residents::Many(m) => {
-                std::mem::size_of::<Many>() + m.list.capacity() * std::mem::size_of::<Resident>()
-            }
-        }
-    }
-
-    /// The pod-level value of `pod`: union of its ranks' media, latest store time.
-    pub(crate) fn pod_value(&self, pod: u32) -> Option<FieldValue> {
-        pod_value(self.as_slice(), pod)
-    }
-}
-
-/// What one resident contributes to its pod's value: nothing once it is on no medium.
-pub(crate) fn own_value(r: &Resident) -> Option<FieldValue> {
-    (!r.media().is_empty()).then(|| FieldValue {
-        stored_at: r.stored_at,
-        media: r.media(),
-    })
-}
-
-/// Two contributions to one pod's value combined: media united, the latest store time.
-pub(crate) fn merge(a: Option<FieldValue>, b: Option<FieldValue>) -> Option<FieldValue> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(FieldValue {
-            stored_at: a.stored_at.max(b.stored_at),
-            media: a.media.union(b.media),
-        }),
-        (a, None) => a,
-        (None, b) => b,
-    }
-}
-
-/// Pod-level value of `pod` among `residents`.
-pub(crate) fn pod_value(residents: &[Resident], pod: u32) -> Option<FieldValue> {
-    (residents.iter())
-        .filter(|r| r.pod() == pod)
-        .fold(None, |value, r| merge(value, own_value(r)))
 }
 
 #[cfg(test)]

@@ -26,9 +26,9 @@ use std::cell::Cell;
 use hashbrown::HashMap;
 
 use super::delta::FieldValue;
-use super::layer::{self, Change, DupCounts, Editor, ResidentSet};
+use super::layer::{self, Change, DupCounts, Editor};
 use super::query::Visit;
-use super::residents::{merge, own_value, owner_key, Edited, Resident};
+use super::residents::{merge, own_value, owner_key, Edited, Resident, ResidentSet};
 use super::source::table_bytes;
 use super::PodId;
 use crate::medium::MediaSet;

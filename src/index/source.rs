@@ -18,9 +18,11 @@
 //! [`ModelTable`] per model it holds, so a model whose last block leaves every source is
 //! freed.
 
+use std::hash::Hash;
 use std::sync::Arc;
 
-use hashbrown::HashMap;
+use hashbrown::hash_map::EntryRef;
+use hashbrown::{Equivalent, HashMap};
 
 use super::counters::CountDelta;
 use super::intern::ModelTable;
@@ -197,14 +199,24 @@ impl HeldSlot {
 }
 
 /// An integer engine hash's 64 bits, split so map buckets pack to 4-byte alignment.
-type IntKey = [u32; 2];
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct IntKey([u32; 2]);
 
-fn int_key(bits: u64) -> IntKey {
-    [bits as u32, (bits >> 32) as u32]
+impl IntKey {
+    fn new(bits: u64) -> IntKey {
+        IntKey([bits as u32, (bits >> 32) as u32])
+    }
+
+    fn bits(&self) -> u64 {
+        (u64::from(self.0[1]) << 32) | u64::from(self.0[0])
+    }
 }
 
-fn int_bits(key: &IntKey) -> u64 {
-    (u64::from(key[1]) << 32) | u64::from(key[0])
+/// What a map inserting under a borrowed key needs (hashbrown's `entry_ref`).
+impl From<&IntKey> for IntKey {
+    fn from(key: &IntKey) -> IntKey {
+        *key
+    }
 }
 
 /// An engine hash as a map key: an int's 64 bits and its sign, or the bytes.
@@ -215,9 +227,126 @@ enum Key<'a> {
 
 fn key_of(hash: &BlockHash) -> Key<'_> {
     match hash {
-        BlockHash::Int(v) => Key::Int(int_key(*v), false),
-        BlockHash::Neg(v) => Key::Int(int_key(*v as u64), true),
+        BlockHash::Int(v) => Key::Int(IntKey::new(*v), false),
+        BlockHash::Neg(v) => Key::Int(IntKey::new(*v as u64), true),
         BlockHash::Bytes(b) => Key::Bytes(b),
+    }
+}
+
+/// A slot to put: a spot in the runs, or whole.
+enum Slot {
+    Run(RunSlot),
+    Whole(HeldSlot),
+}
+
+/// The slots of one kind of key (int or bytes): spots in the runs, and whole slots. A key is
+/// in at most one of the two maps.
+struct Slots<K> {
+    run: HashMap<K, RunSlot>,
+    whole: HashMap<K, HeldSlot>,
+}
+
+impl<K> Default for Slots<K> {
+    fn default() -> Self {
+        Slots {
+            run: HashMap::new(),
+            whole: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Hash + Eq> Slots<K> {
+    /// The slot under `key`, resolved through `runs` (`base` is the model of run slots),
+    /// and its spot if it has one.
+    fn get<Q>(&self, key: &Q, base: u32, runs: &ChainRuns) -> Option<(HeldSlot, Option<Spot>)>
+    where
+        Q: Hash + Equivalent<K> + ?Sized,
+    {
+        match self.run.get(key) {
+            Some(slot) => Some((slot.resolve(base, runs)?, Some(slot.spot()))),
+            None => self.whole.get(key).map(|held| (*held, None)),
+        }
+    }
+
+    /// Probes the run map for `key`, changing nothing ([`SourceState::warm`]).
+    fn warm<Q: Hash + Equivalent<K> + ?Sized>(&self, key: &Q) {
+        std::hint::black_box(self.run.get(key));
+    }
+
+    fn set_media<Q: Hash + Equivalent<K> + ?Sized>(&mut self, key: &Q, media: MediaSet) {
+        if let Some(slot) = self.run.get_mut(key) {
+            slot.set_media(media);
+        } else if let Some(held) = self.whole.get_mut(key) {
+            held.set_media(media);
+        }
+    }
+
+    /// Puts `slot` under `key`; returns the model of the slot it replaced, if any. The
+    /// insert finds what it replaces in the same probe; the other map is checked only when
+    /// it found nothing, and is mostly empty.
+    fn put<'q, Q>(&mut self, key: &'q Q, slot: Slot, base: u32) -> Option<u32>
+    where
+        Q: Hash + Equivalent<K> + ?Sized,
+        &'q Q: Into<K>,
+    {
+        match slot {
+            Slot::Run(slot) => match self.run.entry_ref(key) {
+                EntryRef::Occupied(mut old) => {
+                    old.insert(slot);
+                    Some(base)
+                }
+                EntryRef::Vacant(vacant) => {
+                    vacant.insert(slot);
+                    self.whole.remove(key).map(|held| held.model)
+                }
+            },
+            Slot::Whole(held) => match self.whole.entry_ref(key) {
+                EntryRef::Occupied(mut old) => Some(old.insert(held).model),
+                EntryRef::Vacant(vacant) => {
+                    vacant.insert(held);
+                    self.run.remove(key).map(|_| base)
+                }
+            },
+        }
+    }
+
+    /// Removes `key`; returns the model of the slot it held, if any.
+    fn remove<Q: Hash + Equivalent<K> + ?Sized>(&mut self, key: &Q, base: u32) -> Option<u32> {
+        match self.run.remove(key) {
+            Some(_) => Some(base),
+            None => self.whole.remove(key).map(|held| held.model),
+        }
+    }
+
+    /// Every (key, resolved slot) whose key passes `keep`; only those are resolved.
+    fn iter<'a>(
+        &'a self,
+        base: u32,
+        runs: &'a ChainRuns,
+        keep: impl Fn(&K) -> bool + Copy + 'a,
+    ) -> impl Iterator<Item = (&'a K, HeldSlot)> + 'a {
+        let run = (self.run.iter())
+            .filter(move |(key, _)| keep(key))
+            .filter_map(move |(key, slot)| Some((key, slot.resolve(base, runs)?)));
+        let whole = (self.whole.iter())
+            .filter(move |(key, _)| keep(key))
+            .map(|(key, held)| (key, *held));
+        run.chain(whole)
+    }
+
+    fn len(&self) -> usize {
+        self.run.len() + self.whole.len()
+    }
+
+    fn shrink(&mut self) {
+        shrink_map(&mut self.run, 64);
+        shrink_map(&mut self.whole, 64);
+    }
+
+    /// Estimated heap bytes of the tables (not of what keys point to).
+    fn table_bytes(&self) -> usize {
+        table_bytes::<K, RunSlot>(self.run.capacity())
+            + table_bytes::<K, HeldSlot>(self.whole.capacity())
     }
 }
 
@@ -243,6 +372,11 @@ impl TakenBlocks {
         self.entries.len()
     }
 
+    /// Every slot taken.
+    pub(crate) fn slots(&self) -> impl Iterator<Item = &HeldSlot> + '_ {
+        self.entries.iter().map(|(_, held)| held)
+    }
+
     /// Every (engine hash as it was sent, slot), consuming the list.
     pub(crate) fn into_entries(
         self,
@@ -259,15 +393,12 @@ pub(crate) struct SourceState {
     pub(crate) base_model: u32,
     /// The full-attention KV-cache group, learned from events that name their spec kind.
     main_group: Option<i64>,
-    /// Engine hash → spot of the base model's blocks with a chain in the runs (most blocks
-    /// of most sources).
-    ints: HashMap<IntKey, RunSlot>,
-    bytes: HashMap<Box<[u8]>, RunSlot>,
-    /// Engine hash → whole slot of every other block: LoRA adapters' blocks, and blocks
-    /// whose chain is unknown or whose run keeps another std hash. A key is in at most one
-    /// of the run and whole maps.
-    whole_ints: HashMap<IntKey, HeldSlot>,
-    whole_bytes: HashMap<Box<[u8]>, HeldSlot>,
+    /// Int engine hash → slot: a spot in the runs for the base model's blocks with a chain
+    /// there (most blocks of most sources), whole for every other block (LoRA adapters'
+    /// blocks, and blocks whose chain is unknown or whose run keeps another std hash).
+    ints: Slots<IntKey>,
+    /// The same for byte-string engine hashes.
+    bytes: Slots<Box<[u8]>>,
     /// Engine blocks held per model; a model is here (and referenced) while it has any.
     models: HashMap<u32, u32>,
     /// References to drop once the current call has settled the block maps (dropping one
@@ -305,10 +436,8 @@ impl SourceState {
             engine,
             base_model,
             main_group: None,
-            ints: HashMap::new(),
-            bytes: HashMap::new(),
-            whole_ints: HashMap::new(),
-            whole_bytes: HashMap::new(),
+            ints: Slots::default(),
+            bytes: Slots::default(),
             models: HashMap::new(),
             deferred: Vec::new(),
             table,
@@ -370,14 +499,9 @@ impl SourceState {
     }
 
     /// The slot of `hash` (as sent: an int key held with the other sign is not it), whatever
-    /// its model, with its hashes read from `runs`.
-    pub(crate) fn find(&self, hash: &BlockHash, runs: &ChainRuns) -> Option<HeldSlot> {
-        self.find_placed(hash, runs).map(|(held, _)| held)
-    }
-
-    /// [`Self::find`], with the block's spot in the runs when the source keeps it there (an
-    /// edit of the chain block then needs no lookup of it).
-    pub(crate) fn find_placed(
+    /// its model, with its hashes read from `runs`; and the block's spot in the runs when
+    /// the source keeps it there (an edit of the chain block then needs no lookup of it).
+    pub(crate) fn find(
         &self,
         hash: &BlockHash,
         runs: &ChainRuns,
@@ -395,16 +519,9 @@ impl SourceState {
     /// The slot under `hash`'s key, whatever its sign, and its spot if it has one.
     fn lookup(&self, hash: &BlockHash, runs: &ChainRuns) -> Option<(HeldSlot, Option<Spot>)> {
         let base = self.base_model;
-        let placed = |slot: &RunSlot| Some((slot.resolve(base, runs)?, Some(slot.spot())));
         match key_of(hash) {
-            Key::Int(key, _) => match self.ints.get(&key) {
-                Some(slot) => placed(slot),
-                None => self.whole_ints.get(&key).map(|held| (*held, None)),
-            },
-            Key::Bytes(b) => match self.bytes.get(b) {
-                Some(slot) => placed(slot),
-                None => self.whole_bytes.get(b).map(|held| (*held, None)),
-            },
+            Key::Int(key, _) => self.ints.get(&key, base, runs),
+            Key::Bytes(b) => self.bytes.get(b, base, runs),
         }
     }
 
@@ -417,41 +534,29 @@ impl SourceState {
         }
         for hash in hashes {
             match key_of(hash) {
-                Key::Int(key, _) => std::hint::black_box(self.ints.get(&key)),
-                Key::Bytes(b) => std::hint::black_box(self.bytes.get(b)),
-            };
+                Key::Int(key, _) => self.ints.warm(&key),
+                Key::Bytes(b) => self.bytes.warm(b),
+            }
         }
     }
 
     /// The std hash this source maps `hash` to, whatever its model.
     pub(crate) fn std_of(&self, hash: &BlockHash, runs: &ChainRuns) -> Option<u64> {
-        self.find(hash, runs).map(|s| s.std())
+        self.find(hash, runs).map(|(held, _)| held.std())
     }
 
     /// Sets the media of `hash`, a block this source holds.
     pub(crate) fn set_media(&mut self, hash: &BlockHash, media: MediaSet) {
         match key_of(hash) {
-            Key::Int(key, _) => {
-                if let Some(slot) = self.ints.get_mut(&key) {
-                    slot.set_media(media);
-                } else if let Some(held) = self.whole_ints.get_mut(&key) {
-                    held.set_media(media);
-                }
-            }
-            Key::Bytes(b) => {
-                if let Some(slot) = self.bytes.get_mut(b) {
-                    slot.set_media(media);
-                } else if let Some(held) = self.whole_bytes.get_mut(b) {
-                    held.set_media(media);
-                }
-            }
+            Key::Int(key, _) => self.ints.set_media(&key, media),
+            Key::Bytes(b) => self.bytes.set_media(b, media),
         }
     }
 
     /// Puts `hash` under `model` with its hashes and media, replacing what the source held
-    /// under that key (the caller took any block of another identity out first): in the run
-    /// map when the block is the base model's and has a `spot` whose run keeps its hashes,
-    /// else whole.
+    /// under that key (the caller took any block of another identity out first): as a spot
+    /// when the block is the base model's and has a `spot` whose run keeps its hashes, else
+    /// whole.
     pub(crate) fn put(
         &mut self,
         model: u32,
@@ -465,40 +570,16 @@ impl SourceState {
         let run_slot = spot
             .filter(|_| model == base)
             .and_then(|spot| RunSlot::new(spot, negative, media));
-        let whole = || HeldSlot {
-            slot: EngineSlot::new(std, chain, negative, media),
-            model,
+        let slot = match run_slot {
+            Some(slot) => Slot::Run(slot),
+            None => Slot::Whole(HeldSlot {
+                slot: EngineSlot::new(std, chain, negative, media),
+                model,
+            }),
         };
-        // The insert hands back what it replaced in the same probe; the other map is only
-        // checked when it did not, and is mostly empty.
-        let old_model = match (key, run_slot) {
-            (Key::Int(key, _), Some(slot)) => match self.ints.insert(key, slot) {
-                Some(_) => Some(base),
-                None => self.whole_ints.remove(&key).map(|h| h.model),
-            },
-            (Key::Int(key, _), None) => match self.whole_ints.insert(key, whole()) {
-                Some(old) => Some(old.model),
-                None => self.ints.remove(&key).map(|_| base),
-            },
-            (Key::Bytes(b), Some(slot)) => match self.bytes.get_mut(b) {
-                Some(old) => {
-                    *old = slot;
-                    Some(base)
-                }
-                None => {
-                    let old = self.whole_bytes.remove(b).map(|h| h.model);
-                    self.bytes.insert(b.into(), slot);
-                    old
-                }
-            },
-            (Key::Bytes(b), None) => match self.whole_bytes.get_mut(b) {
-                Some(old) => Some(std::mem::replace(old, whole()).model),
-                None => {
-                    let old = self.bytes.remove(b).map(|_| base);
-                    self.whole_bytes.insert(b.into(), whole());
-                    old
-                }
-            },
+        let old_model = match key {
+            Key::Int(key, _) => self.ints.put(&key, slot, base),
+            Key::Bytes(b) => self.bytes.put(b, slot, base),
         };
         if old_model != Some(model) {
             self.count_in(model);
@@ -512,14 +593,8 @@ impl SourceState {
     pub(crate) fn remove(&mut self, hash: &BlockHash) {
         let base = self.base_model;
         let old = match key_of(hash) {
-            Key::Int(key, _) => match self.ints.remove(&key) {
-                Some(_) => Some(base),
-                None => self.whole_ints.remove(&key).map(|h| h.model),
-            },
-            Key::Bytes(b) => match self.bytes.remove(b) {
-                Some(_) => Some(base),
-                None => self.whole_bytes.remove(b).map(|h| h.model),
-            },
+            Key::Int(key, _) => self.ints.remove(&key, base),
+            Key::Bytes(b) => self.bytes.remove(b, base),
         };
         if let Some(old) = old {
             self.count_out(old);
@@ -551,14 +626,14 @@ impl SourceState {
     #[cfg(test)]
     pub(crate) fn slot_kinds(&self) -> (usize, usize) {
         (
-            self.ints.len() + self.bytes.len(),
-            self.whole_ints.len() + self.whole_bytes.len(),
+            self.ints.run.len() + self.bytes.run.len(),
+            self.ints.whole.len() + self.bytes.whole.len(),
         )
     }
 
     /// Number of engine blocks held.
     pub(crate) fn len(&self) -> usize {
-        self.ints.len() + self.bytes.len() + self.whole_ints.len() + self.whole_bytes.len()
+        self.ints.len() + self.bytes.len()
     }
 
     /// Every (engine hash, slot), rebuilding the hash exactly as it was sent.
@@ -570,7 +645,8 @@ impl SourceState {
     }
 
     /// The entries of one partition of the source (see `walk.rs`): keys are filtered before
-    /// hashes are rebuilt, so a walk in pieces copies each entry once per pass.
+    /// slots are resolved and hashes rebuilt, so a walk in pieces copies each entry once
+    /// per pass.
     pub(crate) fn partition_entries<'a>(
         &'a self,
         runs: &'a ChainRuns,
@@ -585,45 +661,24 @@ impl SourceState {
     }
 
     /// The entries whose key passes `keep_int` (int hashes, by their 64 bits) or
-    /// `keep_bytes` (byte-string hashes); only those slots are resolved and hashes rebuilt.
+    /// `keep_bytes` (byte-string hashes).
     fn entries_where<'a>(
         &'a self,
         runs: &'a ChainRuns,
-        keep_int: impl Fn(u64) -> bool + 'a,
-        keep_bytes: impl Fn(&[u8]) -> bool + 'a,
+        keep_int: impl Fn(u64) -> bool + Copy + 'a,
+        keep_bytes: impl Fn(&[u8]) -> bool + Copy + 'a,
     ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + 'a {
         let base = self.base_model;
-        let ints = (self.ints.iter())
-            .filter(move |(k, _)| keep_int(int_bits(k)))
-            .filter_map(move |(k, s)| Some((int_bits(k), s.resolve(base, runs)?)));
-        let whole_ints = (self.whole_ints.iter()).map(|(k, s)| (int_bits(k), *s));
-        let ints = ints
-            .chain(whole_ints)
-            .map(|(bits, s)| (int_hash(bits, s.negative()), s));
-        let bytes = (self.bytes.iter())
-            .filter(move |(k, _)| keep_bytes(k))
-            .filter_map(move |(k, s)| Some((k, s.resolve(base, runs)?)));
-        let bytes = bytes.chain(self.whole_bytes.iter().map(|(k, s)| (k, *s)));
-        let bytes = bytes.map(|(k, s)| (BlockHash::Bytes(k.clone()), s));
+        let ints = (self.ints.iter(base, runs, move |key| keep_int(key.bits())))
+            .map(|(key, held)| (int_hash(key.bits(), held.negative()), held));
+        let bytes = (self.bytes.iter(base, runs, move |key| keep_bytes(key)))
+            .map(|(key, held)| (BlockHash::Bytes(key.clone()), held));
         ints.chain(bytes)
     }
 
-    /// Every slot without rebuilding hashes.
-    pub(crate) fn slots<'a>(&'a self, runs: &'a ChainRuns) -> impl Iterator<Item = HeldSlot> + 'a {
-        let base = self.base_model;
-        let run_slots = self.ints.values().chain(self.bytes.values());
-        let run_slots = run_slots.filter_map(move |s| s.resolve(base, runs));
-        run_slots.chain(
-            self.whole_ints
-                .values()
-                .chain(self.whole_bytes.values())
-                .copied(),
-        )
-    }
-
     /// Reads every engine block out (before their residents are removed: the runs still
-    /// keep their hashes), for a clear that hands them to a mirror; [`Self::clear`] then
-    /// drops them.
+    /// keep their hashes), for a clear to take them off the std layer and hand them to a
+    /// mirror; [`Self::clear`] then drops them.
     pub(crate) fn take_blocks(&self, runs: &ChainRuns) -> TakenBlocks {
         TakenBlocks {
             entries: self.entries(runs).collect(),
@@ -633,10 +688,8 @@ impl SourceState {
     /// Drops every engine block (after their residents were removed); the maps give their
     /// memory back, so a source that held a burst does not keep its peak.
     pub(crate) fn clear(&mut self) {
-        self.ints = HashMap::new();
-        self.bytes = HashMap::new();
-        self.whole_ints = HashMap::new();
-        self.whole_bytes = HashMap::new();
+        self.ints = Slots::default();
+        self.bytes = Slots::default();
         self.dups = HashMap::new();
         self.runs = HeldRuns::default();
         let models: Vec<u32> = self.models.drain().map(|(m, _)| m).collect();
@@ -647,21 +700,17 @@ impl SourceState {
 
     /// Gives back map memory after many removes (a quarter full or less).
     fn shrink(&mut self) {
-        shrink_map(&mut self.ints, 64);
-        shrink_map(&mut self.bytes, 64);
-        shrink_map(&mut self.whole_ints, 64);
-        shrink_map(&mut self.whole_bytes, 64);
+        self.ints.shrink();
+        self.bytes.shrink();
         shrink_map(&mut self.models, 16);
     }
 
     /// Estimated heap bytes of the source's maps.
     pub(crate) fn heap_bytes(&self) -> usize {
-        table_bytes::<IntKey, RunSlot>(self.ints.capacity())
-            + table_bytes::<Box<[u8]>, RunSlot>(self.bytes.capacity())
-            + self.bytes.keys().map(|k| k.len()).sum::<usize>()
-            + table_bytes::<IntKey, HeldSlot>(self.whole_ints.capacity())
-            + table_bytes::<Box<[u8]>, HeldSlot>(self.whole_bytes.capacity())
-            + self.whole_bytes.keys().map(|k| k.len()).sum::<usize>()
+        let byte_keys = (self.bytes.run.keys().chain(self.bytes.whole.keys())).map(|k| k.len());
+        self.ints.table_bytes()
+            + self.bytes.table_bytes()
+            + byte_keys.sum::<usize>()
             + table_bytes::<u32, u32>(self.models.capacity())
             + table_bytes::<(u32, u64), [u16; MEDIA_SLOTS]>(self.dups.capacity())
             + self.runs.heap_bytes()

@@ -314,6 +314,36 @@ mod tests {
     }
 
     #[test]
+    fn a_walk_visits_whole_slots_once_too() {
+        // Blocks stored after a parent the source does not hold have no chain: the source
+        // keeps their slots whole, in the map beside the spots.
+        let (index, src) = index_with(3_000);
+        let events = (0..3_000u64)
+            .map(|i| {
+                let t = 100_000 + i as u32;
+                let mut stored = BlockStored::new(
+                    vec![BlockHash::Int(1_000_000 + i)],
+                    vec![t, t + 1, t + 2, t + 3],
+                    4,
+                    Medium::GPU,
+                );
+                stored.parent_block_hash = Some(BlockHash::Int(u64::MAX - i));
+                Event::BlockStored(stored)
+            })
+            .collect();
+        index
+            .apply(src, &EngineBatch::of(events), 100, &mut Discard)
+            .unwrap();
+        let mut cursor = WalkCursor::new();
+        let mut out = Vec::new();
+        while !cursor.is_done() {
+            index.walk_engine_hashes(&mut cursor, &mut out);
+        }
+        assert!(out.iter().any(|e| e.chain == 0), "whole slots are walked");
+        assert_eq!(out.len(), 6_000, "each engine hash once");
+    }
+
+    #[test]
     fn a_refresh_moves_only_due_residents_and_changes_the_field_time() {
         let (index, _) = index_with(1);
         let mut cursor = WalkCursor::new();
