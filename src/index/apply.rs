@@ -112,6 +112,13 @@ impl Index {
         Ok(stats)
     }
 
+    /// The chain runs, write-locked for an event's edits.
+    fn edit_chains(&self) -> RwLockWriteGuard<'_, ChainRuns> {
+        let mut chains = self.inner.chains.write();
+        chains.relocked();
+        chains
+    }
+
     /// Gives back the shared maps' memory once each is a quarter full or less, so a burst of
     /// blocks does not keep its peak after it leaves (a base model's std map goes with its
     /// model; the chain map and the adapters' map serve every model and stay).
@@ -633,7 +640,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// them (a chain edit updates the source's duplicate counts and held runs).
     fn chain_edit(&mut self) -> (&mut ChainRuns, &mut SourceState) {
         let index = self.out.index;
-        let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
+        let chains = (self.chains).get_or_insert_with(|| index.edit_chains());
         (chains, self.state)
     }
 
@@ -800,7 +807,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let std_layer = self.std_layer();
         let chain_who = self.chain_editor();
         let index = self.out.index;
-        let chains = (self.chains).get_or_insert_with(|| index.inner.chains.write());
+        let chains = (self.chains).get_or_insert_with(|| index.edit_chains());
         // The source's slots read their hashes from the runs, so what needs them is read
         // out before the source's spans go. The runs are then unlocked for the rest, which
         // edits a std block per engine block and must not hold queries back that long. A

@@ -130,6 +130,26 @@ pub(crate) struct ChainRuns {
     /// The block placed last and its spot: an engine stores a chain block after block, so
     /// the next block's parent is usually this one and sits right before it in the run.
     last: Option<(u64, Spot)>,
+    /// The span the last block edit left its source holding, so the next block of a run
+    /// finds its source's span without a search ([`SpanHint`]).
+    hint: Option<SpanHint>,
+}
+
+/// Where a source's span for the position edited last sits in its node's span list: an
+/// engine stores a run block after block, and the block after finds the span to grow (and
+/// where it would go) here instead of by binary searches over every pod's spans.
+///
+/// The place is checked before use (the source's span there must end right before the
+/// position), so a hint left behind by other edits is harmless. `lone` — the pod has no
+/// other DP rank's span in the node — is only known while the runs stay locked: only one
+/// source edits under the lock, so no other rank's span can come or go meanwhile.
+#[derive(Debug, Clone, Copy)]
+struct SpanHint {
+    node: u32,
+    pod: u32,
+    rank: u8,
+    at: usize,
+    lone: Option<bool>,
 }
 
 /// The runs one source holds spans in, so a source clear edits exactly those runs without
@@ -174,6 +194,10 @@ pub(crate) struct Cursor {
 /// One chain block opened for an edit: a position of a node, seen as a [`ResidentSet`].
 pub(crate) struct BlockMut<'a> {
     node: &'a mut Node,
+    id: u32,
+    hint: &'a mut Option<SpanHint>,
+    /// [`SpanHint::lone`] of the editing source, when asked before the hint was left.
+    lone: Option<bool>,
     pos: u16,
     /// Where the source the last lookup found no span of would have its span for this
     /// position (the binary search a `push` after that lookup needs is done already);
@@ -190,6 +214,9 @@ impl ChainRuns {
     fn open(&mut self, spot: Spot) -> BlockMut<'_> {
         BlockMut {
             node: &mut self.nodes[spot.node as usize],
+            id: spot.node,
+            hint: &mut self.hint,
+            lone: None,
             pos: spot.pos as u16,
             vacant: None,
         }
@@ -521,6 +548,12 @@ impl ChainRuns {
         table_bytes::<u64, Spot>(self.locator.capacity()) + nodes + runs + self.free.capacity() * 4
     }
 
+    /// Starts an edit under a fresh write lock: what was known of other sources' spans
+    /// ([`SpanHint::lone`]) may have changed since the last one.
+    pub(crate) fn relocked(&mut self) {
+        self.hint = None;
+    }
+
     /// Gives back memory once the locator is a quarter full or less.
     pub(crate) fn shrink(&mut self) {
         let capacity = self.locator.capacity();
@@ -559,8 +592,9 @@ fn fingerprint_at(node: &Node, pos: u16) -> (Option<u64>, u16) {
 
 impl BlockMut<'_> {
     /// Gives the position's piece of span `at` the resident `new`: the span splits around
-    /// the position, and the piece merges with a neighbour that agrees.
-    fn set(&mut self, at: usize, new: Resident) {
+    /// the position, and the piece merges with a neighbour that agrees. Returns where the
+    /// span holding the position is then.
+    fn set(&mut self, at: usize, new: Resident) -> usize {
         let pos = self.pos;
         let span = self.node.spans[at];
         // A run stored again block after block: the edited position is the span's first and
@@ -570,11 +604,10 @@ impl BlockMut<'_> {
             if span.to == pos {
                 self.node.spans.remove(at);
                 // The grown span may now meet the next one of the source.
-                self.coalesce(at - 1);
-            } else {
-                self.node.spans[at].from = pos + 1;
+                return self.coalesce(at - 1);
             }
-            return;
+            self.node.spans[at].from = pos + 1;
+            return at - 1;
         }
         let mid = Span {
             resident: new,
@@ -585,7 +618,7 @@ impl BlockMut<'_> {
         // The pieces keep the span's place in the order: same source, rising positions.
         let pieces = left.into_iter().chain([mid]).chain(right);
         self.node.spans.splice(at..=at, pieces);
-        self.coalesce(at + usize::from(left.is_some()));
+        self.coalesce(at + usize::from(left.is_some()))
     }
 
     /// Grows the span before `at` over this position when it holds `resident` (so the same
@@ -615,8 +648,8 @@ impl BlockMut<'_> {
 
     /// Merges span `at` with the spans right before and after it that hold the same
     /// resident (the same source, media, store time and copies): in span order, a source's
-    /// neighbouring spans sit next to each other.
-    fn coalesce(&mut self, at: usize) {
+    /// neighbouring spans sit next to each other. Returns where the merged span is.
+    fn coalesce(&mut self, at: usize) -> usize {
         let spans = &mut self.node.spans;
         let span = spans[at];
         if let Some(next) = spans.get(at + 1) {
@@ -629,8 +662,70 @@ impl BlockMut<'_> {
             if prev.resident == span.resident && u32::from(prev.to) + 1 == u32::from(span.from) {
                 spans[at - 1].to = spans[at].to;
                 spans.remove(at);
+                return at - 1;
             }
         }
+        at
+    }
+
+    /// Where the spans of `(pod, rank)` starting after this position begin, and the one of
+    /// them covering it, if any ([`Node::seek`]); from the hint when the source's span there
+    /// covers this position or ends right before it.
+    fn locate(&self, pod: u32, rank: u8) -> (usize, Option<usize>) {
+        let pos = self.pos;
+        let spans = &self.node.spans;
+        let hinted = (*self.hint).filter(|h| (h.node, h.pod, h.rank) == (self.id, pod, rank));
+        if let Some(h) = hinted {
+            let span = spans.get(h.at).filter(|s| s.is(pod, rank));
+            if span.is_some_and(|s| s.covers(pos)) {
+                return (h.at + 1, Some(h.at));
+            }
+            if span.is_some_and(|s| u32::from(s.to) + 1 == u32::from(pos)) {
+                // Spans of one source do not overlap: the source's next one, if any, is
+                // the only one that may cover this position.
+                let next = spans.get(h.at + 1);
+                return match next.filter(|n| n.is(pod, rank) && n.from == pos) {
+                    Some(_) => (h.at + 2, Some(h.at + 1)),
+                    None => (h.at + 1, None),
+                };
+            }
+        }
+        let after = self.node.seek(pod, rank, pos + 1);
+        let at = (after.checked_sub(1)).filter(|&i| {
+            let span = &spans[i];
+            span.is(pod, rank) && span.covers(pos)
+        });
+        (after, at)
+    }
+
+    /// Notes span `at` as where the next edit of `(pod, rank)` in this run looks first: its
+    /// span at this position, or the piece of it a remove left.
+    fn held_at(&mut self, pod: u32, rank: u8, at: usize) {
+        let same = (*self.hint).filter(|h| (h.node, h.pod, h.rank) == (self.id, pod, rank));
+        *self.hint = Some(SpanHint {
+            node: self.id,
+            pod,
+            rank,
+            at,
+            lone: same.and_then(|h| h.lone).or(self.lone),
+        });
+    }
+
+    /// Whether `pod` holds no span here with a DP rank other than `rank`, known for the rest
+    /// of the lock once asked.
+    fn lone(&mut self, pod: u32, rank: u8) -> bool {
+        let hint = self.hint.as_mut();
+        let hint = hint.filter(|h| (h.node, h.pod, h.rank) == (self.id, pod, rank));
+        if let Some(known) = hint.as_ref().and_then(|h| h.lone) {
+            return known;
+        }
+        let lone = self.node.lone(pod, rank);
+        match hint {
+            Some(h) => h.lone = Some(lone),
+            // Kept for the hint the edit leaves.
+            None => self.lone = Some(lone),
+        }
+        lone
     }
 }
 
@@ -641,25 +736,24 @@ impl Node {
             .partition_point(|s| (s.resident.pod(), s.resident.rank(), s.from) < (pod, rank, from))
     }
 
-    /// The span of `(pod, rank)` covering `pos`.
-    fn find(&self, pod: u32, rank: u8, pos: u16) -> Option<usize> {
-        let at = self.seek(pod, rank, pos + 1).checked_sub(1)?;
-        let span = &self.spans[at];
-        (span.is(pod, rank) && span.covers(pos)).then_some(at)
-    }
-
-    /// The value at `pos` of `pod`'s DP ranks other than `rank` (`None` when none holds
-    /// it). A pod's spans sit together in span order, by rank, so a pod with one rank (the
-    /// common case) is answered by two binary searches without a scan.
-    fn other_ranks(&self, pod: u32, rank: u8, pos: u16) -> Option<FieldValue> {
+    /// The spans of `pod`, all its DP ranks: they sit together in span order, by rank.
+    fn pod_spans(&self, pod: u32) -> &[Span] {
         let first = self.seek(pod, 0, 0);
         let len = self.spans[first..].partition_point(|s| s.resident.pod() == pod);
-        let group = &self.spans[first..first + len];
+        &self.spans[first..first + len]
+    }
+
+    /// Whether `pod` holds nothing here with a DP rank other than `rank` (the common case:
+    /// one rank per pod), by two binary searches without a scan.
+    fn lone(&self, pod: u32, rank: u8) -> bool {
+        let group = self.pod_spans(pod);
         let only_ours = |s: Option<&Span>| s.is_none_or(|s| s.resident.rank() == rank);
-        if only_ours(group.first()) && only_ours(group.last()) {
-            return None;
-        }
-        (group.iter())
+        only_ours(group.first()) && only_ours(group.last())
+    }
+
+    /// The value at `pos` of `pod`'s DP ranks other than `rank` (`None` when none holds it).
+    fn other_ranks(&self, pod: u32, rank: u8, pos: u16) -> Option<FieldValue> {
+        (self.pod_spans(pod).iter())
             .filter(|s| s.resident.rank() != rank && s.covers(pos))
             .fold(None, |v, s| merge(v, own_value(&s.resident)))
     }
@@ -678,18 +772,12 @@ impl ResidentSet for BlockMut<'_> {
         others: bool,
         edit: impl FnOnce(&mut Resident) -> R,
     ) -> Edited<R> {
-        let pos = self.pos;
-        // The source's spans starting after `pos` begin here; the one before, if any of
-        // the source's, is the only one that may cover `pos`. With none covering it, this
-        // is also where a span of it for `pos` goes.
-        let after = self.node.seek(pod, rank, pos + 1);
-        let at = (after.checked_sub(1)).filter(|&i| {
-            let span = &self.node.spans[i];
-            span.is(pod, rank) && span.covers(pos)
-        });
+        // With no span of the source covering the position, `after` is also where a span
+        // of it for the position goes.
+        let (after, at) = self.locate(pod, rank);
         self.vacant = at.is_none().then_some((pod, rank, after));
-        let other = if others {
-            self.node.other_ranks(pod, rank, pos)
+        let other = if others && !self.lone(pod, rank) {
+            self.node.other_ranks(pod, rank, self.pos)
         } else {
             None
         };
@@ -699,7 +787,8 @@ impl ResidentSet for BlockMut<'_> {
             let out = edit(&mut new);
             if new != old {
                 self.vacant = None;
-                self.set(i, new);
+                let held = self.set(i, new);
+                self.held_at(pod, rank, held);
             }
             (out, old, new)
         });
@@ -711,11 +800,12 @@ impl ResidentSet for BlockMut<'_> {
         let (pod, rank) = (resident.pod(), resident.rank());
         let at = match self.vacant.take() {
             Some((p, r, at)) if (p, r) == (pod, rank) => at,
-            _ => self.node.seek(pod, rank, pos),
+            _ => self.locate(pod, rank).0,
         };
         // A source storing a run block after block: its span before grows by one, with no
         // insert (and no shift of the spans after it).
         if self.grow_before(at, resident) {
+            self.held_at(pod, rank, at - 1);
             return;
         }
         let span = Span {
@@ -724,17 +814,20 @@ impl ResidentSet for BlockMut<'_> {
             to: pos,
         };
         self.node.spans.insert(at, span);
-        self.coalesce(at);
+        let held = self.coalesce(at);
+        self.held_at(pod, rank, held);
     }
 
     fn remove(&mut self, pod: u32, rank: u8) -> bool {
         self.vacant = None;
         let pos = self.pos;
-        if let Some(at) = self.node.find(pod, rank, pos) {
+        if let (_, Some(at)) = self.locate(pod, rank) {
             let (left, right) = self.node.spans[at].around(pos);
             self.node
                 .spans
                 .splice(at..=at, left.into_iter().chain(right));
+            // A run removed block after block, either way, finds its span here next.
+            self.held_at(pod, rank, at);
         }
         !self.node.held(pos)
     }
