@@ -465,7 +465,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             Some(p) => {
                 let (chains, state) = self.chain_edit();
                 match state.find(p, chains) {
-                    Some((held, _)) if held.model() == model => held.chain(),
+                    Some((held, spot)) if held.model() == model => {
+                        if let Some(spot) = spot {
+                            chains.expect_after(held.chain(), spot);
+                        }
+                        held.chain()
+                    }
                     _ => 0,
                 }
             }
@@ -484,6 +489,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             } else {
                 content_hash(tokens)
             };
+            if let Some(chain) = self.store_next(model, hash, (std, chain, parent), media) {
+                parent = chain;
+                continue;
+            }
             let block = Some(StoreHashes { std, chain, parent });
             parent = self.store_block(model, hash, block, media);
         }
@@ -560,6 +569,41 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         self.out.mapping(hash, Some(std));
         self.stats.blocks_stored += 1;
         chain
+    }
+
+    /// [`Self::store_block`] for the common store of a `prefix`-only index, in one step: a
+    /// base-model block the source does not hold under any sign, stored right after the block
+    /// stored last ([`ChainRuns::grow_run`]). Returns its chain hash, or `None`, with nothing
+    /// changed, for any other store.
+    fn store_next(
+        &mut self,
+        model: u32,
+        hash: &BlockHash,
+        (std, chain, parent): (u64, u64, u64),
+        media: MediaSet,
+    ) -> Option<u64> {
+        if chain == 0 || self.std_layer() || model != self.state.base_model {
+            return None;
+        }
+        let who = self.chain_editor();
+        let (chains, state) = self.chain_edit();
+        if state.find_key(hash, chains).is_some() {
+            return None;
+        }
+        let ((before, after), spot) =
+            chains.grow_run(&mut state.runs, (chain, std), parent, who, media)?;
+        self.count_chain(before, after);
+        self.state.put(model, hash, (std, chain, Some(spot)), media);
+        let state = EngineState {
+            std_hash: std,
+            media,
+            stored_at: self.now,
+            chain,
+        };
+        self.out.engine_state(model, hash, Some(state));
+        self.out.mapping(hash, Some(std));
+        self.stats.blocks_stored += 1;
+        Some(chain)
     }
 
     /// Drops the block held under an int `hash`'s key with the other sign, which the block

@@ -266,6 +266,13 @@ impl ChainRuns {
         (spot, true)
     }
 
+    /// Notes that the next block edited most likely follows chain block `hash` at `spot`
+    /// (an event's parent, whose spot its source keeps): it is then found or placed without
+    /// a locator probe. Checked against the run when used, like every `last`.
+    pub(crate) fn expect_after(&mut self, hash: u64, spot: Spot) {
+        self.last = Some((hash, spot));
+    }
+
     /// The chain hash at `spot`, if the run still reaches it.
     fn at(&self, spot: Spot) -> Option<u64> {
         let node = self.nodes.get(spot.node as usize)?;
@@ -373,6 +380,67 @@ impl ChainRuns {
         let dup_key = (layer::CHAIN_DUPS, key);
         let (change, duplicate) = layer::add_to(&mut block, dups, dup_key, who, added, new_copy);
         (change, duplicate, spot)
+    }
+
+    /// [`Self::add_media`] of a new engine copy on `added` media for the common store: chain
+    /// block `key` (std hash `std`) comes right after `parent`, the block edited last, in its
+    /// run (already there, or appended), and the editor's source does not hold it yet (its
+    /// span before it then mostly grows by one, [`BlockMut::push`]). Gives the pod's value
+    /// before and after and the block's spot; `None`, with nothing changed, for any other
+    /// store (which [`Self::add_media`] then takes).
+    pub(crate) fn grow_run(
+        &mut self,
+        held: &mut HeldRuns,
+        (key, std): (u64, u64),
+        parent: u64,
+        who: Editor,
+        added: MediaSet,
+    ) -> Option<(Change, Spot)> {
+        let (last, before) = self.last?;
+        if last != parent || added.is_empty() {
+            return None;
+        }
+        let spot = Spot {
+            node: before.node,
+            pos: before.pos + 1,
+        };
+        let node = self.nodes.get(spot.node as usize)?;
+        if node.chains.get(before.pos as usize) != Some(&parent) {
+            return None;
+        }
+        let resident = Resident::new(who.pod, who.rank, who.now, added);
+        let created = match node.chains.get(spot.pos as usize) {
+            Some(&here) if here == key && node.stds[spot.pos as usize] == std => false,
+            // The block ends up appended to this run unless it sits elsewhere already.
+            None if self.extends(before) && self.spot(key).is_none() => true,
+            _ => return None,
+        };
+        let mut block = self.open(spot);
+        // A source already holding the block (through another engine hash) gains a copy:
+        // the general path counts it.
+        let (after, covered) = block.locate(who.pod, who.rank);
+        if covered.is_some() {
+            return None;
+        }
+        block.vacant = Some((who.pod, who.rank, after));
+        let other = if who.pod_values && !created && !block.lone(who.pod, who.rank) {
+            block.node.other_ranks(who.pod, who.rank, block.pos)
+        } else {
+            None
+        };
+        block.push(resident);
+        if created {
+            self.append(spot.node, key, std);
+            self.locator.insert(key, spot);
+        }
+        held.note(spot.node);
+        self.last = Some((key, spot));
+        let change = if created {
+            layer::first_resident(who, added).0
+        } else {
+            who.values(other, None, own_value(&resident))
+        };
+        Some((change, spot))
     }
 
     /// Takes `removed` media off the editor's resident of chain block `key`, at `spot` when
@@ -889,6 +957,7 @@ mod tests {
             first: u64,
             last: u64,
             media: u8,
+            new_copy: bool,
             now: u32,
         },
         Add {
@@ -935,9 +1004,11 @@ mod tests {
                 }),
             1 => source.clone().prop_map(|source| Op::Clear { source }),
             // A source storing a run of blocks in order, as engines do (again, mostly).
-            2 => (source, 1u64..16, 1u64..8, 1u8..8, 0u32..3).prop_map(|(source, first, len, media, now)| {
-                Op::Run { source, first, last: (first + len).min(15), media, now }
-            }),
+            2 => (source, 1u64..16, 1u64..8, 1u8..8, any::<bool>(), 0u32..3).prop_map(
+                |(source, first, len, media, new_copy, now)| {
+                    Op::Run { source, first, last: (first + len).min(15), media, new_copy, now }
+                },
+            ),
         ]
     }
 
@@ -949,6 +1020,7 @@ mod tests {
                 first,
                 last,
                 media,
+                new_copy,
                 now,
             } => (first..=last)
                 .map(|key| Op::Add {
@@ -957,7 +1029,7 @@ mod tests {
                     after_previous: key > first,
                     alone: false,
                     media,
-                    new_copy: false,
+                    new_copy,
                     now,
                 })
                 .collect(),
@@ -1046,8 +1118,15 @@ mod tests {
                         let want = layer::add_media(&map, dups, dup_key, key, who, media, new_copy);
                         let dups = run_dups.entry(source).or_default();
                         let held = run_held.entry(source).or_default();
-                        let (change, duplicate, spot) =
-                            runs.add_media((parent, alone), (dups, held), (key, !key), who, media, new_copy);
+                        // A new engine copy after the block edited last takes the short way
+                        // when it can, as an apply does.
+                        let short = (new_copy && parent != 0)
+                            .then(|| runs.grow_run(held, (key, !key), parent, who, media))
+                            .flatten();
+                        let (change, duplicate, spot) = match short {
+                            Some((change, spot)) => (change, false, Some(spot)),
+                            None => runs.add_media((parent, alone), (dups, held), (key, !key), who, media, new_copy),
+                        };
                         proptest::prop_assert_eq!(want, (change, duplicate));
                         // The spot a source keeps gives both hashes back.
                         let spot = spot.map(|s| runs.hashes_at(s));
