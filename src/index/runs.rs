@@ -196,6 +196,9 @@ pub(crate) struct BlockMut<'a> {
     node: &'a mut Node,
     id: u32,
     hint: &'a mut Option<SpanHint>,
+    /// The span of the source the last lookup found covering this position (a `remove`
+    /// after it needs no search); cleared by every change of the spans.
+    found: Option<(u32, u8, usize)>,
     /// [`SpanHint::lone`] of the editing source, when asked before the hint was left.
     lone: Option<bool>,
     pos: u16,
@@ -216,6 +219,7 @@ impl ChainRuns {
             node: &mut self.nodes[spot.node as usize],
             id: spot.node,
             hint: &mut self.hint,
+            found: None,
             lone: None,
             pos: spot.pos as u16,
             vacant: None,
@@ -844,6 +848,7 @@ impl ResidentSet for BlockMut<'_> {
         // of it for the position goes.
         let (after, at) = self.locate(pod, rank);
         self.vacant = at.is_none().then_some((pod, rank, after));
+        self.found = at.map(|at| (pod, rank, at));
         let other = if others && !self.lone(pod, rank) {
             self.node.other_ranks(pod, rank, self.pos)
         } else {
@@ -855,6 +860,7 @@ impl ResidentSet for BlockMut<'_> {
             let out = edit(&mut new);
             if new != old {
                 self.vacant = None;
+                self.found = None;
                 let held = self.set(i, new);
                 self.held_at(pod, rank, held);
             }
@@ -864,6 +870,7 @@ impl ResidentSet for BlockMut<'_> {
     }
 
     fn push(&mut self, resident: Resident) {
+        self.found = None;
         let pos = self.pos;
         let (pod, rank) = (resident.pod(), resident.rank());
         let at = match self.vacant.take() {
@@ -889,12 +896,25 @@ impl ResidentSet for BlockMut<'_> {
     fn remove(&mut self, pod: u32, rank: u8) -> bool {
         self.vacant = None;
         let pos = self.pos;
-        if let (_, Some(at)) = self.locate(pod, rank) {
-            let (left, right) = self.node.spans[at].around(pos);
-            self.node
-                .spans
-                .splice(at..=at, left.into_iter().chain(right));
-            // A run removed block after block, either way, finds its span here next.
+        let at = match self.found.take() {
+            Some((p, r, at)) if (p, r) == (pod, rank) => Some(at),
+            _ => self.locate(pod, rank).1,
+        };
+        if let Some(at) = at {
+            let spans = &mut self.node.spans;
+            // The span shrinks from its end or its start (a run removed block after block,
+            // either way), splits around the position, or goes.
+            match spans[at].around(pos) {
+                (Some(left), Some(right)) => {
+                    spans[at] = left;
+                    spans.insert(at + 1, right);
+                }
+                (Some(piece), None) | (None, Some(piece)) => spans[at] = piece,
+                (None, None) => {
+                    spans.remove(at);
+                }
+            }
+            // The next block of such a run finds its span here.
             self.held_at(pod, rank, at);
         }
         !self.node.held(pos)
