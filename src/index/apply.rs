@@ -558,6 +558,19 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             self.stats.duplicate_engine_hashes += 1;
         }
         let media = if new_copy { media } else { before.union(media) };
+        self.keep_stored(model, hash, (std, chain, spot), media);
+        chain
+    }
+
+    /// Records engine block `hash` as stored, its residents edited: the source's slot, the
+    /// sink's engine state and mapping, the count.
+    fn keep_stored(
+        &mut self,
+        model: u32,
+        hash: &BlockHash,
+        (std, chain, spot): (u64, u64, Option<Spot>),
+        media: MediaSet,
+    ) {
         self.state.put(model, hash, (std, chain, spot), media);
         let state = EngineState {
             std_hash: std,
@@ -568,7 +581,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         self.out.engine_state(model, hash, Some(state));
         self.out.mapping(hash, Some(std));
         self.stats.blocks_stored += 1;
-        chain
     }
 
     /// [`Self::store_block`] for the common store of a `prefix`-only index, in one step: a
@@ -593,16 +605,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let ((before, after), spot) =
             chains.grow_run(&mut state.runs, (chain, std), parent, who, media)?;
         self.count_chain(before, after);
-        self.state.put(model, hash, (std, chain, Some(spot)), media);
-        let state = EngineState {
-            std_hash: std,
-            media,
-            stored_at: self.now,
-            chain,
-        };
-        self.out.engine_state(model, hash, Some(state));
-        self.out.mapping(hash, Some(std));
-        self.stats.blocks_stored += 1;
+        self.keep_stored(model, hash, (std, chain, Some(spot)), media);
         Some(chain)
     }
 
