@@ -20,6 +20,11 @@
 //! content-only truth (kthena's std hash semantics).
 //!
 //! Run: `cd benches/peers/dynamo && cargo run --release` (about a minute on 2 cores).
+//!
+//! For a profiler (`perf record`, `valgrind --tool=callgrind`), one part of kvindex's
+//! `prefix`-only side alone: `profile` (every edit), `profile-store1`, `profile-store8`,
+//! `profile-remove` (each phase's best apply time is printed), or `profile-query-full`,
+//! `-half`, `-miss`, `-mixed` (one query kind after the 8-block stores, its p50 and p99).
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -879,6 +884,24 @@ fn main() {
         Some("profile-remove") => Some(vec![&stores_8, &removes]),
         _ => None,
     };
+    if let Some(set) = std::env::args().nth(1).and_then(|a| {
+        let kind = a.strip_prefix("profile-query-")?.to_string();
+        queries
+            .names
+            .iter()
+            .position(|n| n.starts_with(kind.as_str()))
+    }) {
+        // One query kind on kvindex's `prefix`-only index after the 8-block stores, for a
+        // profiler; prints the kind's latency.
+        let mut peer = Kvindex::prefix_only();
+        peer.apply(&stores_8, &w, true);
+        let l = latency(&peer, &queries.sets[set], &w);
+        println!(
+            "{}: p50 {:.3} µs, p99 {:.3} µs",
+            queries.names[set], l.p50, l.p99
+        );
+        return;
+    }
     if let Some(phases) = profiled {
         // Only kvindex's `prefix`-only edits, for a profiler: all of them (`profile`) or one
         // kind on a fresh index (a remove profile includes the stores it needs).
