@@ -199,8 +199,17 @@ impl HeldSlot {
 }
 
 /// An integer engine hash's 64 bits, split so map buckets pack to 4-byte alignment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct IntKey([u32; 2]);
+
+/// Hashed as the one `u64` it is: a derived hash would hash an array (a length, then bytes),
+/// three times the hasher's work, and every stored or removed block probes its source's
+/// map up to three times.
+impl Hash for IntKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.bits());
+    }
+}
 
 impl IntKey {
     fn new(bits: u64) -> IntKey {
@@ -297,7 +306,9 @@ impl<K: Hash + Eq> Slots<K> {
                 }
                 EntryRef::Vacant(vacant) => {
                     vacant.insert(slot);
-                    self.whole.remove(key).map(|held| held.model)
+                    // An empty map would still hash the key to answer.
+                    let whole = (!self.whole.is_empty()).then(|| self.whole.remove(key));
+                    whole.flatten().map(|held| held.model)
                 }
             },
             Slot::Whole(held) => match self.whole.entry_ref(key) {
