@@ -221,10 +221,7 @@ impl<'a> IndexLookup<'a> {
     ) -> IndexLookup<'a> {
         let layer = IndexLookup::layer(index, model, mode);
         // A prompt whose first block nobody holds scores nobody: resolve no names for it.
-        let first_held = (layer.as_ref())
-            .zip(blocks.first())
-            .is_some_and(|(layer, hash)| layer.contains(*hash));
-        let slots = if first_held {
+        let slots = if first_held(layer.as_ref(), blocks) {
             Slots::resolve(index, candidates)
         } else {
             Slots::default()
@@ -271,6 +268,12 @@ impl<'a> IndexLookup<'a> {
         }
     }
 
+    /// Whether anybody holds the prompt's first block: a prompt whose first block nobody
+    /// holds scores nobody, in either mode.
+    pub(crate) fn first_held(&self) -> bool {
+        first_held(self.layer.as_ref(), self.blocks)
+    }
+
     /// Visits block `block`'s owners unless `unless` is their fingerprint.
     fn visit<F: FnMut(Owner)>(&mut self, block: usize, unless: Option<u64>, mut visit: F) -> Visit {
         let (Some(layer), Some(hash)) = (&self.layer, self.blocks.get(block)) else {
@@ -292,6 +295,11 @@ impl<'a> IndexLookup<'a> {
             });
         })
     }
+}
+
+/// Whether `layer` has anybody holding the first of `blocks`.
+fn first_held(layer: Option<&LayerReader<'_>>, blocks: &[u64]) -> bool {
+    (layer.zip(blocks.first())).is_some_and(|(layer, hash)| layer.contains(*hash))
 }
 
 impl Lookup for IndexLookup<'_> {

@@ -18,7 +18,7 @@ use proptest::prelude::*;
 
 use kvindex::index::{Discard, Index, IndexOptions, SourceId, SourceSpec};
 use kvindex::medium::{MediaSet, Medium, TierWeights};
-use kvindex::score::{score_index_with, MatchMode, PromptSettings};
+use kvindex::score::{score_candidates, score_index_with, Candidates, MatchMode, PromptSettings};
 use kvindex::store::redis::checkpoint;
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 
@@ -319,6 +319,30 @@ fn index_scores(
         .collect()
 }
 
+/// The same through a router's resolved candidate list ([`score_candidates`], which answers
+/// a prompt whose first block nobody holds without scoring it).
+fn candidate_scores(
+    index: &Index,
+    model: &str,
+    prompt: &[u8],
+    mode: MatchMode,
+) -> BTreeMap<String, (u32, f64)> {
+    let tokens: Vec<u32> = prompt.iter().flat_map(|c| tokens_of(*c)).collect();
+    let blocks = PromptSettings::default().blocks(model, &tokens, mode);
+    let weights = TierWeights::default();
+    let candidates = Candidates::new(index, &PODS);
+    let scores = score_candidates(index, model, &blocks, &candidates, &weights, &[], mode);
+    scores
+        .into_iter()
+        .map(|s| {
+            (
+                PODS[s.candidate].to_string(),
+                (s.matched_blocks, s.weighted_sum),
+            )
+        })
+        .collect()
+}
+
 /// The first (batch, prompt, mode) where index and model disagree, if any.
 /// Also checks a `prefix`-only index (no std layer) fed the same stream: its `prefix` scores
 /// equal the model's, and its O(1) entry counters equal both its own walk and the full
@@ -354,6 +378,12 @@ fn first_divergence(stream: &[(usize, Vec<Op>)], prompts: &[(Vec<u8>, bool)]) ->
                 if want != got {
                     return Some(format!(
                         "after batch {n}, {mode:?} {name} {prompt:?}: model {want:?}, index {got:?}"
+                    ));
+                }
+                let got = candidate_scores(&index, name, prompt, mode);
+                if want != got {
+                    return Some(format!(
+                        "after batch {n}, {mode:?} {name} {prompt:?}, by candidates: model {want:?}, index {got:?}"
                     ));
                 }
             }
