@@ -301,45 +301,59 @@ fn index_with(options: IndexOptions) -> (Index, Vec<SourceId>) {
     (index, ids)
 }
 
-/// The index's per-pod (matched blocks, Σ weights) for a prompt in `mode`.
+/// How a test asks the index for scores.
+#[derive(Clone, Copy)]
+enum Ask {
+    /// By pod names ([`score_index_with`]).
+    ByNames,
+    /// Through a router's resolved candidate list ([`score_candidates`], which answers a
+    /// prompt whose first block nobody holds without scoring it).
+    ByCandidates,
+}
+
+/// The index's per-pod (matched blocks, Σ weights) for a prompt in `mode`, by pod names.
 fn index_scores(
     index: &Index,
     model: &str,
     prompt: &[u8],
     mode: MatchMode,
 ) -> BTreeMap<String, (u32, f64)> {
-    let tokens: Vec<u32> = prompt.iter().flat_map(|c| tokens_of(*c)).collect();
-    let blocks = PromptSettings::default().blocks(model, &tokens, mode);
-    let weights = TierWeights::default();
-    let scores = score_index_with(index, model, &blocks, &PODS, &weights, &[], mode);
-    scores
-        .scores
-        .into_iter()
-        .map(|s| (s.pod, (s.matched_blocks, s.weighted_sum)))
-        .collect()
+    asked_scores(index, model, prompt, (mode, Ask::ByNames))
 }
 
-/// The same through a router's resolved candidate list ([`score_candidates`], which answers
-/// a prompt whose first block nobody holds without scoring it).
-fn candidate_scores(
+/// The same, asked as `ask` says.
+fn asked_scores(
     index: &Index,
     model: &str,
     prompt: &[u8],
-    mode: MatchMode,
+    (mode, ask): (MatchMode, Ask),
 ) -> BTreeMap<String, (u32, f64)> {
     let tokens: Vec<u32> = prompt.iter().flat_map(|c| tokens_of(*c)).collect();
     let blocks = PromptSettings::default().blocks(model, &tokens, mode);
     let weights = TierWeights::default();
-    let candidates = Candidates::new(index, &PODS);
-    let scores = score_candidates(index, model, &blocks, &candidates, &weights, &[], mode);
-    scores
-        .into_iter()
-        .map(|s| {
-            (
-                PODS[s.candidate].to_string(),
-                (s.matched_blocks, s.weighted_sum),
-            )
-        })
+    let scored: Vec<(String, u32, f64)> = match ask {
+        Ask::ByNames => {
+            let scores = score_index_with(index, model, &blocks, &PODS, &weights, &[], mode);
+            (scores.scores.into_iter())
+                .map(|s| (s.pod, s.matched_blocks, s.weighted_sum))
+                .collect()
+        }
+        Ask::ByCandidates => {
+            let candidates = Candidates::new(index, &PODS);
+            let scores = score_candidates(index, model, &blocks, &candidates, &weights, &[], mode);
+            (scores.into_iter())
+                .map(|s| {
+                    (
+                        PODS[s.candidate].to_string(),
+                        s.matched_blocks,
+                        s.weighted_sum,
+                    )
+                })
+                .collect()
+        }
+    };
+    (scored.into_iter())
+        .map(|(pod, matched, sum)| (pod, (matched, sum)))
         .collect()
 }
 
@@ -374,17 +388,17 @@ fn first_divergence(stream: &[(usize, Vec<Op>)], prompts: &[(Vec<u8>, bool)]) ->
             let name = if *lora { ADAPTER } else { BASE };
             for mode in [MatchMode::Prefix, MatchMode::Kthena] {
                 let want = model.scores(name, prompt, mode);
-                let got = index_scores(&index, name, prompt, mode);
-                if want != got {
-                    return Some(format!(
-                        "after batch {n}, {mode:?} {name} {prompt:?}: model {want:?}, index {got:?}"
-                    ));
-                }
-                let got = candidate_scores(&index, name, prompt, mode);
-                if want != got {
-                    return Some(format!(
-                        "after batch {n}, {mode:?} {name} {prompt:?}, by candidates: model {want:?}, index {got:?}"
-                    ));
+                for ask in [Ask::ByNames, Ask::ByCandidates] {
+                    let got = asked_scores(&index, name, prompt, (mode, ask));
+                    if want != got {
+                        let by = match ask {
+                            Ask::ByNames => "by names",
+                            Ask::ByCandidates => "by candidates",
+                        };
+                        return Some(format!(
+                            "after batch {n}, {mode:?} {name} {prompt:?} {by}: model {want:?}, index {got:?}"
+                        ));
+                    }
                 }
             }
             let want = model.scores(name, prompt, MatchMode::Prefix);
