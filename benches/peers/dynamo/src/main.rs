@@ -23,7 +23,8 @@
 //!
 //! For a profiler (`perf record`, `valgrind --tool=callgrind`), one part of kvindex's
 //! `prefix`-only side alone: `profile` (every edit), `profile-store1`, `profile-store8`,
-//! `profile-remove` (each phase's best apply time is printed), or `profile-query-full`,
+//! `profile-remove` (each phase's best apply time is printed; with `PROFILE_STD=1`, on the
+//! default index with kthena's std layer), or `profile-query-full`,
 //! `-half`, `-miss`, `-mixed` (one query kind after the 8-block stores, its p50 and p99).
 
 use std::collections::HashSet;
@@ -906,16 +907,22 @@ fn main() {
         // Only kvindex's `prefix`-only edits, for a profiler: all of them (`profile`) or one
         // kind on a fresh index (a remove profile includes the stores it needs).
         // Each phase's best apply time over the runs, for comparing builds.
+        // `PROFILE_STD=1` profiles the default index, with the std layer, instead.
+        let std_layer = std::env::var_os("PROFILE_STD").is_some();
         let mut best = vec![Duration::MAX; phases.len()];
         for _ in 0..RUNS {
-            let mut peer = Kvindex::prefix_only();
+            let mut peer = if std_layer {
+                Kvindex::new(MatchMode::Prefix)
+            } else {
+                Kvindex::prefix_only()
+            };
             for (ops, best) in phases.iter().zip(&mut best) {
                 *best = (*best).min(peer.apply(ops, &w, true).1);
             }
         }
         let best: Vec<String> = best.iter().map(|d| format!("{d:.1?}")).collect();
         println!(
-            "kvindex prefix-only apply, best of {RUNS} per phase: {}",
+            "kvindex apply, best of {RUNS} per phase: {}",
             best.join(", ")
         );
         return;
