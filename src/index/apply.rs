@@ -584,9 +584,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// [`Self::store_block`] for the common store of a `prefix`-only index, in one step: a
-    /// base-model block the source does not hold under any sign, stored right after the block
-    /// stored last ([`ChainRuns::grow_run`]). Returns its chain hash, or `None`, with nothing
-    /// changed, for any other store.
+    /// base-model block the source does not hold under any sign goes straight to the chain
+    /// runs as a new engine copy, without the general path's layers (its cases, the std
+    /// layer's lookup, the editors), which cost ~130 instructions a block. Returns its chain
+    /// hash, or `None`, with nothing changed, for any other store.
     fn store_next(
         &mut self,
         model: u32,
@@ -598,14 +599,19 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return None;
         }
         let who = self.chain_editor();
+        let place = (parent, self.alone);
         let (chains, state) = self.chain_edit();
         if state.find_key(hash, chains).is_some() {
             return None;
         }
-        let ((before, after), spot) =
-            chains.grow_run(&mut state.runs, (chain, std), parent, who, media)?;
+        let edited = (&mut state.dups, &mut state.runs);
+        let ((before, after), duplicate, spot) =
+            chains.add_media(place, edited, (chain, std), who, media, true);
         self.count_chain(before, after);
-        self.keep_stored(model, hash, (std, chain, Some(spot)), media);
+        if duplicate {
+            self.stats.duplicate_engine_hashes += 1;
+        }
+        self.keep_stored(model, hash, (std, chain, spot), media);
         Some(chain)
     }
 

@@ -139,8 +139,8 @@ pub(crate) struct ChainRuns {
 /// engine stores a run block after block, and the block after finds the span to grow (and
 /// where it would go) here instead of by binary searches over every pod's spans.
 ///
-/// The place is checked before use (the source's span there must end right before the
-/// position), so a hint left behind by other edits is harmless. `lone` — the pod has no
+/// The place is checked before use (the source's span there must cover the position or end
+/// right before it), so a hint left behind by other edits is harmless. `lone` — the pod has no
 /// other DP rank's span in the node — is only known while the runs stay locked: only one
 /// source edits under the lock, so no other rank's span can come or go meanwhile.
 #[derive(Debug, Clone, Copy)]
@@ -196,16 +196,12 @@ pub(crate) struct BlockMut<'a> {
     node: &'a mut Node,
     id: u32,
     hint: &'a mut Option<SpanHint>,
-    /// The span of the source the last lookup found covering this position (a `remove`
-    /// after it needs no search); cleared by every change of the spans.
-    found: Option<(u32, u8, usize)>,
     /// [`SpanHint::lone`] of the editing source, when asked before the hint was left.
     lone: Option<bool>,
     pos: u16,
-    /// Where the source the last lookup found no span of would have its span for this
-    /// position (the binary search a `push` after that lookup needs is done already);
-    /// cleared by every change of the spans.
-    vacant: Option<(u32, u8, usize)>,
+    /// The last lookup of a source's span here ([`Self::locate`] for `(pod, rank)`), so the
+    /// `push` or `remove` after it needs no search; cleared by every change of the spans.
+    looked: Option<(u32, u8, (usize, Option<usize>))>,
 }
 
 impl ChainRuns {
@@ -219,10 +215,9 @@ impl ChainRuns {
             node: &mut self.nodes[spot.node as usize],
             id: spot.node,
             hint: &mut self.hint,
-            found: None,
             lone: None,
             pos: spot.pos as u16,
-            vacant: None,
+            looked: None,
         }
     }
 
@@ -381,70 +376,18 @@ impl ChainRuns {
             let (change, duplicate) = layer::first_resident(who, added);
             return (change, duplicate, spot);
         }
+        // A source's first engine copy of the block (the common store: a run stored block
+        // after block) has no copies to count: its resident goes in as it is.
+        let resident = Resident::new(who.pod, who.rank, who.now, added);
+        if let Some(change) = new_copy
+            .then(|| block.push_first_copy(resident, who))
+            .flatten()
+        {
+            return (change, false, spot);
+        }
         let dup_key = (layer::CHAIN_DUPS, key);
         let (change, duplicate) = layer::add_to(&mut block, dups, dup_key, who, added, new_copy);
         (change, duplicate, spot)
-    }
-
-    /// [`Self::add_media`] of a new engine copy on `added` media for the common store: chain
-    /// block `key` (std hash `std`) comes right after `parent`, the block edited last, in its
-    /// run (already there, or appended), and the editor's source does not hold it yet (its
-    /// span before it then mostly grows by one, [`BlockMut::push`]). Gives the pod's value
-    /// before and after and the block's spot; `None`, with nothing changed, for any other
-    /// store (which [`Self::add_media`] then takes).
-    pub(crate) fn grow_run(
-        &mut self,
-        held: &mut HeldRuns,
-        (key, std): (u64, u64),
-        parent: u64,
-        who: Editor,
-        added: MediaSet,
-    ) -> Option<(Change, Spot)> {
-        let (last, before) = self.last?;
-        if last != parent || added.is_empty() {
-            return None;
-        }
-        let spot = Spot {
-            node: before.node,
-            pos: before.pos + 1,
-        };
-        let node = self.nodes.get(spot.node as usize)?;
-        if node.chains.get(before.pos as usize) != Some(&parent) {
-            return None;
-        }
-        let resident = Resident::new(who.pod, who.rank, who.now, added);
-        let created = match node.chains.get(spot.pos as usize) {
-            Some(&here) if here == key && node.stds[spot.pos as usize] == std => false,
-            // The block ends up appended to this run unless it sits elsewhere already.
-            None if self.extends(before) && self.spot(key).is_none() => true,
-            _ => return None,
-        };
-        let mut block = self.open(spot);
-        // A source already holding the block (through another engine hash) gains a copy:
-        // the general path counts it.
-        let (after, covered) = block.locate(who.pod, who.rank);
-        if covered.is_some() {
-            return None;
-        }
-        block.vacant = Some((who.pod, who.rank, after));
-        let other = if who.pod_values && !created && !block.lone(who.pod, who.rank) {
-            block.node.other_ranks(who.pod, who.rank, block.pos)
-        } else {
-            None
-        };
-        block.push(resident);
-        if created {
-            self.append(spot.node, key, std);
-            self.locator.insert(key, spot);
-        }
-        held.note(spot.node);
-        self.last = Some((key, spot));
-        let change = if created {
-            layer::first_resident(who, added).0
-        } else {
-            who.values(other, None, own_value(&resident))
-        };
-        Some((change, spot))
     }
 
     /// Takes `removed` media off the editor's resident of chain block `key`, at `spot` when
@@ -770,6 +713,33 @@ impl BlockMut<'_> {
         (after, at)
     }
 
+    /// Pushes `resident`, the editor's, when its source holds nothing at this position, and
+    /// gives the pod's value before and after (what [`layer::add_to`] gives for it, without
+    /// its edit of a held resident); `None`, with nothing changed, when the source holds it.
+    fn push_first_copy(&mut self, resident: Resident, who: Editor) -> Option<Change> {
+        let (after, covered) = self.locate(who.pod, who.rank);
+        if covered.is_some() {
+            return None;
+        }
+        let other = if who.pod_values && !self.lone(who.pod, who.rank) {
+            self.node.other_ranks(who.pod, who.rank, self.pos)
+        } else {
+            None
+        };
+        self.looked = Some((who.pod, who.rank, (after, None)));
+        self.push(resident);
+        Some(who.values(other, None, own_value(&resident)))
+    }
+
+    /// [`Self::locate`], answered by the lookup just made when it was for `(pod, rank)`;
+    /// takes that lookup, as the caller is about to change the spans.
+    fn looked_up(&mut self, pod: u32, rank: u8) -> (usize, Option<usize>) {
+        match self.looked.take() {
+            Some((p, r, found)) if (p, r) == (pod, rank) => found,
+            _ => self.locate(pod, rank),
+        }
+    }
+
     /// Notes span `at` as where the next edit of `(pod, rank)` in this run looks first: its
     /// span at this position, or the piece of it a remove left.
     fn held_at(&mut self, pod: u32, rank: u8, at: usize) {
@@ -847,8 +817,7 @@ impl ResidentSet for BlockMut<'_> {
         // With no span of the source covering the position, `after` is also where a span
         // of it for the position goes.
         let (after, at) = self.locate(pod, rank);
-        self.vacant = at.is_none().then_some((pod, rank, after));
-        self.found = at.map(|at| (pod, rank, at));
+        self.looked = Some((pod, rank, (after, at)));
         let other = if others && !self.lone(pod, rank) {
             self.node.other_ranks(pod, rank, self.pos)
         } else {
@@ -859,8 +828,7 @@ impl ResidentSet for BlockMut<'_> {
             let mut new = old;
             let out = edit(&mut new);
             if new != old {
-                self.vacant = None;
-                self.found = None;
+                self.looked = None;
                 let held = self.set(i, new);
                 self.held_at(pod, rank, held);
             }
@@ -870,13 +838,10 @@ impl ResidentSet for BlockMut<'_> {
     }
 
     fn push(&mut self, resident: Resident) {
-        self.found = None;
         let pos = self.pos;
         let (pod, rank) = (resident.pod(), resident.rank());
-        let at = match self.vacant.take() {
-            Some((p, r, at)) if (p, r) == (pod, rank) => at,
-            _ => self.locate(pod, rank).0,
-        };
+        // The source holds nothing here: `after` is where its span for the position goes.
+        let (at, _) = self.looked_up(pod, rank);
         // A source storing a run block after block: its span before grows by one, with no
         // insert (and no shift of the spans after it).
         if self.grow_before(at, resident) {
@@ -894,13 +859,8 @@ impl ResidentSet for BlockMut<'_> {
     }
 
     fn remove(&mut self, pod: u32, rank: u8) -> bool {
-        self.vacant = None;
         let pos = self.pos;
-        let at = match self.found.take() {
-            Some((p, r, at)) if (p, r) == (pod, rank) => Some(at),
-            _ => self.locate(pod, rank).1,
-        };
-        if let Some(at) = at {
+        if let (_, Some(at)) = self.looked_up(pod, rank) {
             let spans = &mut self.node.spans;
             // The span shrinks from its end or its start (a run removed block after block,
             // either way), splits around the position, or goes.
@@ -1138,15 +1098,8 @@ mod tests {
                         let want = layer::add_media(&map, dups, dup_key, key, who, media, new_copy);
                         let dups = run_dups.entry(source).or_default();
                         let held = run_held.entry(source).or_default();
-                        // A new engine copy after the block edited last takes the short way
-                        // when it can, as an apply does.
-                        let short = (new_copy && parent != 0)
-                            .then(|| runs.grow_run(held, (key, !key), parent, who, media))
-                            .flatten();
-                        let (change, duplicate, spot) = match short {
-                            Some((change, spot)) => (change, false, Some(spot)),
-                            None => runs.add_media((parent, alone), (dups, held), (key, !key), who, media, new_copy),
-                        };
+                        let (change, duplicate, spot) =
+                            runs.add_media((parent, alone), (dups, held), (key, !key), who, media, new_copy);
                         proptest::prop_assert_eq!(want, (change, duplicate));
                         // The spot a source keeps gives both hashes back.
                         let spot = spot.map(|s| runs.hashes_at(s));
