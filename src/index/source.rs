@@ -410,7 +410,11 @@ pub(crate) struct SourceState {
     ints: Slots<IntKey>,
     /// The same for byte-string engine hashes.
     bytes: Slots<Box<[u8]>>,
-    /// Engine blocks held per model; a model is here (and referenced) while it has any.
+    /// Engine blocks held of the base model, which is referenced while there are any: apart
+    /// from `models`, as nearly every block is the base model's and its count moves with
+    /// every store and remove.
+    base_blocks: u32,
+    /// Engine blocks held per LoRA model; a model is here (and referenced) while it has any.
     models: HashMap<u32, u32>,
     /// References to drop once the current call has settled the block maps (dropping one
     /// may free a model's block map, which must not happen while its blocks are edited).
@@ -449,6 +453,7 @@ impl SourceState {
             main_group: None,
             ints: Slots::default(),
             bytes: Slots::default(),
+            base_blocks: 0,
             models: HashMap::new(),
             deferred: Vec::new(),
             table,
@@ -490,7 +495,7 @@ impl SourceState {
                 return Some((id, blocks));
             }
         }
-        if self.models.len() >= self.table.max_per_source {
+        if self.models.len() + usize::from(self.base_blocks > 0) >= self.table.max_per_source {
             // At the cap only a model this source holds is admitted, and a refused name
             // allocates nothing.
             return None;
@@ -614,7 +619,11 @@ impl SourceState {
 
     /// One more block of `model`: its first takes a reference.
     fn count_in(&mut self, model: u32) {
-        let n = self.models.entry(model).or_insert(0);
+        let n = if model == self.base_model {
+            &mut self.base_blocks
+        } else {
+            self.models.entry(model).or_insert(0)
+        };
         if *n == 0 {
             self.table.retain(model);
         }
@@ -623,6 +632,15 @@ impl SourceState {
 
     /// One block of `model` fewer: its last defers dropping the reference.
     fn count_out(&mut self, model: u32) {
+        if model == self.base_model {
+            if self.base_blocks > 0 {
+                self.base_blocks -= 1;
+                if self.base_blocks == 0 {
+                    self.deferred.push(model);
+                }
+            }
+            return;
+        }
         let Some(n) = self.models.get_mut(&model) else {
             return;
         };
@@ -706,6 +724,9 @@ impl SourceState {
         let models: Vec<u32> = self.models.drain().map(|(m, _)| m).collect();
         self.deferred.extend(models);
         self.models = HashMap::new();
+        if std::mem::take(&mut self.base_blocks) > 0 {
+            self.deferred.push(self.base_model);
+        }
         self.main_group = None;
     }
 
