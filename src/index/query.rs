@@ -343,6 +343,17 @@ impl LayerReader<'_> {
         }
     }
 
+    /// Whether any source holds block `key` as a prompt's first block. In the chain layer
+    /// that is a chain start (a block seeded by its model, [`crate::hash::model_seed`]):
+    /// a chain hash from inside a chain is not one. Answered from a small table of starts
+    /// when the block is none, so a new prompt's miss stays in cache.
+    pub fn holds_first(&self, key: u64) -> bool {
+        match &self.blocks {
+            Layer::Std(blocks) => blocks.get(&key).is_some(),
+            Layer::Chain(runs, _) => runs.starts_held(key),
+        }
+    }
+
     /// Calls `visit(pod, media, stored_at)` for every resident of block `key` (a pod with
     /// several DP ranks once per rank), unless the block's resident fingerprint equals
     /// `unless`: then the block has the same (pod, rank, media) residents as the block that

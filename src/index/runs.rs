@@ -117,6 +117,12 @@ impl Node {
 #[derive(Debug, Default)]
 pub(crate) struct ChainRuns {
     locator: HashMap<u64, Spot>,
+    /// The chain blocks placed with no parent here (chain starts, and blocks restored with
+    /// their parent unknown): a prompt's first block is a chain start, so a query that
+    /// misses (a new prompt) is answered from this small table, which stays in cache,
+    /// instead of a probe of the locator, which mostly does not ([`Self::starts_held`]).
+    /// Dynamo's tree answers it from its root's children alike.
+    starts: hashbrown::HashSet<u64>,
     nodes: Vec<Node>,
     /// Ids of freed nodes, reused before the node list grows.
     free: Vec<u32>,
@@ -261,6 +267,9 @@ impl ChainRuns {
         };
         let spot = self.append(node, hash, std);
         self.locator.insert(hash, spot);
+        if after.is_none() {
+            self.starts.insert(hash);
+        }
         self.last = Some((hash, spot));
         (spot, true)
     }
@@ -332,6 +341,7 @@ impl ChainRuns {
         if node.spans.is_empty() {
             for hash in node.chains.drain(..) {
                 self.locator.remove(&hash);
+                forget_start(&mut self.starts, hash);
             }
             *node = Node::default();
             self.free.push(id);
@@ -347,6 +357,7 @@ impl ChainRuns {
             node.chains.pop();
             node.stds.pop();
             self.locator.remove(&last);
+            forget_start(&mut self.starts, last);
         }
     }
 
@@ -471,6 +482,13 @@ impl ChainRuns {
         self.held_spot(key).is_some()
     }
 
+    /// Whether anybody holds chain block `key` when it is a chain start: a prompt's first
+    /// block always is one, and a block that is no chain block here is answered by the
+    /// small table of starts alone.
+    pub(crate) fn starts_held(&self, key: u64) -> bool {
+        self.starts.contains(&key) && self.contains(key)
+    }
+
     /// [`super::LayerReader::visit`] on chain block `key`, following the run `cursor` is in
     /// without a probe and without a span scan while the residents stay the same.
     pub(crate) fn visit(
@@ -560,7 +578,9 @@ impl ChainRuns {
                     + n.spans.capacity() * std::mem::size_of::<Span>()
             })
             .sum();
-        table_bytes::<u64, Spot>(self.locator.capacity()) + nodes + runs + self.free.capacity() * 4
+        let tables = table_bytes::<u64, Spot>(self.locator.capacity())
+            + table_bytes::<u64, ()>(self.starts.capacity());
+        tables + nodes + runs + self.free.capacity() * 4
     }
 
     /// Starts an edit under a fresh write lock: what was known of other sources' spans
@@ -575,6 +595,9 @@ impl ChainRuns {
         if capacity > 1024 && self.locator.len() * 4 < capacity {
             self.locator.shrink_to_fit();
         }
+        if self.starts.capacity() > 1024 && self.starts.len() * 4 < self.starts.capacity() {
+            self.starts.shrink_to_fit();
+        }
         if self.free.len() > 1024 && self.free.len() * 2 > self.nodes.len() {
             // Trailing free nodes go; ids of the rest stay as they are.
             let mut top = self.nodes.len();
@@ -586,6 +609,14 @@ impl ChainRuns {
             self.free.retain(|id| (*id as usize) < top);
             self.free.shrink_to_fit();
         }
+    }
+}
+
+/// Takes chain block `hash`, gone from the locator, out of the `starts` it may be in (a
+/// miss costs no probe while the table is empty).
+fn forget_start(starts: &mut hashbrown::HashSet<u64>, hash: u64) {
+    if !starts.is_empty() {
+        starts.remove(&hash);
     }
 }
 
@@ -1058,6 +1089,9 @@ mod tests {
                     );
                 }
             }
+        }
+        for start in &runs.starts {
+            assert!(runs.locator.contains_key(start), "start {start} not placed");
         }
         let mut all = Vec::new();
         for (key, spot) in &runs.locator {

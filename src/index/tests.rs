@@ -704,3 +704,42 @@ fn a_block_after_one_that_kept_its_verified_chain_follows_that_chain() {
     let chain2 = chain_hash(chain1, &tokens(16, 1));
     assert_eq!(chains, [("1".to_owned(), chain1), ("2".to_owned(), chain2)]);
 }
+
+#[test]
+fn a_prompt_is_answered_from_a_chain_start_and_the_starts_follow_the_runs() {
+    use crate::hash::{chain_hash, model_seed};
+    let index = Index::new();
+    let a = index.register_source(&spec("a.ns", 0)).unwrap();
+    let b = index.register_source(&spec("b.ns", 0)).unwrap();
+    let chain1 = chain_hash(model_seed("m"), &tokens(0, 1));
+    let chain2 = chain_hash(chain1, &tokens(16, 1));
+    let first = stored(&[1, 2], tokens(0, 2), "GPU");
+    index
+        .apply(a, &batch(vec![first]), 10, &mut Discard)
+        .unwrap();
+    let starts = || {
+        let layer = index.chain_layer();
+        [chain1, chain2, 77].map(|chain| (layer.contains(chain), layer.holds_first(chain)))
+    };
+    // Block 2 is held, but a prompt cannot start with it: it is no chain start.
+    assert_eq!(starts(), [(true, true), (true, false), (false, false)]);
+    // A block restored from a checkpoint has no known parent: it may be a start.
+    let restored = EngineState {
+        std_hash: 5,
+        media: crate::medium::MediaSet::single(Medium::GPU),
+        stored_at: 9,
+        chain: 77,
+    };
+    index
+        .restore_block(b, "m", &BlockHash::Int(7), restored)
+        .unwrap();
+    assert_eq!(starts(), [(true, true), (true, false), (true, true)]);
+    // Blocks that leave the runs leave the starts.
+    let gone = [removed(&[1, 2], "GPU")];
+    index
+        .apply(a, &batch(gone.to_vec()), 11, &mut Discard)
+        .unwrap();
+    index.clear_source(b, &mut Discard).unwrap();
+    assert_eq!(starts(), [(false, false); 3]);
+    assert_eq!(index.chain_entries(), 0);
+}

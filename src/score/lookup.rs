@@ -210,7 +210,8 @@ impl<'a> IndexLookup<'a> {
     }
 
     /// The same in `mode`: `blocks` are std hashes for `kthena`, chain hashes of `model` for
-    /// `prefix` ([`super::PromptSettings::blocks`]).
+    /// `prefix` ([`super::PromptSettings::blocks`]), from the prompt's first block: in
+    /// `prefix` mode blocks that start inside a chain score nobody.
     pub fn with_mode<S: AsRef<str>>(
         index: &'a Index,
         model: &str,
@@ -230,7 +231,9 @@ impl<'a> IndexLookup<'a> {
     }
 
     /// The same among candidates resolved beforehand ([`Candidates`]), so a query pays no
-    /// name lookups.
+    /// name lookups; `None` when nobody holds the prompt's first block (a prompt whose first
+    /// block nobody holds scores nobody), decided before any of the lookup's set-up: a miss
+    /// is the common answer for a new prompt.
     pub fn with_candidates(
         index: &'a Index,
         model: &str,
@@ -238,9 +241,13 @@ impl<'a> IndexLookup<'a> {
         candidates: &'a Candidates,
         weights: &'a TierWeights,
         mode: MatchMode,
-    ) -> IndexLookup<'a> {
+    ) -> Option<IndexLookup<'a>> {
         let layer = IndexLookup::layer(index, model, mode);
-        IndexLookup::open(layer, blocks, Cow::Borrowed(&candidates.slots), weights)
+        if !first_held(layer.as_ref(), blocks) {
+            return None;
+        }
+        let slots = Cow::Borrowed(&candidates.slots);
+        Some(IndexLookup::open(layer, blocks, slots, weights))
     }
 
     /// The layer `mode` reads for `model`. Chain hashes are seeded by the model's name, so
@@ -268,12 +275,6 @@ impl<'a> IndexLookup<'a> {
         }
     }
 
-    /// Whether anybody holds the prompt's first block: a prompt whose first block nobody
-    /// holds scores nobody, in either mode.
-    pub(crate) fn first_held(&self) -> bool {
-        first_held(self.layer.as_ref(), self.blocks)
-    }
-
     /// Visits block `block`'s owners unless `unless` is their fingerprint.
     fn visit<F: FnMut(Owner)>(&mut self, block: usize, unless: Option<u64>, mut visit: F) -> Visit {
         let (Some(layer), Some(hash)) = (&self.layer, self.blocks.get(block)) else {
@@ -297,9 +298,10 @@ impl<'a> IndexLookup<'a> {
     }
 }
 
-/// Whether `layer` has anybody holding the first of `blocks`.
+/// Whether `layer` has anybody holding the first of `blocks` as a prompt's first block
+/// ([`LayerReader::holds_first`]).
 fn first_held(layer: Option<&LayerReader<'_>>, blocks: &[u64]) -> bool {
-    (layer.zip(blocks.first())).is_some_and(|(layer, hash)| layer.contains(*hash))
+    (layer.zip(blocks.first())).is_some_and(|(layer, hash)| layer.holds_first(*hash))
 }
 
 impl Lookup for IndexLookup<'_> {

@@ -350,12 +350,10 @@ pub fn score_candidates(
     started_at: &[Option<u64>],
     mode: MatchMode,
 ) -> Vec<SlotScore> {
-    let mut lookup = IndexLookup::with_candidates(index, model, blocks, candidates, weights, mode);
-    // A miss (the common answer for a new prompt) skips the scorer's set-up.
-    if !lookup.first_held() {
-        return Vec::new();
+    match IndexLookup::with_candidates(index, model, blocks, candidates, weights, mode) {
+        Some(mut lookup) => score_prefix(&mut lookup, candidates.len(), started_at),
+        None => Vec::new(),
     }
-    score_prefix(&mut lookup, candidates.len(), started_at)
 }
 
 #[cfg(test)]
