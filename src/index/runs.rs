@@ -43,7 +43,33 @@ pub(crate) struct Spot {
     pos: u32,
 }
 
+/// The locator's flag, in a spot's position, for a chain start ([`ChainRuns::starts`]).
+const START: u32 = 1 << 31;
+
+/// Starts there may always be a table of, whatever the number of blocks.
+const FEW_STARTS: usize = 4096;
+
 impl Spot {
+    /// The spot as the locator keeps a chain start.
+    fn flagged(self) -> Spot {
+        Spot {
+            pos: self.pos | START,
+            ..self
+        }
+    }
+
+    fn is_flagged(self) -> bool {
+        self.pos & START != 0
+    }
+
+    /// The spot without the locator's flag.
+    fn unflagged(self) -> Spot {
+        Spot {
+            pos: self.pos & !START,
+            ..self
+        }
+    }
+
     /// The spot at position `pos` of node `node` (as [`Self::parts`] gave them).
     pub(crate) fn from_parts(node: u32, pos: u32) -> Spot {
         Spot { node, pos }
@@ -116,13 +142,7 @@ impl Node {
 /// The chain blocks of every model, in runs.
 #[derive(Debug, Default)]
 pub(crate) struct ChainRuns {
-    locator: HashMap<u64, Spot>,
-    /// The chain blocks placed with no parent here (chain starts, and blocks restored with
-    /// their parent unknown): a prompt's first block is a chain start, so a query that
-    /// misses (a new prompt) is answered from this small table, which stays in cache,
-    /// instead of a probe of the locator, which mostly does not ([`Self::starts_held`]).
-    /// Dynamo's tree answers it from its root's children alike.
-    starts: hashbrown::HashSet<u64>,
+    locator: Locator,
     nodes: Vec<Node>,
     /// Ids of freed nodes, reused before the node list grows.
     free: Vec<u32>,
@@ -139,6 +159,102 @@ pub(crate) struct ChainRuns {
     /// The span the last block edit left its source holding, so the next block of a run
     /// finds its source's span without a search ([`SpanHint`]).
     hint: Option<SpanHint>,
+}
+
+/// Chain hash → spot of every chain block, and the table of chain starts among them.
+#[derive(Debug, Default)]
+struct Locator {
+    spots: HashMap<u64, Spot>,
+    /// The chain blocks placed with no parent here (chain starts, and blocks restored with
+    /// their parent unknown), flagged in the locator ([`START`]): a prompt's first block is
+    /// a chain start, so a query that misses (a new prompt) is answered from this table,
+    /// which is small and stays in cache, instead of a probe of the locator, which mostly
+    /// does not ([`Locator::is_start`]); Dynamo's tree answers it from its root's children
+    /// alike. Kept only while starts are few next to the blocks ([`Locator::settle`]):
+    /// where most blocks are starts (chains one block long, a warm start's blocks) it would
+    /// be a second locator.
+    starts: Option<hashbrown::HashSet<u64>>,
+    /// Locator entries flagged as starts.
+    flagged: usize,
+}
+
+impl Locator {
+    /// The spot of chain block `hash`.
+    fn spot(&self, hash: u64) -> Option<Spot> {
+        self.spots.get(&hash).map(|spot| spot.unflagged())
+    }
+
+    /// Puts new chain block `hash` at `spot`; a `start` is flagged and goes in the table.
+    fn insert(&mut self, hash: u64, spot: Spot, start: bool) {
+        if !start {
+            self.spots.insert(hash, spot);
+            return;
+        }
+        self.spots.insert(hash, spot.flagged());
+        self.flagged += 1;
+        if let Some(starts) = &mut self.starts {
+            starts.insert(hash);
+        }
+        self.settle();
+    }
+
+    /// Takes chain block `hash` out, and out of the starts if it is one.
+    fn remove(&mut self, hash: u64) {
+        let Some(spot) = self.spots.remove(&hash) else {
+            return;
+        };
+        if spot.is_flagged() {
+            self.flagged -= 1;
+            if let Some(starts) = &mut self.starts {
+                starts.remove(&hash);
+            }
+        }
+    }
+
+    /// Whether chain block `hash` is here as a start; from the table while there is one.
+    fn is_start(&self, hash: u64) -> bool {
+        match &self.starts {
+            Some(starts) => starts.contains(&hash),
+            None => (self.spots.get(&hash)).is_some_and(|spot| spot.is_flagged()),
+        }
+    }
+
+    /// Keeps the table of starts while they are few next to the blocks (a quarter at
+    /// most, or [`FEW_STARTS`]), and builds it again from the flags once they are an
+    /// eighth: apart, so an index near the line does not build it again and again.
+    fn settle(&mut self) {
+        let (flagged, blocks) = (self.flagged, self.spots.len());
+        match self.starts {
+            Some(_) if flagged > FEW_STARTS && flagged * 4 > blocks => self.starts = None,
+            None if flagged <= FEW_STARTS || flagged * 8 <= blocks => {
+                let starts = (self.spots.iter())
+                    .filter(|(_, spot)| spot.is_flagged())
+                    .map(|(hash, _)| *hash);
+                self.starts = Some(starts.collect());
+            }
+            _ => {}
+        }
+    }
+
+    /// Gives back memory once the tables are a quarter full or less.
+    fn shrink(&mut self) {
+        let capacity = self.spots.capacity();
+        if capacity > 1024 && self.spots.len() * 4 < capacity {
+            self.spots.shrink_to_fit();
+        }
+        if let Some(starts) = &mut self.starts {
+            if starts.capacity() > 1024 && starts.len() * 4 < starts.capacity() {
+                starts.shrink_to_fit();
+            }
+        }
+        self.settle();
+    }
+
+    /// Estimated heap bytes.
+    fn heap_bytes(&self) -> usize {
+        let starts = self.starts.as_ref().map_or(0, |s| s.capacity());
+        table_bytes::<u64, Spot>(self.spots.capacity()) + table_bytes::<u64, ()>(starts)
+    }
 }
 
 /// Where a source's span for the position edited last sits in its node's span list: an
@@ -213,7 +329,7 @@ pub(crate) struct BlockMut<'a> {
 impl ChainRuns {
     /// Where chain block `hash` sits, whether or not anybody holds it now.
     fn spot(&self, hash: u64) -> Option<Spot> {
-        self.locator.get(&hash).copied()
+        self.locator.spot(hash)
     }
 
     fn open(&mut self, spot: Spot) -> BlockMut<'_> {
@@ -266,10 +382,7 @@ impl ChainRuns {
             _ => self.new_node(),
         };
         let spot = self.append(node, hash, std);
-        self.locator.insert(hash, spot);
-        if after.is_none() {
-            self.starts.insert(hash);
-        }
+        self.locator.insert(hash, spot, after.is_none());
         self.last = Some((hash, spot));
         (spot, true)
     }
@@ -340,8 +453,7 @@ impl ChainRuns {
         let node = &mut self.nodes[id as usize];
         if node.spans.is_empty() {
             for hash in node.chains.drain(..) {
-                self.locator.remove(&hash);
-                forget_start(&mut self.starts, hash);
+                self.locator.remove(hash);
             }
             *node = Node::default();
             self.free.push(id);
@@ -356,8 +468,7 @@ impl ChainRuns {
             }
             node.chains.pop();
             node.stds.pop();
-            self.locator.remove(&last);
-            forget_start(&mut self.starts, last);
+            self.locator.remove(last);
         }
     }
 
@@ -486,7 +597,7 @@ impl ChainRuns {
     /// block always is one, and a block that is no chain block here is answered by the
     /// small table of starts alone.
     pub(crate) fn starts_held(&self, key: u64) -> bool {
-        self.starts.contains(&key) && self.contains(key)
+        self.locator.is_start(key) && self.contains(key)
     }
 
     /// [`super::LayerReader::visit`] on chain block `key`, following the run `cursor` is in
@@ -560,13 +671,13 @@ impl ChainRuns {
     /// Chain blocks with a position in a run (held, or kept before a held one).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.locator.len()
+        self.locator.spots.len()
     }
 
     /// Slots of the locator, for tests of memory given back.
     #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
-        self.locator.capacity()
+        self.locator.spots.capacity()
     }
 
     /// Estimated heap bytes.
@@ -578,9 +689,7 @@ impl ChainRuns {
                     + n.spans.capacity() * std::mem::size_of::<Span>()
             })
             .sum();
-        let tables = table_bytes::<u64, Spot>(self.locator.capacity())
-            + table_bytes::<u64, ()>(self.starts.capacity());
-        tables + nodes + runs + self.free.capacity() * 4
+        self.locator.heap_bytes() + nodes + runs + self.free.capacity() * 4
     }
 
     /// Starts an edit under a fresh write lock: what was known of other sources' spans
@@ -591,13 +700,7 @@ impl ChainRuns {
 
     /// Gives back memory once the locator is a quarter full or less.
     pub(crate) fn shrink(&mut self) {
-        let capacity = self.locator.capacity();
-        if capacity > 1024 && self.locator.len() * 4 < capacity {
-            self.locator.shrink_to_fit();
-        }
-        if self.starts.capacity() > 1024 && self.starts.len() * 4 < self.starts.capacity() {
-            self.starts.shrink_to_fit();
-        }
+        self.locator.shrink();
         if self.free.len() > 1024 && self.free.len() * 2 > self.nodes.len() {
             // Trailing free nodes go; ids of the rest stay as they are.
             let mut top = self.nodes.len();
@@ -609,14 +712,6 @@ impl ChainRuns {
             self.free.retain(|id| (*id as usize) < top);
             self.free.shrink_to_fit();
         }
-    }
-}
-
-/// Takes chain block `hash`, gone from the locator, out of the `starts` it may be in (a
-/// miss costs no probe while the table is empty).
-fn forget_start(starts: &mut hashbrown::HashSet<u64>, hash: u64) {
-    if !starts.is_empty() {
-        starts.remove(&hash);
     }
 }
 
@@ -1068,7 +1163,7 @@ mod tests {
                 "a position without its std"
             );
             for (pos, hash) in node.chains.iter().enumerate() {
-                let spot = runs.locator.get(hash).map(|s| (s.node, s.pos));
+                let spot = runs.locator.spot(*hash).map(|s| (s.node, s.pos));
                 let here = runs.nodes.iter().position(|n| std::ptr::eq(n, node));
                 assert_eq!(
                     spot,
@@ -1090,13 +1185,26 @@ mod tests {
                 }
             }
         }
-        for start in &runs.starts {
-            assert!(runs.locator.contains_key(start), "start {start} not placed");
+        let locator = &runs.locator;
+        let flagged: Vec<u64> = (locator.spots.iter())
+            .filter(|(_, spot)| spot.is_flagged())
+            .map(|(hash, _)| *hash)
+            .collect();
+        assert_eq!(locator.flagged, flagged.len(), "starts miscounted");
+        if let Some(starts) = &locator.starts {
+            assert_eq!(starts.len(), flagged.len(), "a start not in the table");
+            assert!(
+                flagged.iter().all(|h| starts.contains(h)),
+                "a start not in the table"
+            );
         }
         let mut all = Vec::new();
-        for (key, spot) in &runs.locator {
+        for (key, spot) in &runs.locator.spots {
             let node = &runs.nodes[spot.node as usize];
-            let residents: Vec<Resident> = node.residents_at(spot.pos as u16).copied().collect();
+            let residents: Vec<Resident> = node
+                .residents_at(spot.unflagged().pos as u16)
+                .copied()
+                .collect();
             if !residents.is_empty() {
                 all.push((*key, sorted(residents)));
             }
@@ -1110,10 +1218,45 @@ mod tests {
         residents
     }
 
+    #[test]
+    fn the_table_of_starts_is_kept_only_while_starts_are_few() {
+        let mut locator = Locator::default();
+        let spot = |i: u64| Spot {
+            node: (i / 256) as u32,
+            pos: (i % 256) as u32,
+        };
+        let starts = FEW_STARTS as u64 + 1;
+        for i in 0..starts {
+            locator.insert(i, spot(i), true);
+        }
+        // Every block a start: a table would be a second locator.
+        assert!(locator.starts.is_none());
+        let known = |l: &Locator, i: u64| l.is_start(i) && l.spot(i) == Some(spot(i));
+        assert!((0..starts).all(|i| known(&locator, i)));
+        // Blocks inside chains until starts are an eighth: the table is built again.
+        for i in starts..starts * 8 {
+            locator.insert(i, spot(i), false);
+        }
+        locator.shrink();
+        assert_eq!(
+            locator.starts.as_ref().map(|s| s.len()),
+            Some(starts as usize)
+        );
+        assert!((0..starts).all(|i| known(&locator, i)));
+        assert!(!locator.is_start(starts) && locator.spot(starts) == Some(spot(starts)));
+        for i in 0..starts {
+            locator.remove(i);
+        }
+        assert_eq!(locator.flagged, 0);
+        assert_eq!(locator.starts.as_ref().map(|s| s.len()), Some(0));
+        assert!(!locator.is_start(0) && locator.spot(0).is_none());
+    }
+
     proptest::proptest! {
         /// Runs hold exactly what a block map of the same edits holds, block by block, and
         /// answer every edit the same (the layer rules are shared; only the storage differs).
         #[test]
+    #[test]
         fn runs_hold_what_a_block_map_holds(ops in proptest::collection::vec(gen_op(), 1..120)) {
             let map = layer::LayerMap::<u64>::default();
             let mut runs = ChainRuns::default();
