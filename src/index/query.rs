@@ -345,8 +345,8 @@ impl LayerReader<'_> {
 
     /// Whether any source holds block `key` as a prompt's first block. In the chain layer
     /// that is a chain start (a block seeded by its model, [`crate::hash::model_seed`]):
-    /// a chain hash from inside a chain is not one. Answered from a small table of starts
-    /// when the block is none, so a new prompt's miss stays in cache.
+    /// a chain hash from inside a chain is not one. Answered from a small table of the
+    /// starts while they are few, so a new prompt's miss stays in cache.
     pub fn holds_first(&self, key: u64) -> bool {
         match &self.blocks {
             Layer::Std(blocks) => blocks.get(&key).is_some(),

@@ -16,6 +16,8 @@
 //! - The **locator** maps a chain hash to its node and position. A query follows a run
 //!   position by position without probing it, and skips the span scan while the residents
 //!   cannot have changed ([`Cursor`]).
+//!   It also knows the chain starts, a prompt's possible first blocks, so a new prompt's
+//!   miss is answered from a small table ([`Locator`]).
 //!
 //! Positions nobody holds stay in their run while a later position is held (positions are
 //! stable); a run's tail that nobody holds is trimmed and a run nobody holds is freed. Each
@@ -43,7 +45,7 @@ pub(crate) struct Spot {
     pos: u32,
 }
 
-/// The locator's flag, in a spot's position, for a chain start ([`ChainRuns::starts`]).
+/// The locator's flag, in a spot's position, for a chain start ([`Locator::starts`]).
 const START: u32 = 1 << 31;
 
 /// Starts there may always be a table of, whatever the number of blocks.

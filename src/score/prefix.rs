@@ -340,7 +340,9 @@ pub fn score_index_with<S: AsRef<str>>(
 
 /// Scores `candidates` (resolved beforehand, so a router that keeps its pod list pays no
 /// name lookups per query) for `blocks` of `model` from the in-memory index in `mode`.
-/// Returns only the candidates that hold block 0, in candidate order, unnamed.
+/// Returns only the candidates that hold block 0, in candidate order, unnamed. In `prefix`
+/// mode `blocks` start at the prompt's first block: hashes starting inside a chain score
+/// nobody.
 pub fn score_candidates(
     index: &Index,
     model: &str,
