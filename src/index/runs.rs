@@ -402,6 +402,12 @@ impl ChainRuns {
         node.chains.get(spot.pos as usize).copied()
     }
 
+    /// The std (or content) hash the run keeps for chain block `hash`, if it is here.
+    pub(crate) fn std_of(&self, hash: u64) -> Option<u64> {
+        let spot = self.find(hash)?;
+        Some(self.hashes_at(spot)?.1)
+    }
+
     /// The chain hash and the std hash at `spot`, if the run still reaches it.
     pub(crate) fn hashes_at(&self, spot: Spot) -> Option<(u64, u64)> {
         let node = self.nodes.get(spot.node as usize)?;
