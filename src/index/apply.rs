@@ -610,16 +610,11 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         if chain == 0 || self.std_layer() || model != self.state.base_model {
             return None;
         }
-        let who = self.chain_editor();
-        let place = (parent, self.alone);
         let (chains, state) = self.chain_edit();
         if state.find_key(hash, chains).is_some() {
             return None;
         }
-        let edited = (&mut state.dups, &mut state.runs);
-        let ((before, after), duplicate, spot) =
-            chains.add_media(place, edited, (chain, std), who, media, true);
-        self.count_chain(before, after);
+        let (duplicate, spot) = self.add_chain_media((chain, parent), std, media, true);
         if duplicate {
             self.stats.duplicate_engine_hashes += 1;
         }
@@ -657,6 +652,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// counted when the chain layer is the counted one; returns whether the source now holds
     /// it through more than one engine block, and the block's spot when its run keeps `std`
     /// for it (the source's slot then needs neither hash).
+    // Inlined: the one-step store calls it with `new_copy` known, and called apart it cost
+    // that store ~50 instructions a block (callgrind, `profile-store8`).
+    #[inline(always)]
     fn add_chain_media(
         &mut self,
         (chain, parent): (u64, u64),

@@ -171,7 +171,7 @@ struct Locator {
     /// their parent unknown), flagged in the locator ([`START`]): a prompt's first block is
     /// a chain start, so a query that misses (a new prompt) is answered from this table,
     /// which is small and stays in cache, instead of a probe of the locator, which mostly
-    /// does not ([`Locator::is_start`]); Dynamo's tree answers it from its root's children
+    /// does not ([`Locator::start_spot`]); Dynamo's tree answers it from its root's children
     /// alike. Kept only while starts are few next to the blocks ([`Locator::settle`]):
     /// where most blocks are starts (chains one block long, a warm start's blocks) it would
     /// be a second locator.
@@ -213,12 +213,14 @@ impl Locator {
         }
     }
 
-    /// Whether chain block `hash` is here as a start; from the table while there is one.
-    fn is_start(&self, hash: u64) -> bool {
-        match &self.starts {
-            Some(starts) => starts.contains(&hash),
-            None => (self.spots.get(&hash)).is_some_and(|spot| spot.is_flagged()),
+    /// The spot of chain block `hash` when it is a start: one probe of the spots, none
+    /// when the table of starts (while there is one) does not have it.
+    fn start_spot(&self, hash: u64) -> Option<Spot> {
+        if (self.starts.as_ref()).is_some_and(|starts| !starts.contains(&hash)) {
+            return None;
         }
+        let spot = self.spots.get(&hash).filter(|spot| spot.is_flagged())?;
+        Some(spot.unflagged())
     }
 
     /// Keeps the table of starts while they are few next to the blocks (a quarter at
@@ -605,7 +607,8 @@ impl ChainRuns {
     /// block always is one, and a block that is no chain block here is answered by the
     /// small table of starts alone.
     pub(crate) fn starts_held(&self, key: u64) -> bool {
-        self.locator.is_start(key) && self.contains(key)
+        (self.locator.start_spot(key))
+            .is_some_and(|spot| self.nodes[spot.node as usize].held(spot.pos as u16))
     }
 
     /// [`super::LayerReader::visit`] on chain block `key`, following the run `cursor` is in
@@ -1239,7 +1242,7 @@ mod tests {
         }
         // Every block a start: a table would be a second locator.
         assert!(locator.starts.is_none());
-        let known = |l: &Locator, i: u64| l.is_start(i) && l.spot(i) == Some(spot(i));
+        let known = |l: &Locator, i: u64| l.start_spot(i) == Some(spot(i));
         assert!((0..starts).all(|i| known(&locator, i)));
         // Blocks inside chains until starts are an eighth: the table is built again.
         for i in starts..starts * 8 {
@@ -1251,13 +1254,13 @@ mod tests {
             Some(starts as usize)
         );
         assert!((0..starts).all(|i| known(&locator, i)));
-        assert!(!locator.is_start(starts) && locator.spot(starts) == Some(spot(starts)));
+        assert!(locator.start_spot(starts).is_none() && locator.spot(starts) == Some(spot(starts)));
         for i in 0..starts {
             locator.remove(i);
         }
         assert_eq!(locator.flagged, 0);
         assert_eq!(locator.starts.as_ref().map(|s| s.len()), Some(0));
-        assert!(!locator.is_start(0) && locator.spot(0).is_none());
+        assert!(locator.start_spot(0).is_none() && locator.spot(0).is_none());
     }
 
     proptest::proptest! {
