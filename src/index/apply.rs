@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::counters::CountDelta;
 use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Change, Editor};
-use super::runs::{ChainRuns, Spot};
+use super::runs::{ChainRuns, Spot, Stretch};
 use super::source::{twin_of, HeldSlot, SourceState, TakenBlocks};
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
 use crate::hash::{chain_hash, content_hash, model_seed, std_hash};
@@ -475,6 +475,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 }
             }
         };
+        if parent != 0 && !self.std_layer() && model == self.state.base_model {
+            self.store_run(model, stored, parent, media);
+            return;
+        }
         for (i, hash) in stored.block_hashes.iter().enumerate() {
             let tokens = stored.block_tokens(i);
             let chain = if parent == 0 {
@@ -489,12 +493,72 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             } else {
                 self.content_of(chain, tokens)
             };
-            if let Some(chain) = self.store_next(model, hash, (std, chain, parent), media) {
-                parent = chain;
-                continue;
-            }
             let block = Some(StoreHashes { std, chain, parent });
             parent = self.store_block(model, hash, block, media);
+        }
+    }
+
+    /// The common store of a `prefix`-only index: base-model blocks whose chain is known
+    /// from `parent`. A block the source does not hold under any sign is placed in the runs
+    /// and kept by the source, and the source's spans are edited once per stretch of a run
+    /// the event stores ([`ChainRuns::add_first_copies`]; one edit for an 8-block event,
+    /// mostly), without the general path's layers (its cases, the editors, a span edit per
+    /// block). Any other block goes the general way ([`Self::store_block`]), after the
+    /// stretch before it is edited in.
+    fn store_run(&mut self, model: u32, stored: &BlockStored, mut parent: u64, media: MediaSet) {
+        let mut stretch = None;
+        for (i, hash) in stored.block_hashes.iter().enumerate() {
+            let tokens = stored.block_tokens(i);
+            let chain = if parent == 0 {
+                0
+            } else {
+                chain_hash(parent, tokens)
+            };
+            let place = (parent, self.alone);
+            let (chains, state) = self.chain_edit();
+            if chain == 0 || state.find_key(hash, chains).is_some() {
+                self.add_stretch(stretch.take(), media);
+                let std = self.content_of(chain, tokens);
+                let block = Some(StoreHashes { std, chain, parent });
+                parent = self.store_block(model, hash, block, media);
+                continue;
+            }
+            // A chain block another source stored already keeps its content hash in its run:
+            // the tokens are hashed once more only for a new one (see `content_of`).
+            let (spot, std) = chains.find_or_place(chain, place, || content_hash(tokens));
+            if !(stretch.as_mut()).is_some_and(|s: &mut Stretch| s.grow(spot)) {
+                self.add_stretch(stretch.replace(Stretch::at(spot)), media);
+            }
+            self.keep_stored(model, hash, (std, chain, Some(spot)), media);
+            parent = chain;
+        }
+        self.add_stretch(stretch, media);
+    }
+
+    /// Adds the source's first engine copy of every block of `stretch` (placed by
+    /// [`Self::store_run`]) on `media`, counted; block by block when it holds some already.
+    fn add_stretch(&mut self, stretch: Option<Stretch>, media: MediaSet) {
+        let Some(stretch) = stretch else {
+            return;
+        };
+        let who = self.chain_editor();
+        let index = self.out.index;
+        let chains = (self.chains).get_or_insert_with(|| index.edit_chains());
+        let out = &mut self.out;
+        let counted = |change, times| out.count_times(change, times);
+        if chains.add_first_copies(&mut self.state.runs, stretch, who, media, counted) {
+            return;
+        }
+        // The source holds some of these chain blocks through other engine blocks.
+        for spot in stretch.spots() {
+            let (chains, _) = self.chain_edit();
+            let Some((chain, std)) = chains.hashes_at(spot) else {
+                continue;
+            };
+            let (duplicate, _) = self.add_chain_media((chain, 0), std, media, true);
+            if duplicate {
+                self.stats.duplicate_engine_hashes += 1;
+            }
         }
     }
 
@@ -595,33 +659,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         self.stats.blocks_stored += 1;
     }
 
-    /// [`Self::store_block`] for the common store of a `prefix`-only index, in one step: a
-    /// base-model block the source does not hold under any sign goes straight to the chain
-    /// runs as a new engine copy, without the general path's layers (its cases, the std
-    /// layer's lookup, the editors), which cost ~130 instructions a block. Returns its chain
-    /// hash, or `None`, with nothing changed, for any other store.
-    fn store_next(
-        &mut self,
-        model: u32,
-        hash: &BlockHash,
-        (std, chain, parent): (u64, u64, u64),
-        media: MediaSet,
-    ) -> Option<u64> {
-        if chain == 0 || self.std_layer() || model != self.state.base_model {
-            return None;
-        }
-        let (chains, state) = self.chain_edit();
-        if state.find_key(hash, chains).is_some() {
-            return None;
-        }
-        let (duplicate, spot) = self.add_chain_media((chain, parent), std, media, true);
-        if duplicate {
-            self.stats.duplicate_engine_hashes += 1;
-        }
-        self.keep_stored(model, hash, (std, chain, spot), media);
-        Some(chain)
-    }
-
     /// Drops the block held under an int `hash`'s key with the other sign, which the block
     /// of `hash` displaces (int keys hold only the 64 bits; found by fuzzing): like a reused
     /// hash, its mapping key included.
@@ -652,9 +689,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// counted when the chain layer is the counted one; returns whether the source now holds
     /// it through more than one engine block, and the block's spot when its run keeps `std`
     /// for it (the source's slot then needs neither hash).
-    // Inlined: the one-step store calls it with `new_copy` known, and called apart it cost
-    // that store ~50 instructions a block (callgrind, `profile-store8`).
-    #[inline(always)]
     fn add_chain_media(
         &mut self,
         (chain, parent): (u64, u64),

@@ -317,6 +317,44 @@ pub(crate) struct Cursor {
     same: Option<(u64, u16)>,
 }
 
+/// Positions `from..=to` of one run: the stretch of it an event stores block after block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stretch {
+    node: u32,
+    from: u16,
+    to: u16,
+}
+
+impl Stretch {
+    /// The stretch of the one block at `spot`.
+    pub(crate) fn at(spot: Spot) -> Stretch {
+        let pos = spot.pos as u16;
+        Stretch {
+            node: spot.node,
+            from: pos,
+            to: pos,
+        }
+    }
+
+    /// Grows the stretch over `spot` when that is the position right after it; says whether
+    /// it did.
+    pub(crate) fn grow(&mut self, spot: Spot) -> bool {
+        let next = spot.node == self.node && spot.pos == u32::from(self.to) + 1;
+        if next {
+            self.to += 1;
+        }
+        next
+    }
+
+    /// The spots of the stretch, in order.
+    pub(crate) fn spots(self) -> impl Iterator<Item = Spot> {
+        (self.from..=self.to).map(move |pos| Spot {
+            node: self.node,
+            pos: u32::from(pos),
+        })
+    }
+}
+
 /// One chain block opened for an edit: a position of a node, seen as a [`ResidentSet`].
 pub(crate) struct BlockMut<'a> {
     node: &'a mut Node,
@@ -359,11 +397,33 @@ impl ChainRuns {
     /// the parent's run when the parent ends one with room left, else as a run of its own
     /// (or, a chain start stored `alone`, in the open run).
     /// Also says whether the block is new.
-    fn place(&mut self, hash: u64, std: u64, (parent, alone): (u64, bool)) -> (Spot, bool) {
+    fn place(&mut self, hash: u64, std: u64, parent: (u64, bool)) -> (Spot, bool) {
         if let Some(spot) = self.find(hash) {
             self.last = Some((hash, spot));
             return (spot, false);
         }
+        (self.place_new(hash, std, parent), true)
+    }
+
+    /// The spot of chain block `hash` and the std hash its run keeps, in one lookup; a new
+    /// block is placed as [`Self::place`] does, its std hash `content()`.
+    pub(crate) fn find_or_place(
+        &mut self,
+        hash: u64,
+        parent: (u64, bool),
+        content: impl FnOnce() -> u64,
+    ) -> (Spot, u64) {
+        if let Some(spot) = self.find(hash) {
+            self.last = Some((hash, spot));
+            let std = self.nodes[spot.node as usize].stds[spot.pos as usize];
+            return (spot, std);
+        }
+        let std = content();
+        (self.place_new(hash, std, parent), std)
+    }
+
+    /// Places new chain block `hash` after `parent` ([`Self::place`]).
+    fn place_new(&mut self, hash: u64, std: u64, (parent, alone): (u64, bool)) -> Spot {
         let after = match self.last {
             // The parent is the block edited last (its spot checked against the run, which
             // may have changed since): no probe.
@@ -388,7 +448,7 @@ impl ChainRuns {
         let spot = self.append(node, hash, std);
         self.locator.insert(hash, spot, after.is_none());
         self.last = Some((hash, spot));
-        (spot, true)
+        spot
     }
 
     /// Notes that the next block edited most likely follows chain block `hash` at `spot`
@@ -520,6 +580,48 @@ impl ChainRuns {
         let dup_key = (layer::CHAIN_DUPS, key);
         let (change, duplicate) = layer::add_to(&mut block, dups, dup_key, who, added, new_copy);
         (change, duplicate, spot)
+    }
+
+    /// Gives the editor's source its first engine copy, on `media`, of every block of
+    /// `stretch` in one edit of the run's spans (an engine stores a run block after block:
+    /// one edit for an event's stretch of it instead of one per block). Calls `changed` as
+    /// [`Self::drop_source`] does. Returns `false`, with nothing changed, when the source
+    /// holds any of the blocks already: the caller then adds them one by one.
+    pub(crate) fn add_first_copies(
+        &mut self,
+        held: &mut HeldRuns,
+        stretch: Stretch,
+        who: Editor,
+        media: MediaSet,
+        mut changed: impl FnMut(Change, u32),
+    ) -> bool {
+        let node = &mut self.nodes[stretch.node as usize];
+        let resident = Resident::new(who.pod, who.rank, who.now, media);
+        let span = Span {
+            resident,
+            from: stretch.from,
+            to: stretch.to,
+        };
+        if !node.add_span(span) {
+            return false;
+        }
+        // The source's spans in the run moved: a hint may name another one now.
+        self.hint = None;
+        held.note(stretch.node);
+        if !who.pod_values {
+            return true;
+        }
+        let own = own_value(&resident);
+        if node.lone(who.pod, who.rank) {
+            let blocks = u32::from(stretch.to - stretch.from) + 1;
+            changed(who.values(None, None, own), blocks);
+            return true;
+        }
+        for pos in stretch.from..=stretch.to {
+            let others = node.other_ranks(who.pod, who.rank, pos);
+            changed(who.values(others, None, own), 1);
+        }
+        true
     }
 
     /// Takes `removed` media off the editor's resident of chain block `key`, at `spot` when
@@ -937,6 +1039,39 @@ impl Node {
             .fold(None, |v, s| merge(v, own_value(&s.resident)))
     }
 
+    /// Puts `span` of a source that holds none of its positions, merged with the source's
+    /// spans right before and after it that hold the same resident (as [`BlockMut::push`]
+    /// merges them); `false`, with nothing changed, when the source holds any of them.
+    fn add_span(&mut self, span: Span) -> bool {
+        let (pod, rank) = (span.resident.pod(), span.resident.rank());
+        let at = self.seek(pod, rank, span.from);
+        let spans = &mut self.spans;
+        // The source's spans do not overlap and sit in position order: only the one before
+        // `at` and the one at it can reach into the new span.
+        let prev = (at.checked_sub(1)).filter(|&i| spans[i].is(pod, rank));
+        let next = (spans.get(at)).filter(|s| s.is(pod, rank)).map(|_| at);
+        if prev.is_some_and(|i| spans[i].to >= span.from)
+            || next.is_some_and(|i| spans[i].from <= span.to)
+        {
+            return false;
+        }
+        let meets = |before: &Span, after: &Span| {
+            before.resident == after.resident && u32::from(before.to) + 1 == u32::from(after.from)
+        };
+        let prev = prev.filter(|&i| meets(&spans[i], &span));
+        let next = next.filter(|&i| meets(&span, &spans[i]));
+        match (prev, next) {
+            (Some(p), Some(n)) => {
+                spans[p].to = spans[n].to;
+                spans.remove(n);
+            }
+            (Some(p), None) => spans[p].to = span.to,
+            (None, Some(n)) => spans[n].from = span.from,
+            (None, None) => spans.insert(at, span),
+        }
+        true
+    }
+
     /// Whether `(pod, rank)` holds any position of the run.
     fn has(&self, pod: u32, rank: u8) -> bool {
         (self.spans.get(self.seek(pod, rank, 0))).is_some_and(|s| s.is(pod, rank))
@@ -1095,6 +1230,15 @@ mod tests {
         Clear {
             source: (u32, u8),
         },
+        /// A run stored as one event's new first copies: placed block by block, its spans
+        /// edited once per stretch ([`ChainRuns::add_first_copies`]).
+        Stretch {
+            source: (u32, u8),
+            first: u64,
+            last: u64,
+            media: u8,
+            now: u32,
+        },
     }
 
     fn media_of(bits: u8) -> MediaSet {
@@ -1121,9 +1265,14 @@ mod tests {
                 }),
             1 => source.clone().prop_map(|source| Op::Clear { source }),
             // A source storing a run of blocks in order, as engines do (again, mostly).
-            2 => (source, 1u64..16, 1u64..8, 1u8..8, any::<bool>(), 0u32..3).prop_map(
+            2 => (source.clone(), 1u64..16, 1u64..8, 1u8..8, any::<bool>(), 0u32..3).prop_map(
                 |(source, first, len, media, new_copy, now)| {
                     Op::Run { source, first, last: (first + len).min(15), media, new_copy, now }
+                },
+            ),
+            2 => (source, 1u64..16, 1u64..8, 1u8..8, 0u32..3).prop_map(
+                |(source, first, len, media, now)| {
+                    Op::Stretch { source, first, last: (first + len).min(15), media, now }
                 },
             ),
         ]
@@ -1277,6 +1426,43 @@ mod tests {
             for op in ops.into_iter().flat_map(expand) {
                 match op {
                     Op::Run { .. } => unreachable!("runs are expanded into adds"),
+                    Op::Stretch { source, first, last, media, now } => {
+                        let who = Editor { pod: source.0, rank: source.1, now, pod_values: true };
+                        let media = media_of(media);
+                        let dups = map_dups.entry(source).or_default();
+                        let want: Vec<_> = (first..=last)
+                            .map(|key| layer::add_media(&map, dups, (layer::CHAIN_DUPS, key), key, who, media, true))
+                            .collect();
+                        let (dups, held) = (run_dups.entry(source).or_default(), run_held.entry(source).or_default());
+                        // Placed as an event places them: a stretch ends where the run does.
+                        let mut stretches: Vec<Stretch> = Vec::new();
+                        for key in first..=last {
+                            let parent = if key > first { key - 1 } else { 0 };
+                            let (spot, std) = runs.find_or_place(key, (parent, false), || !key);
+                            proptest::prop_assert_eq!(std, !key);
+                            if !stretches.last_mut().is_some_and(|s| s.grow(spot)) {
+                                stretches.push(Stretch::at(spot));
+                            }
+                        }
+                        let mut got = Vec::new();
+                        for stretch in stretches {
+                            let mut changes = Vec::new();
+                            let added = runs.add_first_copies(held, stretch, who, media, |change, times| {
+                                changes.extend(std::iter::repeat_n((change, false), times as usize));
+                            });
+                            if !added {
+                                proptest::prop_assert!(changes.is_empty());
+                                for spot in stretch.spots() {
+                                    let key = runs.at(spot).unwrap_or(0);
+                                    let (change, duplicate, _) =
+                                        runs.add_media((0, false), (dups, held), (key, !key), who, media, true);
+                                    changes.push((change, duplicate));
+                                }
+                            }
+                            got.extend(changes);
+                        }
+                        proptest::prop_assert_eq!(want, got);
+                    }
                     Op::Add { source, key, after_previous, alone, media, new_copy, now } => {
                         let who = Editor { pod: source.0, rank: source.1, now, pod_values: true };
                         let dup_key = (layer::CHAIN_DUPS, key);
