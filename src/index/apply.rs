@@ -860,7 +860,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             mask
         };
         let base = self.state.base_model;
+        let prefix_only = !self.std_layer();
         self.state.warm(&removed.block_hashes);
+        let mut stretch: Option<Stretch> = None;
         for hash in &removed.block_hashes {
             let (chains, state) = self.chain_edit();
             let Some((held, spot)) = state.find(hash, chains) else {
@@ -876,6 +878,22 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             let left = held.media().difference(taken);
             let (model, std, chain) = (held.model(), held.std(), held.chain());
             let gone = left.is_empty();
+            // The common remove of a `prefix`-only index: a whole engine block that is the
+            // source's one copy of its chain block. Its resident goes with the stretch of
+            // the run it is in, in one span edit (`drop_stretch`).
+            let one_copy =
+                state.dups.is_empty() || !state.dups.contains_key(&(layer::CHAIN_DUPS, chain));
+            if let Some(spot) = spot.filter(|_| prefix_only && gone && one_copy) {
+                if !(stretch.as_mut()).is_some_and(|s: &mut Stretch| s.grow_either(spot)) {
+                    self.drop_stretch(stretch.replace(Stretch::at(spot)));
+                }
+                self.state.remove(hash);
+                self.out.mapping(hash, None);
+                self.out.engine_state(model, hash, None);
+                self.stats.blocks_removed += 1;
+                continue;
+            }
+            self.drop_stretch(stretch.take());
             if gone {
                 self.state.remove(hash);
                 self.out.mapping(hash, None);
@@ -892,6 +910,21 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             self.out.engine_state(model, hash, state);
             self.stats.blocks_removed += 1;
         }
+        self.drop_stretch(stretch);
+    }
+
+    /// Takes the source off every block of `stretch` (gathered by [`Self::removed`]),
+    /// counted.
+    fn drop_stretch(&mut self, stretch: Option<Stretch>) {
+        let Some(stretch) = stretch else {
+            return;
+        };
+        let who = self.chain_editor();
+        let index = self.out.index;
+        let chains = (self.chains).get_or_insert_with(|| index.edit_chains());
+        let out = &mut self.out;
+        let counted = |change, times| out.count_times(change, times);
+        chains.drop_copies(&mut self.state.runs, stretch, who, counted);
     }
 
     /// Drops every block of the source: its residents, then its engine-hash maps. A sink that

@@ -336,6 +336,19 @@ impl Stretch {
         }
     }
 
+    /// Grows the stretch over `spot` when that is the position right after it or right
+    /// before it (an engine removes a chain's blocks deepest first); says whether it did.
+    pub(crate) fn grow_either(&mut self, spot: Spot) -> bool {
+        if spot.node != self.node {
+            return false;
+        }
+        if spot.pos + 1 == u32::from(self.from) {
+            self.from -= 1;
+            return true;
+        }
+        self.grow(spot)
+    }
+
     /// Grows the stretch over `spot` when that is the position right after it; says whether
     /// it did.
     pub(crate) fn grow(&mut self, spot: Spot) -> bool {
@@ -622,6 +635,58 @@ impl ChainRuns {
             changed(who.values(others, None, own), 1);
         }
         true
+    }
+
+    /// Takes the editor's source off every block of `stretch` in one edit of the run's spans
+    /// (an engine removes a run's blocks in a row: one edit for an event's stretch of it
+    /// instead of one per block). For blocks the source holds through one engine block each,
+    /// all of them gone: what [`Self::drop_media`] with `slot_gone` does to each. Calls
+    /// `changed` as [`Self::drop_source`] does.
+    pub(crate) fn drop_copies(
+        &mut self,
+        held: &mut HeldRuns,
+        stretch: Stretch,
+        who: Editor,
+        mut changed: impl FnMut(Change, u32),
+    ) {
+        let node = &mut self.nodes[stretch.node as usize];
+        let (from, to) = (stretch.from, stretch.to);
+        let covering = node.covering(who.pod, who.rank, from, to);
+        if covering.is_empty() {
+            return;
+        }
+        if who.pod_values {
+            let lone = node.lone(who.pod, who.rank);
+            for span in &node.spans[covering.clone()] {
+                let own = own_value(&span.resident);
+                let (first, last) = (span.from.max(from), span.to.min(to));
+                if lone {
+                    changed(who.values(None, own, None), u32::from(last - first) + 1);
+                    continue;
+                }
+                for pos in first..=last {
+                    let others = node.other_ranks(who.pod, who.rank, pos);
+                    changed(who.values(others, own, None), 1);
+                }
+            }
+        }
+        // What is left of the first and the last span outside the stretch stays.
+        let head = node.spans[covering.start];
+        let tail = node.spans[covering.end - 1];
+        let left = (head.from < from).then(|| Span {
+            to: from - 1,
+            ..head
+        });
+        let right = (tail.to > to).then(|| Span {
+            from: to + 1,
+            ..tail
+        });
+        node.spans.splice(covering, left.into_iter().chain(right));
+        self.hint = None;
+        if !node.has(who.pod, who.rank) {
+            held.forget(stretch.node);
+        }
+        self.release(stretch.node);
     }
 
     /// Takes `removed` media off the editor's resident of chain block `key`, at `spot` when
@@ -1072,6 +1137,18 @@ impl Node {
         true
     }
 
+    /// The spans of `(pod, rank)` that cover any of positions `from..=to`: together in span
+    /// order.
+    fn covering(&self, pod: u32, rank: u8, from: u16, to: u16) -> std::ops::Range<usize> {
+        let at = self.seek(pod, rank, from);
+        let first = match at.checked_sub(1) {
+            Some(i) if self.spans[i].is(pod, rank) && self.spans[i].to >= from => i,
+            _ => at,
+        };
+        let len = (self.spans[first..]).partition_point(|s| s.is(pod, rank) && s.from <= to);
+        first..first + len
+    }
+
     /// Whether `(pod, rank)` holds any position of the run.
     fn has(&self, pod: u32, rank: u8) -> bool {
         (self.spans.get(self.seek(pod, rank, 0))).is_some_and(|s| s.is(pod, rank))
@@ -1230,6 +1307,14 @@ mod tests {
         Clear {
             source: (u32, u8),
         },
+        /// A source's one copy of each of a run's blocks removed by one event, in one span
+        /// edit per stretch ([`ChainRuns::drop_copies`]); the blocks it holds otherwise (or
+        /// not at all) as single drops.
+        DropRun {
+            source: (u32, u8),
+            first: u64,
+            last: u64,
+        },
         /// A run stored as one event's new first copies: placed block by block, its spans
         /// edited once per stretch ([`ChainRuns::add_first_copies`]).
         Stretch {
@@ -1270,11 +1355,17 @@ mod tests {
                     Op::Run { source, first, last: (first + len).min(15), media, new_copy, now }
                 },
             ),
-            2 => (source, 1u64..16, 1u64..8, 1u8..8, 0u32..3).prop_map(
+            2 => (source.clone(), 1u64..16, 1u64..8, 1u8..8, 0u32..3).prop_map(
                 |(source, first, len, media, now)| {
                     Op::Stretch { source, first, last: (first + len).min(15), media, now }
                 },
             ),
+            2 => (source, 1u64..16, 0u64..8, any::<bool>()).prop_map(|(source, first, len, down)| {
+                let last = (first + len).min(15);
+                // Deepest first, as engines remove, or in order.
+                let (first, last) = if down { (last, first) } else { (first, last) };
+                Op::DropRun { source, first, last }
+            }),
         ]
     }
 
@@ -1426,6 +1517,51 @@ mod tests {
             for op in ops.into_iter().flat_map(expand) {
                 match op {
                     Op::Run { .. } => unreachable!("runs are expanded into adds"),
+                    Op::DropRun { source, first, last } => {
+                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true };
+                        let keys: Vec<u64> = if first <= last {
+                            (first..=last).collect()
+                        } else {
+                            (last..=first).rev().collect()
+                        };
+                        let all = media_of(7);
+                        let mut want = Vec::new();
+                        let mut got = Vec::new();
+                        let (dups, held) = (run_dups.entry(source).or_default(), run_held.entry(source).or_default());
+                        let mut stretch: Option<Stretch> = None;
+                        for key in keys {
+                            // The source's one copy of the block, as `removed` tells it.
+                            let one_copy = (map.get(&key)).is_some_and(|r| {
+                                r.as_slice().iter().any(|r| (r.pod(), r.rank()) == source && r.copies() == 1)
+                            }) && !dups.contains_key(&(layer::CHAIN_DUPS, key));
+                            let map_dups = map_dups.entry(source).or_default();
+                            let dropped = layer::drop_media(&map, map_dups, (layer::CHAIN_DUPS, key), key, who, all, true);
+                            want.extend(dropped.map(|(change, _)| change));
+                            match runs.spot(key).filter(|_| one_copy) {
+                                Some(spot) => {
+                                    if !stretch.as_mut().is_some_and(|s| s.grow_either(spot)) {
+                                        if let Some(done) = stretch.replace(Stretch::at(spot)) {
+                                            runs.drop_copies(held, done, who, |c, times| got.extend(std::iter::repeat_n(c, times as usize)));
+                                        }
+                                    }
+                                }
+                                None => {
+                                    if let Some(done) = stretch.take() {
+                                        runs.drop_copies(held, done, who, |c, times| got.extend(std::iter::repeat_n(c, times as usize)));
+                                    }
+                                    let dropped = runs.drop_media((dups, held), (key, None), who, all, true);
+                                    got.extend(dropped.map(|(change, _)| change));
+                                }
+                            }
+                        }
+                        if let Some(done) = stretch {
+                            runs.drop_copies(held, done, who, |c, times| got.extend(std::iter::repeat_n(c, times as usize)));
+                        }
+                        let order = |c: &Change| format!("{c:?}");
+                        want.sort_by_key(order);
+                        got.sort_by_key(order);
+                        proptest::prop_assert_eq!(want, got);
+                    }
                     Op::Stretch { source, first, last, media, now } => {
                         let who = Editor { pod: source.0, rank: source.1, now, pod_values: true };
                         let media = media_of(media);
