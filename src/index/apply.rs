@@ -864,6 +864,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         self.state.warm(&removed.block_hashes);
         let mut stretch: Option<Stretch> = None;
         for hash in &removed.block_hashes {
+            if prefix_only && self.drop_one_copy(hash, mask, &mut stretch) {
+                continue;
+            }
+            self.drop_stretch(stretch.take());
             let (chains, state) = self.chain_edit();
             let Some((held, spot)) = state.find(hash, chains) else {
                 self.stats.unknown_removes += 1;
@@ -878,22 +882,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             let left = held.media().difference(taken);
             let (model, std, chain) = (held.model(), held.std(), held.chain());
             let gone = left.is_empty();
-            // The common remove of a `prefix`-only index: a whole engine block that is the
-            // source's one copy of its chain block. Its resident goes with the stretch of
-            // the run it is in, in one span edit (`drop_stretch`).
-            let one_copy =
-                state.dups.is_empty() || !state.dups.contains_key(&(layer::CHAIN_DUPS, chain));
-            if let Some(spot) = spot.filter(|_| prefix_only && gone && one_copy) {
-                if !(stretch.as_mut()).is_some_and(|s: &mut Stretch| s.grow_either(spot)) {
-                    self.drop_stretch(stretch.replace(Stretch::at(spot)));
-                }
-                self.state.remove(hash);
-                self.out.mapping(hash, None);
-                self.out.engine_state(model, hash, None);
-                self.stats.blocks_removed += 1;
-                continue;
-            }
-            self.drop_stretch(stretch.take());
             if gone {
                 self.state.remove(hash);
                 self.out.mapping(hash, None);
@@ -911,6 +899,41 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             self.stats.blocks_removed += 1;
         }
         self.drop_stretch(stretch);
+    }
+
+    /// The common remove of a `prefix`-only index: engine block `hash`, kept by its spot in
+    /// the runs, goes whole (`mask` takes all its media) and is the source's one copy of its
+    /// chain block. It is then taken out of the source and its chain block added to
+    /// `stretch`, whose residents go in one span edit ([`Self::drop_stretch`]); returns
+    /// `false`, with nothing changed, for any other block.
+    fn drop_one_copy(
+        &mut self,
+        hash: &BlockHash,
+        mask: MediaSet,
+        stretch: &mut Option<Stretch>,
+    ) -> bool {
+        let Some((spot, media)) = self.state.run_spot(hash) else {
+            return false;
+        };
+        if media.is_empty() || media.difference(mask) != MediaSet::EMPTY {
+            return false;
+        }
+        if !self.state.dups.is_empty() {
+            // Copies past one are counted in `dups` under the chain hash, which the run keeps.
+            let (chains, state) = self.chain_edit();
+            let chain = chains.hashes_at(spot).map_or(0, |(chain, _)| chain);
+            if chain == 0 || state.dups.contains_key(&(layer::CHAIN_DUPS, chain)) {
+                return false;
+            }
+        }
+        if !(stretch.as_mut()).is_some_and(|s| s.grow_either(spot)) {
+            self.drop_stretch(stretch.replace(Stretch::at(spot)));
+        }
+        self.state.remove(hash);
+        self.out.mapping(hash, None);
+        self.out.engine_state(self.state.base_model, hash, None);
+        self.stats.blocks_removed += 1;
+        true
     }
 
     /// Takes the source off every block of `stretch` (gathered by [`Self::removed`]),

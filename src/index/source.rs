@@ -277,6 +277,11 @@ impl<K: Hash + Eq> Slots<K> {
         }
     }
 
+    /// The run slot under `key`, if it has one, unresolved.
+    fn run_slot<Q: Hash + Equivalent<K> + ?Sized>(&self, key: &Q) -> Option<RunSlot> {
+        self.run.get(key).copied()
+    }
+
     /// Probes the run map for `key`, changing nothing ([`SourceState::warm`]).
     fn warm<Q: Hash + Equivalent<K> + ?Sized>(&self, key: &Q) {
         std::hint::black_box(self.run.get(key));
@@ -530,6 +535,19 @@ impl SourceState {
     /// keys hold only the 64 bits; see [`HeldSlot::sent_as`]).
     pub(crate) fn find_key(&self, hash: &BlockHash, runs: &ChainRuns) -> Option<HeldSlot> {
         self.lookup(hash, runs).map(|(held, _)| held)
+    }
+
+    /// The spot and the media of `hash` (as sent) when the source keeps it by its spot in
+    /// the runs (a base-model block), without reading its hashes there: a remove of it
+    /// mostly needs neither, and they sit in the runs' memory, mostly out of cache.
+    pub(crate) fn run_spot(&self, hash: &BlockHash) -> Option<(Spot, MediaSet)> {
+        let slot = match key_of(hash) {
+            Key::Int(key, negative) => {
+                (self.ints.run_slot(&key)).filter(|s| s.negative() == negative)
+            }
+            Key::Bytes(b) => self.bytes.run_slot(b),
+        }?;
+        Some((slot.spot(), slot.media()))
     }
 
     /// The slot under `hash`'s key, whatever its sign, and its spot if it has one.
