@@ -12,7 +12,9 @@
 //!   range of a node's positions. An edit of one block splits the span there, and the piece
 //!   merges back with a neighbouring span of the same source once they agree again, so
 //!   residency stays exact per block (a mid-chain remove leaves the blocks after it held,
-//!   and removing those later finds them) while the common case is one span per run.
+//!   and removing those later finds them) while the common case is one span per run. The
+//!   stretch of a run one event stores or removes block after block, as engines do, is one
+//!   edit of the source's spans ([`ChainRuns::add_first_copies`], [`ChainRuns::drop_copies`]).
 //! - The **locator** maps a chain hash to its node and position. A query follows a run
 //!   position by position without probing it, and skips the span scan while the residents
 //!   cannot have changed ([`Cursor`]).
