@@ -617,9 +617,9 @@ impl ChainRuns {
             from: stretch.from,
             to: stretch.to,
         };
-        if !node.add_span(span) {
+        let Some(at) = node.add_span(span) else {
             return false;
-        }
+        };
         // The source's spans in the run moved: a hint may name another one now.
         self.hint = None;
         held.note(stretch.node);
@@ -627,7 +627,7 @@ impl ChainRuns {
             return true;
         }
         let own = own_value(&resident);
-        if node.lone(who.pod, who.rank) {
+        if node.lone_at(at) {
             let blocks = u32::from(stretch.to - stretch.from) + 1;
             changed(who.values(None, None, own), blocks);
             return true;
@@ -658,7 +658,7 @@ impl ChainRuns {
             return;
         }
         if who.pod_values {
-            let lone = node.lone(who.pod, who.rank);
+            let lone = node.lone_at(covering.start);
             for span in &node.spans[covering.clone()] {
                 let own = own_value(&span.resident);
                 let (first, last) = (span.from.max(from), span.to.min(to));
@@ -1108,8 +1108,9 @@ impl Node {
 
     /// Puts `span` of a source that holds none of its positions, merged with the source's
     /// spans right before and after it that hold the same resident (as [`BlockMut::push`]
-    /// merges them); `false`, with nothing changed, when the source holds any of them.
-    fn add_span(&mut self, span: Span) -> bool {
+    /// merges them). Returns where the span holding them is, or `None`, with nothing changed,
+    /// when the source holds any of them.
+    fn add_span(&mut self, span: Span) -> Option<usize> {
         let (pod, rank) = (span.resident.pod(), span.resident.rank());
         let at = self.seek(pod, rank, span.from);
         let spans = &mut self.spans;
@@ -1120,23 +1121,52 @@ impl Node {
         if prev.is_some_and(|i| spans[i].to >= span.from)
             || next.is_some_and(|i| spans[i].from <= span.to)
         {
-            return false;
+            return None;
         }
         let meets = |before: &Span, after: &Span| {
             before.resident == after.resident && u32::from(before.to) + 1 == u32::from(after.from)
         };
         let prev = prev.filter(|&i| meets(&spans[i], &span));
         let next = next.filter(|&i| meets(&span, &spans[i]));
-        match (prev, next) {
+        let held = match (prev, next) {
             (Some(p), Some(n)) => {
                 spans[p].to = spans[n].to;
                 spans.remove(n);
+                p
             }
-            (Some(p), None) => spans[p].to = span.to,
-            (None, Some(n)) => spans[n].from = span.from,
-            (None, None) => spans.insert(at, span),
+            (Some(p), None) => {
+                spans[p].to = span.to;
+                p
+            }
+            (None, Some(n)) => {
+                spans[n].from = span.from;
+                n
+            }
+            (None, None) => {
+                spans.insert(at, span);
+                at
+            }
+        };
+        Some(held)
+    }
+
+    /// [`Self::lone`] for the source of span `at`, told by the spans next to the source's
+    /// own (a source mostly has one or two in a run) instead of two binary searches: a pod's
+    /// DP ranks sit next to each other in span order.
+    fn lone_at(&self, at: usize) -> bool {
+        let span = &self.spans[at];
+        let (pod, rank) = (span.resident.pod(), span.resident.rank());
+        let mut first = at;
+        while first > 0 && self.spans[first - 1].is(pod, rank) {
+            first -= 1;
         }
-        true
+        let mut last = at;
+        while (self.spans.get(last + 1)).is_some_and(|s| s.is(pod, rank)) {
+            last += 1;
+        }
+        let same_pod = |s: Option<&Span>| s.is_some_and(|s| s.resident.pod() == pod);
+        let before = first.checked_sub(1).map(|i| &self.spans[i]);
+        !same_pod(before) && !same_pod(self.spans.get(last + 1))
     }
 
     /// The spans of `(pod, rank)` that cover any of positions `from..=to`: together in span
