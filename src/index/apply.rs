@@ -915,7 +915,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let Some((spot, media)) = self.state.run_spot(hash) else {
             return false;
         };
-        if media.is_empty() || media.difference(mask) != MediaSet::EMPTY {
+        if media.is_empty() || !media.difference(mask).is_empty() {
             return false;
         }
         if !self.state.dups.is_empty() {

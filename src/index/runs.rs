@@ -319,7 +319,8 @@ pub(crate) struct Cursor {
     same: Option<(u64, u16)>,
 }
 
-/// Positions `from..=to` of one run: the stretch of it an event stores block after block.
+/// Positions `from..=to` of one run: the stretch of it an event stores or removes block
+/// after block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stretch {
     node: u32,
@@ -641,9 +642,10 @@ impl ChainRuns {
 
     /// Takes the editor's source off every block of `stretch` in one edit of the run's spans
     /// (an engine removes a run's blocks in a row: one edit for an event's stretch of it
-    /// instead of one per block). For blocks the source holds through one engine block each,
-    /// all of them gone: what [`Self::drop_media`] with `slot_gone` does to each. Calls
-    /// `changed` as [`Self::drop_source`] does.
+    /// instead of one per block). The caller's blocks are ones the source holds through one
+    /// engine block each, all of them gone: for those this is what [`Self::drop_media`] with
+    /// `slot_gone` does block by block. Positions the source does not hold are left as they
+    /// are. Calls `changed` as [`Self::drop_source`] does.
     pub(crate) fn drop_copies(
         &mut self,
         held: &mut HeldRuns,
