@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::counters::CountDelta;
 use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
 use super::layer::{self, Change, Editor};
-use super::runs::{ChainRuns, Spot, Stretch};
+use super::runs::{ChainRuns, HeldRuns, Spot, Stretch};
 use super::source::{twin_of, HeldSlot, SourceState, TakenBlocks};
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
 use crate::hash::{chain_hash, content_hash, model_seed, std_hash};
@@ -541,12 +541,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let Some(stretch) = stretch else {
             return;
         };
-        let who = self.chain_editor();
-        let index = self.out.index;
-        let chains = (self.chains).get_or_insert_with(|| index.edit_chains());
-        let out = &mut self.out;
-        let counted = |change, times| out.count_times(change, times);
-        if chains.add_first_copies(&mut self.state.runs, stretch, who, media, counted) {
+        let added = self.edit_stretch(|chains, held, who, out| {
+            chains.add_first_copies(held, stretch, who, media, |c, n| out.count_times(c, n))
+        });
+        if added {
             return;
         }
         // The source holds some of these chain blocks through other engine blocks.
@@ -942,12 +940,22 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let Some(stretch) = stretch else {
             return;
         };
+        self.edit_stretch(|chains, held, who, out| {
+            chains.drop_copies(held, stretch, who, |c, n| out.count_times(c, n));
+        });
+    }
+
+    /// Runs a stretch edit on the chain runs, write-locked until the event ends: `edit` gets
+    /// them, the runs the source holds spans in, the chain layer's editor and where its
+    /// changes are counted.
+    fn edit_stretch<R>(
+        &mut self,
+        edit: impl FnOnce(&mut ChainRuns, &mut HeldRuns, Editor, &mut Out<'a, S>) -> R,
+    ) -> R {
         let who = self.chain_editor();
         let index = self.out.index;
         let chains = (self.chains).get_or_insert_with(|| index.edit_chains());
-        let out = &mut self.out;
-        let counted = |change, times| out.count_times(change, times);
-        chains.drop_copies(&mut self.state.runs, stretch, who, counted);
+        edit(chains, &mut self.state.runs, who, &mut self.out)
     }
 
     /// Drops every block of the source: its residents, then its engine-hash maps. A sink that
