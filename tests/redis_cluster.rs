@@ -45,25 +45,7 @@ impl Cluster {
         let dir_arg = dir.path().display().to_string();
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
-            let (port, bus) = (unbound_port(), unbound_port());
-            let conf = format!("nodes-{port}.conf");
-            let bus = bus.to_string();
-            let mut extra = vec![
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &conf,
-                "--cluster-port",
-                &bus,
-                "--cluster-node-timeout",
-                "1000",
-                "--dir",
-                &dir_arg,
-            ];
-            if let Some(pw) = password {
-                extra.extend(["--requirepass", pw, "--masterauth", pw]);
-            }
-            nodes.push(Some(OwnRedis::start(Some(port), &extra)));
+            nodes.push(Some(Cluster::start_node(&dir_arg, password)));
         }
         let password = password.map(str::to_owned);
         let cluster = Cluster {
@@ -89,6 +71,35 @@ impl Cluster {
         assert!(out.status.success(), "cluster create: {out:?}");
         cluster.wait_ready(masters, masters * replicas);
         cluster
+    }
+
+    /// One cluster node on free ports, chosen again while another test takes one of them
+    /// first (the node then exits before it serves).
+    fn start_node(dir: &str, password: Option<&str>) -> OwnRedis {
+        for _ in 0..20 {
+            let (port, bus) = (unbound_port(), unbound_port());
+            let conf = format!("nodes-{port}.conf");
+            let bus = bus.to_string();
+            let mut extra = vec![
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &conf,
+                "--cluster-port",
+                &bus,
+                "--cluster-node-timeout",
+                "1000",
+                "--dir",
+                dir,
+            ];
+            if let Some(pw) = password {
+                extra.extend(["--requirepass", pw, "--masterauth", pw]);
+            }
+            if let Some(node) = OwnRedis::try_start(port, &extra) {
+                return node;
+            }
+        }
+        panic!("no free ports for a cluster node in 20 tries");
     }
 
     fn live(&self) -> impl Iterator<Item = &OwnRedis> {

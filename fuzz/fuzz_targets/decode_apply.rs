@@ -1,7 +1,9 @@
 //! Decoded batches applied to an [`Index`] from several sources: nothing may panic, and a
 //! mirror built only from the emitted deltas must equal the index after every step (the
 //! Redis mirror relies on exactly that), and clearing every source leaves no block of
-//! either layer (std blocks, chain blocks).
+//! either layer (std blocks, chain blocks). A `prefix`-only index (no std layer) takes the
+//! same operations: its entry counters must equal a walk of its blocks and the full index's
+//! chain entries after every step, and it must be empty after the clears too.
 //!
 //! Input layout: records of [ctrl, len_hi, len_lo, payload…]. ctrl & 3 picks one of four
 //! sources (two DP ranks of one vLLM pod, an SGLang pod, a TRT-LLM pod); ctrl >> 2 & 7 is
@@ -11,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use kvindex::index::{Delta, FieldValue, Index, SourceId, SourceSpec};
+use kvindex::index::{Delta, Discard, FieldValue, Index, IndexOptions, SourceId, SourceSpec};
 use kvindex::wire::{decode_batch, DecodeOptions, Engine};
 use libfuzzer_sys::fuzz_target;
 
@@ -146,9 +148,26 @@ impl Mirror {
     }
 }
 
+/// The `prefix`-only index's counters against a walk of it and the full index's chain layer.
+fn check_lean(lean: &Index, index: &Index) {
+    let walked = lean.stats().entries as u64;
+    let counted = lean.entry_counts().0;
+    assert_eq!(walked, counted, "prefix-only counters diverged from its blocks");
+    assert_eq!(
+        counted,
+        index.chain_entries() as u64,
+        "prefix-only index diverged from the full index's chain layer"
+    );
+}
+
 fuzz_target!(|data: &[u8]| {
     let index = Index::new();
+    let lean = Index::with_options(IndexOptions {
+        std_layer: false,
+        ..IndexOptions::default()
+    });
     let mut sources: Vec<SourceId> = (0..SPECS.len()).map(|i| register(&index, i)).collect();
+    let mut lean_sources: Vec<SourceId> = (0..SPECS.len()).map(|i| register(&lean, i)).collect();
     let mut mirror = Mirror::default();
     let mut now = 1_000u32;
     let mut rest = data;
@@ -159,14 +178,20 @@ fuzz_target!(|data: &[u8]| {
         let which = usize::from(ctrl & 3);
         let mut deltas = Vec::new();
         match (ctrl >> 2) & 7 {
-            5 => index
-                .clear_source(sources[which], &mut deltas)
-                .expect("registered"),
+            5 => {
+                index
+                    .clear_source(sources[which], &mut deltas)
+                    .expect("registered");
+                lean.clear_source(lean_sources[which], &mut Discard)
+                    .expect("registered");
+            }
             6 => {
                 index.forget_pod(SPECS[which].0, &mut deltas);
+                lean.forget_pod(SPECS[which].0, &mut Discard);
                 for (i, spec) in SPECS.iter().enumerate() {
                     if spec.0 == SPECS[which].0 {
                         sources[i] = register(&index, i);
+                        lean_sources[i] = register(&lean, i);
                     }
                 }
             }
@@ -180,11 +205,14 @@ fuzz_target!(|data: &[u8]| {
                     index
                         .apply(sources[which], &batch, now, &mut deltas)
                         .expect("registered");
+                    lean.apply(lean_sources[which], &batch, now, &mut Discard)
+                        .expect("registered");
                 }
             }
         }
         mirror.absorb(deltas);
         mirror.check(&index);
+        check_lean(&lean, &index);
     }
     // Clearing every source must leave nothing behind: no field, no engine hash.
     let mut deltas = Vec::new();
@@ -193,6 +221,16 @@ fuzz_target!(|data: &[u8]| {
             .clear_source(*source, &mut deltas)
             .expect("registered");
     }
+    for source in &lean_sources {
+        lean.clear_source(*source, &mut Discard)
+            .expect("registered");
+    }
+    let lean_stats = lean.stats();
+    assert_eq!(
+        (lean_stats.entries, lean_stats.engine_hashes, lean.entry_counts().0),
+        (0, 0, 0),
+        "prefix-only blocks left after clearing every source"
+    );
     mirror.absorb(deltas);
     assert!(
         mirror.fields.is_empty(),

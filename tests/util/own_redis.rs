@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 /// Upper bound for redis-server to accept connections.
 const START_DEADLINE: Duration = Duration::from_secs(30);
 
+/// Free ports tried for one server before giving up.
+const START_TRIES: usize = 20;
+
 /// A running `redis-server` child.
 pub struct OwnRedis {
     child: Child,
@@ -17,8 +20,25 @@ pub struct OwnRedis {
 impl OwnRedis {
     /// Starts one on `port` (a free one when `None`) with `extra` arguments.
     pub fn start(port: Option<u16>, extra: &[&str]) -> OwnRedis {
-        let port = port.unwrap_or_else(super::unbound_port);
-        let child = Command::new("redis-server")
+        for _ in 0..START_TRIES {
+            let chosen = port.unwrap_or_else(super::unbound_port);
+            if let Some(redis) = OwnRedis::try_start(chosen, extra) {
+                return redis;
+            }
+            // A port found free may be taken again before redis-server binds it (tests
+            // run in parallel): a port of our choosing is then chosen again.
+            assert!(
+                port.is_none(),
+                "redis-server could not listen on port {chosen}"
+            );
+        }
+        panic!("redis-server found no free port in {START_TRIES} tries");
+    }
+
+    /// Starts one on `port` with `extra` arguments; `None` when it exits before it serves
+    /// (its port, or another port `extra` asks it to bind, is taken).
+    pub fn try_start(port: u16, extra: &[&str]) -> Option<OwnRedis> {
+        let mut child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(extra)
@@ -26,15 +46,23 @@ impl OwnRedis {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed");
+        let password = (extra.iter())
+            .position(|a| *a == "--requirepass")
+            .and_then(|i| extra.get(i + 1).copied());
         let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        // Whatever answers on the port must be this child: a listener of another test that
+        // took the same port accepts connections too.
+        while !serves(port, child.id(), password) {
+            if child.try_wait().ok().flatten().is_some() {
+                return None;
+            }
             assert!(
                 started.elapsed() < START_DEADLINE,
                 "redis-server did not come up"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        OwnRedis { child, port }
+        Some(OwnRedis { child, port })
     }
 
     /// `redis://127.0.0.1:{port}/0`.
@@ -58,4 +86,21 @@ impl Drop for OwnRedis {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Whether the Redis answering on `port` is the process `pid`.
+fn serves(port: u16, pid: u32, password: Option<&str>) -> bool {
+    let url = match password {
+        Some(pw) => format!("redis://:{pw}@127.0.0.1:{port}/0"),
+        None => format!("redis://127.0.0.1:{port}/0"),
+    };
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(1)) else {
+        return false;
+    };
+    let info: Option<String> = redis::cmd("INFO").arg("server").query(&mut conn).ok();
+    let own = format!("process_id:{pid}");
+    info.is_some_and(|info| info.lines().any(|line| line.trim() == own))
 }
