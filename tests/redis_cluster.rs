@@ -73,33 +73,26 @@ impl Cluster {
         cluster
     }
 
-    /// One cluster node on free ports, chosen again while another test takes one of them
-    /// first (the node then exits before it serves).
+    /// One cluster node on free ports (chosen again while another test takes one first).
     fn start_node(dir: &str, password: Option<&str>) -> OwnRedis {
-        for _ in 0..20 {
-            let (port, bus) = (unbound_port(), unbound_port());
-            let conf = format!("nodes-{port}.conf");
-            let bus = bus.to_string();
+        OwnRedis::start_free(|port| {
             let mut extra = vec![
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &conf,
-                "--cluster-port",
-                &bus,
-                "--cluster-node-timeout",
-                "1000",
-                "--dir",
-                dir,
+                "--cluster-enabled".to_string(),
+                "yes".into(),
+                "--cluster-config-file".into(),
+                format!("nodes-{port}.conf"),
+                "--cluster-port".into(),
+                unbound_port().to_string(),
+                "--cluster-node-timeout".into(),
+                "1000".into(),
+                "--dir".into(),
+                dir.into(),
             ];
             if let Some(pw) = password {
-                extra.extend(["--requirepass", pw, "--masterauth", pw]);
+                extra.extend(["--requirepass", pw, "--masterauth", pw].map(String::from));
             }
-            if let Some(node) = OwnRedis::try_start(port, &extra) {
-                return node;
-            }
-        }
-        panic!("no free ports for a cluster node in 20 tries");
+            extra
+        })
     }
 
     fn live(&self) -> impl Iterator<Item = &OwnRedis> {

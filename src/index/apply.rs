@@ -475,10 +475,14 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 }
             }
         };
-        if parent != 0 && !self.std_layer() && model == self.state.base_model {
-            self.store_run(model, stored, parent, media);
-            return;
-        }
+        // The common store of a `prefix`-only index: a base-model block with a chain, which
+        // the source does not hold under any sign, is placed in the runs and kept by the
+        // source, and the source's spans are edited once per stretch of a run the event
+        // stores ([`ChainRuns::add_first_copies`]; one edit for an 8-block event, mostly),
+        // not block by block. Any other block goes the general way (`store_block`), after
+        // the stretch before it is edited in.
+        let runs_only = !self.std_layer() && model == self.state.base_model;
+        let mut stretch = None;
         for (i, hash) in stored.block_hashes.iter().enumerate() {
             let tokens = stored.block_tokens(i);
             let chain = if parent == 0 {
@@ -486,6 +490,17 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             } else {
                 chain_hash(parent, tokens)
             };
+            if runs_only && chain != 0 {
+                if let Some((spot, std)) = self.place_new_copy(hash, (chain, parent), tokens) {
+                    if !(stretch.as_mut()).is_some_and(|s: &mut Stretch| s.grow(spot)) {
+                        self.add_stretch(stretch.replace(Stretch::at(spot)), media);
+                    }
+                    self.keep_stored(model, hash, (std, chain, Some(spot)), media);
+                    parent = chain;
+                    continue;
+                }
+            }
+            self.add_stretch(stretch.take(), media);
             // Without the std layer nothing reads kthena's SHA-256: a cheap content hash
             // still tells an engine hash reused for other content.
             let std = if self.std_layer() {
@@ -496,47 +511,30 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             let block = Some(StoreHashes { std, chain, parent });
             parent = self.store_block(model, hash, block, media);
         }
-    }
-
-    /// The common store of a `prefix`-only index: base-model blocks whose chain is known
-    /// from `parent`. A block the source does not hold under any sign is placed in the runs
-    /// and kept by the source, and the source's spans are edited once per stretch of a run
-    /// the event stores ([`ChainRuns::add_first_copies`]; one edit for an 8-block event,
-    /// mostly), without the general path's layers (its cases, the editors, a span edit per
-    /// block). Any other block goes the general way ([`Self::store_block`]), after the
-    /// stretch before it is edited in.
-    fn store_run(&mut self, model: u32, stored: &BlockStored, mut parent: u64, media: MediaSet) {
-        let mut stretch = None;
-        for (i, hash) in stored.block_hashes.iter().enumerate() {
-            let tokens = stored.block_tokens(i);
-            let chain = if parent == 0 {
-                0
-            } else {
-                chain_hash(parent, tokens)
-            };
-            let place = (parent, self.alone);
-            let (chains, state) = self.chain_edit();
-            if chain == 0 || state.find_key(hash, chains).is_some() {
-                self.add_stretch(stretch.take(), media);
-                let std = self.content_of(chain, tokens);
-                let block = Some(StoreHashes { std, chain, parent });
-                parent = self.store_block(model, hash, block, media);
-                continue;
-            }
-            // A chain block another source stored already keeps its content hash in its run:
-            // the tokens are hashed once more only for a new one (see `content_of`).
-            let (spot, std) = chains.find_or_place(chain, place, || content_hash(tokens));
-            if !(stretch.as_mut()).is_some_and(|s: &mut Stretch| s.grow(spot)) {
-                self.add_stretch(stretch.replace(Stretch::at(spot)), media);
-            }
-            self.keep_stored(model, hash, (std, chain, Some(spot)), media);
-            parent = chain;
-        }
         self.add_stretch(stretch, media);
     }
 
+    /// Places chain block `chain` (after `parent`, of `tokens`) for an engine block `hash`
+    /// the source does not hold under any sign; gives its spot and the std hash its run
+    /// keeps, or `None`, with nothing changed, when the source holds `hash`. A chain block
+    /// another source stored already keeps its content hash in its run: the tokens are
+    /// hashed only for a new one (see `content_of`).
+    fn place_new_copy(
+        &mut self,
+        hash: &BlockHash,
+        (chain, parent): (u64, u64),
+        tokens: &[u32],
+    ) -> Option<(Spot, u64)> {
+        let place = (parent, self.alone);
+        let (chains, state) = self.chain_edit();
+        if state.find_key(hash, chains).is_some() {
+            return None;
+        }
+        Some(chains.find_or_place(chain, place, || content_hash(tokens)))
+    }
+
     /// Adds the source's first engine copy of every block of `stretch` (placed by
-    /// [`Self::store_run`]) on `media`, counted; block by block when it holds some already.
+    /// [`Self::stored`]) on `media`, counted; block by block when it holds some already.
     fn add_stretch(&mut self, stretch: Option<Stretch>, media: MediaSet) {
         let Some(stretch) = stretch else {
             return;

@@ -618,25 +618,20 @@ impl ChainRuns {
             from: stretch.from,
             to: stretch.to,
         };
-        let Some(at) = node.add_span(span) else {
+        if !node.add_span(span) {
             return false;
-        };
+        }
         // The source's spans in the run moved: a hint may name another one now.
         self.hint = None;
         held.note(stretch.node);
-        if !who.pod_values {
-            return true;
-        }
-        let own = own_value(&resident);
-        if node.lone_at(at) {
-            let blocks = u32::from(stretch.to - stretch.from) + 1;
-            changed(who.values(None, None, own), blocks);
-            return true;
-        }
-        for pos in stretch.from..=stretch.to {
-            let others = node.other_ranks(who.pod, who.rank, pos);
-            changed(who.values(others, None, own), 1);
-        }
+        let added = |others, own| who.values(others, None, own);
+        node.count_values(
+            &[span],
+            (stretch.from, stretch.to),
+            who,
+            added,
+            &mut changed,
+        );
         true
     }
 
@@ -659,21 +654,14 @@ impl ChainRuns {
         if covering.is_empty() {
             return;
         }
-        if who.pod_values {
-            let lone = node.lone_at(covering.start);
-            for span in &node.spans[covering.clone()] {
-                let own = own_value(&span.resident);
-                let (first, last) = (span.from.max(from), span.to.min(to));
-                if lone {
-                    changed(who.values(None, own, None), u32::from(last - first) + 1);
-                    continue;
-                }
-                for pos in first..=last {
-                    let others = node.other_ranks(who.pod, who.rank, pos);
-                    changed(who.values(others, own, None), 1);
-                }
-            }
-        }
+        let dropped = |others, own| who.values(others, own, None);
+        node.count_values(
+            &node.spans[covering.clone()],
+            (from, to),
+            who,
+            dropped,
+            &mut changed,
+        );
         // What is left of the first and the last span outside the stretch stays.
         let head = node.spans[covering.start];
         let tail = node.spans[covering.end - 1];
@@ -745,26 +733,8 @@ impl ChainRuns {
             }
             gone.clear();
             gone.extend(node.spans.drain(from..to));
-            if who.pod_values {
-                // The pod's other DP ranks, which sit together in span order (mostly none).
-                let first = node.seek(who.pod, 0, 0);
-                let ranks = node.spans[first..].partition_point(|s| s.resident.pod() == who.pod);
-                let others = &node.spans[first..first + ranks];
-                for span in &gone {
-                    let own = own_value(&span.resident);
-                    if others.is_empty() {
-                        let blocks = u32::from(span.to - span.from) + 1;
-                        changed(who.values(None, own, None), blocks);
-                        continue;
-                    }
-                    for pos in span.from..=span.to {
-                        let others = (others.iter())
-                            .filter(|s| s.covers(pos))
-                            .fold(None, |v, s| merge(v, own_value(&s.resident)));
-                        changed(who.values(others, own, None), 1);
-                    }
-                }
-            }
+            let dropped = |others, own| who.values(others, own, None);
+            node.count_values(&gone, (0, u16::MAX), who, dropped, &mut changed);
             self.release(id);
         }
     }
@@ -1110,9 +1080,8 @@ impl Node {
 
     /// Puts `span` of a source that holds none of its positions, merged with the source's
     /// spans right before and after it that hold the same resident (as [`BlockMut::push`]
-    /// merges them). Returns where the span holding them is, or `None`, with nothing changed,
-    /// when the source holds any of them.
-    fn add_span(&mut self, span: Span) -> Option<usize> {
+    /// merges them); `false`, with nothing changed, when the source holds any of them.
+    fn add_span(&mut self, span: Span) -> bool {
         let (pod, rank) = (span.resident.pod(), span.resident.rank());
         let at = self.seek(pod, rank, span.from);
         let spans = &mut self.spans;
@@ -1123,52 +1092,54 @@ impl Node {
         if prev.is_some_and(|i| spans[i].to >= span.from)
             || next.is_some_and(|i| spans[i].from <= span.to)
         {
-            return None;
+            return false;
         }
         let meets = |before: &Span, after: &Span| {
             before.resident == after.resident && u32::from(before.to) + 1 == u32::from(after.from)
         };
         let prev = prev.filter(|&i| meets(&spans[i], &span));
         let next = next.filter(|&i| meets(&span, &spans[i]));
-        let held = match (prev, next) {
+        match (prev, next) {
             (Some(p), Some(n)) => {
                 spans[p].to = spans[n].to;
                 spans.remove(n);
-                p
             }
-            (Some(p), None) => {
-                spans[p].to = span.to;
-                p
-            }
-            (None, Some(n)) => {
-                spans[n].from = span.from;
-                n
-            }
-            (None, None) => {
-                spans.insert(at, span);
-                at
-            }
-        };
-        Some(held)
+            (Some(p), None) => spans[p].to = span.to,
+            (None, Some(n)) => spans[n].from = span.from,
+            (None, None) => spans.insert(at, span),
+        }
+        true
     }
 
-    /// [`Self::lone`] for the source of span `at`, told by the spans next to the source's
-    /// own (a source mostly has one or two in a run) instead of two binary searches: a pod's
-    /// DP ranks sit next to each other in span order.
-    fn lone_at(&self, at: usize) -> bool {
-        let span = &self.spans[at];
-        let (pod, rank) = (span.resident.pod(), span.resident.rank());
-        let mut first = at;
-        while first > 0 && self.spans[first - 1].is(pod, rank) {
-            first -= 1;
+    /// Calls `changed` with the editor's pod value before and after, and the number of
+    /// blocks it changed for, at every position of `from..=to` that the editor's `spans`
+    /// (added or taken off) cover: `change` gives it from what the pod's other DP ranks
+    /// hold there and the span's own value. Once per span when the pod has no other rank
+    /// in the run (the common case), else per position; nothing when nobody reads pod
+    /// values ([`Editor::pod_values`]).
+    fn count_values(
+        &self,
+        spans: &[Span],
+        (from, to): (u16, u16),
+        who: Editor,
+        change: impl Fn(Option<FieldValue>, Option<FieldValue>) -> Change,
+        changed: &mut impl FnMut(Change, u32),
+    ) {
+        if !who.pod_values {
+            return;
         }
-        let mut last = at;
-        while (self.spans.get(last + 1)).is_some_and(|s| s.is(pod, rank)) {
-            last += 1;
+        let lone = self.lone(who.pod, who.rank);
+        for span in spans {
+            let own = own_value(&span.resident);
+            let (first, last) = (span.from.max(from), span.to.min(to));
+            if lone {
+                changed(change(None, own), u32::from(last - first) + 1);
+                continue;
+            }
+            for pos in first..=last {
+                changed(change(self.other_ranks(who.pod, who.rank, pos), own), 1);
+            }
         }
-        let same_pod = |s: Option<&Span>| s.is_some_and(|s| s.resident.pod() == pod);
-        let before = first.checked_sub(1).map(|i| &self.spans[i]);
-        !same_pod(before) && !same_pod(self.spans.get(last + 1))
     }
 
     /// The spans of `(pod, rank)` that cover any of positions `from..=to`: together in span

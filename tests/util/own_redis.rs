@@ -20,24 +20,31 @@ pub struct OwnRedis {
 impl OwnRedis {
     /// Starts one on `port` (a free one when `None`) with `extra` arguments.
     pub fn start(port: Option<u16>, extra: &[&str]) -> OwnRedis {
+        match port {
+            Some(port) => OwnRedis::try_start(port, extra)
+                .unwrap_or_else(|| panic!("redis-server could not listen on port {port}")),
+            None => OwnRedis::start_free(|_| extra.iter().map(|a| a.to_string()).collect()),
+        }
+    }
+
+    /// Starts one on a free port with the arguments `extra` gives for that port. A port
+    /// found free may be taken again before redis-server binds it (tests run in parallel):
+    /// the server then exits, and another port is chosen.
+    pub fn start_free(extra: impl Fn(u16) -> Vec<String>) -> OwnRedis {
         for _ in 0..START_TRIES {
-            let chosen = port.unwrap_or_else(super::unbound_port);
-            if let Some(redis) = OwnRedis::try_start(chosen, extra) {
+            let port = super::unbound_port();
+            let args = extra(port);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            if let Some(redis) = OwnRedis::try_start(port, &args) {
                 return redis;
             }
-            // A port found free may be taken again before redis-server binds it (tests
-            // run in parallel): a port of our choosing is then chosen again.
-            assert!(
-                port.is_none(),
-                "redis-server could not listen on port {chosen}"
-            );
         }
         panic!("redis-server found no free port in {START_TRIES} tries");
     }
 
     /// Starts one on `port` with `extra` arguments; `None` when it exits before it serves
     /// (its port, or another port `extra` asks it to bind, is taken).
-    pub fn try_start(port: u16, extra: &[&str]) -> Option<OwnRedis> {
+    fn try_start(port: u16, extra: &[&str]) -> Option<OwnRedis> {
         let mut child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
