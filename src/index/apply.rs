@@ -491,11 +491,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 chain_hash(parent, tokens)
             };
             if runs_only && chain != 0 {
-                if let Some((spot, std)) = self.place_new_copy(hash, (chain, parent), tokens) {
+                let placed = self.place_new_copy(hash, (chain, parent), tokens, media);
+                if let Some((spot, std)) = placed {
                     if !(stretch.as_mut()).is_some_and(|s: &mut Stretch| s.grow(spot)) {
                         self.add_stretch(stretch.replace(Stretch::at(spot)), media);
                     }
-                    self.keep_stored(model, hash, (std, chain, Some(spot)), media);
+                    self.record_stored(model, hash, (std, chain), media);
                     parent = chain;
                     continue;
                 }
@@ -515,22 +516,23 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// Places chain block `chain` (after `parent`, of `tokens`) for an engine block `hash`
-    /// the source does not hold under any sign; gives its spot and the std hash its run
-    /// keeps, or `None`, with nothing changed, when the source holds `hash`. A chain block
-    /// another source stored already keeps its content hash in its run: the tokens are
-    /// hashed only for a new one (see `content_of`).
+    /// the source does not hold under any sign, and keeps `hash` on `media` by its spot
+    /// there; gives the spot and the std hash its run keeps, or `None`, with nothing
+    /// changed, when the source holds `hash`. A chain block another source stored already
+    /// keeps its content hash in its run: the tokens are hashed only for a new one (see
+    /// `content_of`).
     fn place_new_copy(
         &mut self,
         hash: &BlockHash,
         (chain, parent): (u64, u64),
         tokens: &[u32],
+        media: MediaSet,
     ) -> Option<(Spot, u64)> {
         let place = (parent, self.alone);
         let (chains, state) = self.chain_edit();
-        if state.find_key(hash, chains).is_some() {
-            return None;
-        }
-        Some(chains.find_or_place(chain, place, || content_hash(tokens)))
+        state.put_new(hash, chain, media, || {
+            chains.find_or_place(chain, place, || content_hash(tokens))
+        })
     }
 
     /// Adds the source's first engine copy of every block of `stretch` (placed by
@@ -634,8 +636,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         chain
     }
 
-    /// Records engine block `hash` as stored, its residents edited: the source's slot, the
-    /// sink's engine state and mapping, the count.
+    /// Keeps engine block `hash` in the source, its residents edited, and records it as
+    /// stored ([`Self::record_stored`]).
     fn keep_stored(
         &mut self,
         model: u32,
@@ -644,6 +646,18 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         media: MediaSet,
     ) {
         self.state.put(model, hash, (std, chain, spot), media);
+        self.record_stored(model, hash, (std, chain), media);
+    }
+
+    /// Records engine block `hash`, kept by the source, as stored: the sink's engine state
+    /// and mapping, the count.
+    fn record_stored(
+        &mut self,
+        model: u32,
+        hash: &BlockHash,
+        (std, chain): (u64, u64),
+        media: MediaSet,
+    ) {
         let state = EngineState {
             std_hash: std,
             media,

@@ -326,6 +326,41 @@ impl<K: Hash + Eq> Slots<K> {
         }
     }
 
+    /// Puts a run slot under `key` if it holds nothing (in either map), with `media` at the
+    /// spot `place` gives, or whole when the spot is past what a run slot names: one probe
+    /// finds whether the key is held and where its slot goes. Returns `place`'s answer, or
+    /// `None`, with nothing called or changed, when the key is held.
+    fn put_new<'q, Q>(
+        &mut self,
+        key: &'q Q,
+        (negative, media): (bool, MediaSet),
+        (chain, base): (u64, u32),
+        place: impl FnOnce() -> (Spot, u64),
+    ) -> Option<(Spot, u64)>
+    where
+        Q: Hash + Equivalent<K> + ?Sized,
+        &'q Q: Into<K>,
+    {
+        if !self.whole.is_empty() && self.whole.contains_key(key) {
+            return None;
+        }
+        let EntryRef::Vacant(vacant) = self.run.entry_ref(key) else {
+            return None;
+        };
+        let (spot, std) = place();
+        match RunSlot::new(spot, negative, media) {
+            Some(slot) => {
+                vacant.insert(slot);
+            }
+            None => {
+                let slot = EngineSlot::new(std, chain, negative, media);
+                let held = HeldSlot { slot, model: base };
+                self.whole.insert(key.into(), held);
+            }
+        }
+        Some((spot, std))
+    }
+
     /// Removes `key`; returns the model of the slot it held, if any.
     fn remove<Q: Hash + Equivalent<K> + ?Sized>(&mut self, key: &Q, base: u32) -> Option<u32> {
         match self.run.remove(key) {
@@ -621,6 +656,29 @@ impl SourceState {
                 self.count_out(old);
             }
         }
+    }
+
+    /// Keeps `hash`, a base-model block with chain hash `chain`, by the spot `place` gives
+    /// in the runs (and the std hash it keeps there), on `media`, if the source holds
+    /// nothing under its key (either sign); gives `place`'s answer, or `None`, with
+    /// nothing called or changed, when it holds the key. One probe of the source's map
+    /// where a lookup and then a [`Self::put`] would take two.
+    pub(crate) fn put_new(
+        &mut self,
+        hash: &BlockHash,
+        chain: u64,
+        media: MediaSet,
+        place: impl FnOnce() -> (Spot, u64),
+    ) -> Option<(Spot, u64)> {
+        let base = self.base_model;
+        let placed = match key_of(hash) {
+            Key::Int(key, negative) => {
+                (self.ints).put_new(&key, (negative, media), (chain, base), place)
+            }
+            Key::Bytes(b) => (self.bytes).put_new(b, (false, media), (chain, base), place),
+        }?;
+        self.count_in(base);
+        Some(placed)
     }
 
     /// Removes `hash` (of any model, either sign).
