@@ -451,7 +451,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         };
         let media = MediaSet::single(stored.medium);
         self.alone = stored.block_hashes.len() == 1;
-        self.state.warm(&stored.block_hashes);
         if stored.token_ids.is_empty() {
             for hash in &stored.block_hashes {
                 self.store_block(model, hash, None, media);

@@ -693,7 +693,9 @@ impl SourceState {
         }
     }
 
-    /// One more block of `model`: its first takes a reference.
+    /// One more block of `model`: its first takes a reference. Inlined: every store calls it
+    /// for the base model, whose count is one field.
+    #[inline]
     fn count_in(&mut self, model: u32) {
         let n = if model == self.base_model {
             &mut self.base_blocks

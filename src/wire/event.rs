@@ -187,6 +187,7 @@ impl BlockStored {
     }
 
     /// The tokens of block `i` (the last block may be partial); empty when tokenless.
+    #[inline]
     pub fn block_tokens(&self, i: usize) -> &[u32] {
         let Some(bs) = self.effective_block_size() else {
             return &[];
