@@ -921,24 +921,23 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         mask: MediaSet,
         stretch: &mut Option<Stretch>,
     ) -> bool {
-        let Some((spot, media)) = self.state.run_spot(hash) else {
-            return false;
-        };
-        if media.is_empty() || !media.difference(mask).is_empty() {
-            return false;
-        }
-        if !self.state.dups.is_empty() {
-            // Copies past one are counted in `dups` under the chain hash, which the run keeps.
-            let (chains, state) = self.chain_edit();
-            let chain = chains.hashes_at(spot).map_or(0, |(chain, _)| chain);
-            if chain == 0 || state.dups.contains_key(&(layer::CHAIN_DUPS, chain)) {
+        let (chains, state) = self.chain_edit();
+        let taken = state.take_run_block(hash, |spot, media, dups| {
+            if media.is_empty() || !media.difference(mask).is_empty() {
                 return false;
             }
-        }
+            // Copies past one are counted in `dups` under the chain hash, which the run keeps.
+            dups.is_empty() || {
+                let chain = chains.hashes_at(spot).map_or(0, |(chain, _)| chain);
+                chain != 0 && !dups.contains_key(&(layer::CHAIN_DUPS, chain))
+            }
+        });
+        let Some(spot) = taken else {
+            return false;
+        };
         if !(stretch.as_mut()).is_some_and(|s| s.grow_either(spot)) {
             self.drop_stretch(stretch.replace(Stretch::at(spot)));
         }
-        self.state.remove(hash);
         self.out.mapping(hash, None);
         self.out.engine_state(self.state.base_model, hash, None);
         self.stats.blocks_removed += 1;

@@ -277,11 +277,6 @@ impl<K: Hash + Eq> Slots<K> {
         }
     }
 
-    /// The run slot under `key`, if it has one, unresolved.
-    fn run_slot<Q: Hash + Equivalent<K> + ?Sized>(&self, key: &Q) -> Option<RunSlot> {
-        self.run.get(key).copied()
-    }
-
     /// Probes the run map for `key`, changing nothing ([`SourceState::warm`]).
     fn warm<Q: Hash + Equivalent<K> + ?Sized>(&self, key: &Q) {
         std::hint::black_box(self.run.get(key));
@@ -359,6 +354,18 @@ impl<K: Hash + Eq> Slots<K> {
             }
         }
         Some((spot, std))
+    }
+
+    /// Takes the run slot under `key` out if `take` says so; one probe finds and removes it.
+    fn take_run<Q>(&mut self, key: &Q, take: impl FnOnce(RunSlot) -> bool) -> Option<RunSlot>
+    where
+        Q: Hash + Equivalent<K> + ?Sized,
+    {
+        let EntryRef::Occupied(entry) = self.run.entry_ref(key) else {
+            return None;
+        };
+        let slot = *entry.get();
+        take(slot).then(|| entry.remove())
     }
 
     /// Removes `key`; returns the model of the slot it held, if any.
@@ -572,17 +579,25 @@ impl SourceState {
         self.lookup(hash, runs).map(|(held, _)| held)
     }
 
-    /// The spot and the media of `hash` (as sent) when the source keeps it by its spot in
-    /// the runs (a base-model block), without reading its hashes there: a remove of it
-    /// mostly needs neither, and they sit in the runs' memory, mostly out of cache.
-    pub(crate) fn run_spot(&self, hash: &BlockHash) -> Option<(Spot, MediaSet)> {
+    /// Takes `hash` (as sent) out when the source keeps it by its spot in the runs and
+    /// `take` agrees, given the spot, the media and the source's duplicate counts; gives
+    /// the spot. One probe where a lookup and then [`Self::remove`] would take two; the
+    /// block's hashes are not read (they sit in the runs, mostly out of cache).
+    pub(crate) fn take_run_block(
+        &mut self,
+        hash: &BlockHash,
+        take: impl FnOnce(Spot, MediaSet, &DupCounts) -> bool,
+    ) -> Option<Spot> {
+        let dups = &self.dups;
+        let take = |slot: RunSlot| take(slot.spot(), slot.media(), dups);
         let slot = match key_of(hash) {
             Key::Int(key, negative) => {
-                (self.ints.run_slot(&key)).filter(|s| s.negative() == negative)
+                (self.ints).take_run(&key, |slot| slot.negative() == negative && take(slot))
             }
-            Key::Bytes(b) => self.bytes.run_slot(b),
+            Key::Bytes(b) => self.bytes.take_run(b, take),
         }?;
-        Some((slot.spot(), slot.media()))
+        self.count_out(self.base_model);
+        Some(slot.spot())
     }
 
     /// The slot under `hash`'s key, whatever its sign, and its spot if it has one.
@@ -708,7 +723,9 @@ impl SourceState {
         *n += 1;
     }
 
-    /// One block of `model` fewer: its last defers dropping the reference.
+    /// One block of `model` fewer: its last defers dropping the reference. Inlined: every
+    /// remove calls it for the base model, whose count is one field.
+    #[inline]
     fn count_out(&mut self, model: u32) {
         if model == self.base_model {
             if self.base_blocks > 0 {
