@@ -609,9 +609,10 @@ impl SourceState {
         }
     }
 
-    /// Looks up every hash of an event up front, so their probes overlap: the source's
-    /// map is mostly out of cache, and an event's blocks are otherwise looked up one at a
-    /// time, each waiting for its own miss. Changes nothing.
+    /// Looks up every hash of a removed event up front, so their probes overlap: the
+    /// source's map is mostly out of cache, and an event's blocks are otherwise looked up
+    /// one at a time, each waiting for its own miss. Changes nothing. A stored event is not
+    /// warmed: measured, its one probe per block (`put_new`) is faster without.
     pub(crate) fn warm(&self, hashes: &[BlockHash]) {
         if hashes.len() < 2 {
             return;
