@@ -90,8 +90,8 @@ impl Index {
             }
             if mutation.stats.blocks_removed > removed_before {
                 // While they are locked anyway: a check of two lengths, mostly.
-                if let Some(chains) = mutation.chains.as_mut() {
-                    chains.shrink();
+                if let Some(locked) = mutation.chains.as_mut() {
+                    locked.runs.shrink();
                 }
             }
             // Queries wait for a writer one event at most.
@@ -112,11 +112,13 @@ impl Index {
         Ok(stats)
     }
 
-    /// The chain runs, write-locked for an event's edits.
-    fn edit_chains(&self) -> RwLockWriteGuard<'_, ChainRuns> {
-        let mut chains = self.inner.chains.write();
-        chains.relocked();
-        chains
+    /// The chain runs, write-locked for an event's edits by a source of `pod`.
+    fn edit_chains(&self, pod: u32) -> LockedRuns<'_> {
+        let mut runs = self.inner.chains.write();
+        runs.relocked();
+        // Read with the runs locked: a DP rank registered later cannot have edited them.
+        let sole = self.sole_rank(pod);
+        LockedRuns { runs, sole }
     }
 
     /// Gives back the shared maps' memory once each is a quarter full or less, so a burst of
@@ -383,13 +385,33 @@ macro_rules! on_std_block {
     };
 }
 
+/// The chain runs, write-locked for one event, and what was learned on locking them.
+struct LockedRuns<'a> {
+    runs: RwLockWriteGuard<'a, ChainRuns>,
+    /// Whether the source's pod had no other DP rank registered when the runs were locked:
+    /// then no other rank holds a span in them while they stay locked (a rank's edits wait
+    /// for this lock), and span edits need not look for one ([`Editor::sole`]).
+    sole: bool,
+}
+
+/// The runs `slot` keeps locked, locked for a source of `pod` if they are not yet. Inlined:
+/// stores and removes ask per block, and the runs are mostly locked already.
+#[inline]
+fn locked<'g, 'a>(
+    slot: &'g mut Option<LockedRuns<'a>>,
+    index: &'a Index,
+    pod: u32,
+) -> &'g mut ChainRuns {
+    &mut slot.get_or_insert_with(|| index.edit_chains(pod)).runs
+}
+
 /// One source's events being applied: the state every step shares.
 struct Mutation<'a, S: DeltaSink> {
     state: &'a mut SourceState,
     out: Out<'a, S>,
     /// The chain runs, write-locked from the event's first chain edit to its end: one lock
     /// per event rather than one per block.
-    chains: Option<RwLockWriteGuard<'a, ChainRuns>>,
+    chains: Option<LockedRuns<'a>>,
     /// Whether this call took a LoRA adapter's block off its residents (the adapters'
     /// shared map may then be worth shrinking).
     dropped_lora: bool,
@@ -708,7 +730,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         if chain == 0 {
             return (false, None);
         }
-        let who = self.chain_editor();
+        let who = self.lock_chains();
         let place = (parent, self.alone);
         let (chains, state) = self.chain_edit();
         let edited = (&mut state.dups, &mut state.runs);
@@ -731,7 +753,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         if chain == 0 {
             return 0;
         }
-        let who = self.chain_editor();
+        let who = self.lock_chains();
         let (chains, state) = self.chain_edit();
         let edited = (&mut state.dups, &mut state.runs);
         let dropped = chains.drop_media(edited, (chain, spot), who, removed, slot_gone);
@@ -745,9 +767,15 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// The chain runs, write-locked until the event ends, with the source's state beside
     /// them (a chain edit updates the source's duplicate counts and held runs).
     fn chain_edit(&mut self) -> (&mut ChainRuns, &mut SourceState) {
-        let index = self.out.index;
-        let chains = (self.chains).get_or_insert_with(|| index.edit_chains());
+        let chains = locked(&mut self.chains, self.out.index, self.state.pod);
         (chains, self.state)
+    }
+
+    /// Locks the chain runs until the event ends, if they are not yet; gives the editor of
+    /// chain-layer edits, which knows from then on whether the pod has other DP ranks.
+    fn lock_chains(&mut self) -> Editor {
+        locked(&mut self.chains, self.out.index, self.state.pod);
+        self.chain_editor()
     }
 
     /// Whether the index keeps the std layer; without it entries are counted on the chain
@@ -757,13 +785,15 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// The editor of chain-layer edits: pod values are read only where entries are counted
-    /// on that layer (no std layer).
+    /// on that layer (no std layer), and the pod is known to have no other DP rank only
+    /// while the runs are locked ([`LockedRuns::sole`]).
     fn chain_editor(&self) -> Editor {
         let who = self.editor();
         if self.std_layer() {
             who.without_values()
         } else {
-            who
+            let sole = (self.chains.as_ref()).is_some_and(|locked| locked.sole);
+            Editor { sole, ..who }
         }
     }
 
@@ -774,13 +804,15 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         }
     }
 
-    /// The source and store time of this call's edits.
+    /// The source and store time of this call's edits. Never [`Editor::sole`]: std-layer
+    /// edits may run with the runs unlocked, while another DP rank of the pod registers.
     fn editor(&self) -> Editor {
         Editor {
             pod: self.state.pod,
             rank: self.state.rank,
             now: self.now,
             pod_values: true,
+            sole: false,
         }
     }
 
@@ -962,9 +994,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         &mut self,
         edit: impl FnOnce(&mut ChainRuns, &mut HeldRuns, Editor, &mut Out<'a, S>) -> R,
     ) -> R {
-        let who = self.chain_editor();
-        let index = self.out.index;
-        let chains = (self.chains).get_or_insert_with(|| index.edit_chains());
+        let who = self.lock_chains();
+        let chains = locked(&mut self.chains, self.out.index, self.state.pod);
         edit(chains, &mut self.state.runs, who, &mut self.out)
     }
 
@@ -976,9 +1007,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let wants_mappings = self.out.sink.wants_mappings();
         let whole = self.out.sink.takes_cleared();
         let std_layer = self.std_layer();
-        let chain_who = self.chain_editor();
+        let chain_who = self.lock_chains();
         let index = self.out.index;
-        let chains = (self.chains).get_or_insert_with(|| index.edit_chains());
+        let chains = locked(&mut self.chains, index, self.state.pod);
         // The source's slots read their hashes from the runs, so what needs them is read
         // out before the source's spans go. The runs are then unlocked for the rest, which
         // edits a std block per engine block and must not hold queries back that long. A

@@ -40,6 +40,10 @@ pub(crate) struct Editor {
     /// does (fields are counted and mirrored); the chain layer does not, and skips the scans
     /// of a block's residents that computing them takes.
     pub(crate) pod_values: bool,
+    /// Whether the pod has no other DP rank registered, so no other rank holds anything:
+    /// what the pod's other ranks hold is then known to be nothing, without a look. Set
+    /// only while the chain runs are locked (see `Mutation::chain_edit`).
+    pub(crate) sole: bool,
 }
 
 impl Editor {
@@ -49,6 +53,12 @@ impl Editor {
             pod_values: false,
             ..self
         }
+    }
+
+    /// Whether an edit must look up what the pod's other DP ranks hold: its value is read
+    /// and it may have other ranks.
+    pub(crate) fn others_matter(&self) -> bool {
+        self.pod_values && !self.sole
     }
 
     /// The pod's value before and after an edit of its resident from `old` to `new`, given
@@ -116,7 +126,7 @@ pub(crate) fn add_to(
 ) -> (Change, bool) {
     let mut duplicate = false;
     let (edited, others) =
-        residents.edit_with_others(who.pod, who.rank, who.pod_values, |resident| {
+        residents.edit_with_others(who.pod, who.rank, who.others_matter(), |resident| {
             let copies = resident.copies();
             if new_copy {
                 duplicate = true;
@@ -219,7 +229,7 @@ pub(crate) fn drop_from(
         }
         (stored_at, drop_resident)
     };
-    let (edited, others) = residents.edit_with_others(who.pod, who.rank, who.pod_values, edit);
+    let (edited, others) = residents.edit_with_others(who.pod, who.rank, who.others_matter(), edit);
     let ((stored_at, drop_resident), old, new) = edited?;
     let mut empty = false;
     let new = if drop_resident {
@@ -251,7 +261,8 @@ pub(crate) fn drop_resident<K: Eq + Hash>(
 
 /// [`drop_resident`] on a block's residents; also says whether the block has none left.
 fn resident_out(residents: &mut impl ResidentSet, who: Editor) -> Option<(Change, bool)> {
-    let (edited, others) = residents.edit_with_others(who.pod, who.rank, who.pod_values, |_| ());
+    let (edited, others) =
+        residents.edit_with_others(who.pod, who.rank, who.others_matter(), |_| ());
     let ((), old, _) = edited?;
     let empty = residents.remove(who.pod, who.rank);
     Some((who.values(others, own_value(&old), None), empty))

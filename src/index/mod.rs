@@ -402,6 +402,11 @@ impl Index {
         state.std_of(hash, &chains)
     }
 
+    /// Whether `pod` has at most one source registered (one DP rank).
+    fn sole_rank(&self, pod: u32) -> bool {
+        (self.inner.pod_sources.read().get(&pod)).is_none_or(|ids| ids.len() <= 1)
+    }
+
     fn unlink_pod_source(&self, pod: u32, source: SourceId) {
         let mut pods = self.inner.pod_sources.write();
         if let Some(ids) = pods.get_mut(&pod) {

@@ -999,7 +999,7 @@ impl BlockMut<'_> {
         if covered.is_some() {
             return None;
         }
-        let other = if who.pod_values && !self.lone(who.pod, who.rank) {
+        let other = if who.others_matter() && !self.lone(who.pod, who.rank) {
             self.node.other_ranks(who.pod, who.rank, self.pos)
         } else {
             None
@@ -1128,7 +1128,7 @@ impl Node {
         if !who.pod_values {
             return;
         }
-        let lone = self.lone(who.pod, who.rank);
+        let lone = who.sole || self.lone(who.pod, who.rank);
         for span in spans {
             let own = own_value(&span.resident);
             let (first, last) = (span.from.max(from), span.to.min(to));
@@ -1246,6 +1246,7 @@ mod tests {
             rank: 0,
             now,
             pod_values: true,
+            sole: false,
         }
     }
 
@@ -1341,9 +1342,17 @@ mod tests {
         media
     }
 
+    /// Whether `source`'s pod has no other DP rank in [`gen_op`]'s sources
+    /// ([`Editor::sole`]): edits of it skip looking for other ranks.
+    fn sole(source: (u32, u8)) -> bool {
+        source.0 == 2
+    }
+
     fn gen_op() -> impl proptest::strategy::Strategy<Value = Op> {
         use proptest::prelude::*;
-        let source = (0u32..3, 0u8..2);
+        // Pod 2 has one DP rank only ([`sole`]); pods 0 and 1 have two.
+        let source =
+            (0u32..3, 0u8..2).prop_map(|(pod, rank)| (pod, if pod == 2 { 0 } else { rank }));
         prop_oneof![
             6 => (source.clone(), 1u64..16, any::<bool>(), any::<bool>(), 1u8..8, any::<bool>(), 0u32..3)
                 .prop_map(|(source, key, after_previous, alone, media, new_copy, now)| Op::Add {
@@ -1523,7 +1532,9 @@ mod tests {
                 match op {
                     Op::Run { .. } => unreachable!("runs are expanded into adds"),
                     Op::DropRun { source, first, last } => {
-                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true };
+                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true, sole: false };
+                        // The runs may skip looking for other DP ranks; the block map always looks.
+                        let fast = Editor { sole: sole(source), ..who };
                         let keys: Vec<u64> = if first <= last {
                             (first..=last).collect()
                         } else {
@@ -1546,21 +1557,21 @@ mod tests {
                                 Some(spot) => {
                                     if !stretch.as_mut().is_some_and(|s| s.grow_either(spot)) {
                                         if let Some(done) = stretch.replace(Stretch::at(spot)) {
-                                            runs.drop_copies(held, done, who, |c, times| got.extend(std::iter::repeat_n(c, times as usize)));
+                                            runs.drop_copies(held, done, fast, |c, times| got.extend(std::iter::repeat_n(c, times as usize)));
                                         }
                                     }
                                 }
                                 None => {
                                     if let Some(done) = stretch.take() {
-                                        runs.drop_copies(held, done, who, |c, times| got.extend(std::iter::repeat_n(c, times as usize)));
+                                        runs.drop_copies(held, done, fast, |c, times| got.extend(std::iter::repeat_n(c, times as usize)));
                                     }
-                                    let dropped = runs.drop_media((dups, held), (key, None), who, all, true);
+                                    let dropped = runs.drop_media((dups, held), (key, None), fast, all, true);
                                     got.extend(dropped.map(|(change, _)| change));
                                 }
                             }
                         }
                         if let Some(done) = stretch {
-                            runs.drop_copies(held, done, who, |c, times| got.extend(std::iter::repeat_n(c, times as usize)));
+                            runs.drop_copies(held, done, fast, |c, times| got.extend(std::iter::repeat_n(c, times as usize)));
                         }
                         let order = |c: &Change| format!("{c:?}");
                         want.sort_by_key(order);
@@ -1568,7 +1579,9 @@ mod tests {
                         proptest::prop_assert_eq!(want, got);
                     }
                     Op::Stretch { source, first, last, media, now } => {
-                        let who = Editor { pod: source.0, rank: source.1, now, pod_values: true };
+                        let who = Editor { pod: source.0, rank: source.1, now, pod_values: true, sole: false };
+                        // The runs may skip looking for other DP ranks; the block map always looks.
+                        let fast = Editor { sole: sole(source), ..who };
                         let media = media_of(media);
                         let dups = map_dups.entry(source).or_default();
                         let want: Vec<_> = (first..=last)
@@ -1588,7 +1601,7 @@ mod tests {
                         let mut got = Vec::new();
                         for stretch in stretches {
                             let mut changes = Vec::new();
-                            let added = runs.add_first_copies(held, stretch, who, media, |change, times| {
+                            let added = runs.add_first_copies(held, stretch, fast, media, |change, times| {
                                 changes.extend(std::iter::repeat_n((change, false), times as usize));
                             });
                             if !added {
@@ -1596,7 +1609,7 @@ mod tests {
                                 for spot in stretch.spots() {
                                     let key = runs.at(spot).unwrap_or(0);
                                     let (change, duplicate, _) =
-                                        runs.add_media((0, false), (dups, held), (key, !key), who, media, true);
+                                        runs.add_media((0, false), (dups, held), (key, !key), fast, media, true);
                                     changes.push((change, duplicate));
                                 }
                             }
@@ -1605,7 +1618,9 @@ mod tests {
                         proptest::prop_assert_eq!(want, got);
                     }
                     Op::Add { source, key, after_previous, alone, media, new_copy, now } => {
-                        let who = Editor { pod: source.0, rank: source.1, now, pod_values: true };
+                        let who = Editor { pod: source.0, rank: source.1, now, pod_values: true, sole: false };
+                        // The runs may skip looking for other DP ranks; the block map always looks.
+                        let fast = Editor { sole: sole(source), ..who };
                         let dup_key = (layer::CHAIN_DUPS, key);
                         let parent = if after_previous { key - 1 } else { 0 };
                         let media = media_of(media);
@@ -1614,14 +1629,16 @@ mod tests {
                         let dups = run_dups.entry(source).or_default();
                         let held = run_held.entry(source).or_default();
                         let (change, duplicate, spot) =
-                            runs.add_media((parent, alone), (dups, held), (key, !key), who, media, new_copy);
+                            runs.add_media((parent, alone), (dups, held), (key, !key), fast, media, new_copy);
                         proptest::prop_assert_eq!(want, (change, duplicate));
                         // The spot a source keeps gives both hashes back.
                         let spot = spot.map(|s| runs.hashes_at(s));
                         proptest::prop_assert_eq!(spot, Some(Some((key, !key))));
                     }
                     Op::Drop { source, key, media, slot_gone } => {
-                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true };
+                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true, sole: false };
+                        // The runs may skip looking for other DP ranks; the block map always looks.
+                        let fast = Editor { sole: sole(source), ..who };
                         let dup_key = (layer::CHAIN_DUPS, key);
                         let media = media_of(media);
                         let dups = map_dups.entry(source).or_default();
@@ -1634,11 +1651,13 @@ mod tests {
                             1 => Some(Spot { node: 0, pos: 0 }),
                             _ => None,
                         };
-                        let got = runs.drop_media((dups, held), (key, spot), who, media, slot_gone);
+                        let got = runs.drop_media((dups, held), (key, spot), fast, media, slot_gone);
                         proptest::prop_assert_eq!(want, got);
                     }
                     Op::Clear { source } => {
-                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true };
+                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true, sole: false };
+                        // The runs may skip looking for other DP ranks; the block map always looks.
+                        let fast = Editor { sole: sole(source), ..who };
                         let held: Vec<u64> = (map.iter())
                             .filter(|e| e.value().as_slice().iter().any(|r| r.pod() == who.pod && r.rank() == who.rank))
                             .map(|e| *e.key())
@@ -1649,7 +1668,7 @@ mod tests {
                         }
                         let mut got = Vec::new();
                         let runs_held = run_held.remove(&source).unwrap_or_default();
-                        runs.drop_source(runs_held, who, |change, times| {
+                        runs.drop_source(runs_held, fast, |change, times| {
                             got.extend(std::iter::repeat_n(change, times as usize));
                         });
                         let order = |c: &Change| format!("{c:?}");
