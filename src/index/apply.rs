@@ -496,13 +496,14 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 }
             }
         };
-        // The common store of a `prefix`-only index: a base-model block with a chain, which
-        // the source does not hold under any sign, is placed in the runs and kept by the
-        // source, and the source's spans are edited once per stretch of a run the event
-        // stores ([`ChainRuns::add_first_copies`]; one edit for an 8-block event, mostly),
-        // not block by block. Any other block goes the general way (`store_block`), after
-        // the stretch before it is edited in.
-        let runs_only = !self.std_layer() && model == self.state.base_model;
+        // The common store: a base-model block with a chain, which the source does not hold
+        // under any sign, is placed in the runs and kept by the source, and the source's
+        // spans are edited once per stretch of a run the event stores
+        // ([`ChainRuns::add_first_copies`]; one edit for an 8-block event, mostly), not
+        // block by block; with the std layer its std block gets the copy too
+        // (`add_std_copy`). Any other block goes the general way (`store_block`), after the
+        // stretch before it is edited in.
+        let first_copies = model == self.state.base_model;
         let mut stretch = None;
         for (i, hash) in stored.block_hashes.iter().enumerate() {
             let tokens = stored.block_tokens(i);
@@ -511,11 +512,14 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             } else {
                 chain_hash(parent, tokens)
             };
-            if runs_only && chain != 0 {
+            if first_copies && chain != 0 {
                 let placed = self.place_new_copy(hash, (chain, parent), tokens, media);
                 if let Some((spot, std)) = placed {
                     if !(stretch.as_mut()).is_some_and(|s: &mut Stretch| s.grow(spot)) {
                         self.add_stretch(stretch.replace(Stretch::at(spot)), media);
+                    }
+                    if let Some(duplicate) = self.add_std_media(model, std, media, true) {
+                        self.stats.duplicate_engine_hashes += u64::from(duplicate);
                     }
                     self.record_stored(model, hash, (std, chain), media);
                     parent = chain;
@@ -540,8 +544,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// the source does not hold under any sign, and keeps `hash` on `media` by its spot
     /// there; gives the spot and the std hash its run keeps, or `None`, with nothing
     /// changed, when the source holds `hash`. A chain block another source stored already
-    /// keeps its content hash in its run: the tokens are hashed only for a new one (see
-    /// `content_of`).
+    /// keeps its std hash (or, without the std layer, its content hash) in its run: the
+    /// tokens are hashed only for a new one (see `content_of`), so kthena's SHA-256 is
+    /// computed once per chain block, not once per copy.
     fn place_new_copy(
         &mut self,
         hash: &BlockHash,
@@ -550,9 +555,14 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         media: MediaSet,
     ) -> Option<(Spot, u64)> {
         let place = (parent, self.alone);
+        let std_layer = self.std_layer();
         let (chains, state) = self.chain_edit();
+        let content = || match std_layer {
+            true => std_hash(tokens),
+            false => content_hash(tokens),
+        };
         state.put_new(hash, chain, media, || {
-            chains.find_or_place(chain, place, || content_hash(tokens))
+            chains.find_or_place(chain, place, content)
         })
     }
 
@@ -575,7 +585,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 continue;
             };
             let (duplicate, _) = self.add_chain_media((chain, 0), std, media, true);
-            if duplicate {
+            // With the std layer a duplicate is counted on it (`add_std_media`).
+            if duplicate && !self.std_layer() {
                 self.stats.duplicate_engine_hashes += 1;
             }
         }
@@ -828,12 +839,24 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         added: MediaSet,
         new_copy: bool,
     ) -> (bool, Option<Spot>) {
-        let who = self.editor();
         let (chain_duplicate, spot) = self.add_chain_media(chain, std, added, new_copy);
-        let Some(blocks) = self.blocks.get(self.out.index, model) else {
-            // No std layer: a duplicate is a chain block held through another engine hash.
-            return (chain_duplicate, spot);
-        };
+        // No std layer: a duplicate is a chain block held through another engine hash.
+        let duplicate = self.add_std_media(model, std, added, new_copy);
+        (duplicate.unwrap_or(chain_duplicate), spot)
+    }
+
+    /// Records `added` media (and a new engine copy) on the source's resident of std block
+    /// `std` of `model`, counted; returns whether the source now holds it through more than
+    /// one engine hash, or `None` without the std layer.
+    fn add_std_media(
+        &mut self,
+        model: u32,
+        std: u64,
+        added: MediaSet,
+        new_copy: bool,
+    ) -> Option<bool> {
+        let who = self.editor();
+        let blocks = self.blocks.get(self.out.index, model)?;
         let dup_key = (model, std);
         let dups = &mut self.state.dups;
         let ((before, after), duplicate) = on_std_block!(
@@ -847,7 +870,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             new_copy
         );
         self.out.field(model, std, before, after);
-        (duplicate, spot)
+        Some(duplicate)
     }
 
     /// Takes `removed` media off the source's residents of the std block and, when known,
