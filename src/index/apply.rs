@@ -884,13 +884,24 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         removed: MediaSet,
         slot_gone: bool,
     ) -> u32 {
-        let who = self.editor();
         self.dropped_lora |= model != self.state.base_model;
         let chain_stored_at = self.drop_chain_media(chain, removed, slot_gone);
-        let Some(blocks) = self.blocks.get(self.out.index, model) else {
-            // No std layer: the chain resident's store time is the one kept.
-            return chain_stored_at;
-        };
+        // No std layer: the chain resident's store time is the one kept.
+        (self.drop_std_media(model, std, removed, slot_gone)).unwrap_or(chain_stored_at)
+    }
+
+    /// Takes `removed` media off the source's resident of std block `std` of `model`
+    /// (`slot_gone` as for [`Self::drop_engine_media`]), counted; returns the resident's last
+    /// store time (0 when the source held none), or `None` without the std layer.
+    fn drop_std_media(
+        &mut self,
+        model: u32,
+        std: u64,
+        removed: MediaSet,
+        slot_gone: bool,
+    ) -> Option<u32> {
+        let who = self.editor();
+        let blocks = self.blocks.get(self.out.index, model)?;
         let dup_key = (model, std);
         let dups = &mut self.state.dups;
         let dropped = on_std_block!(
@@ -904,10 +915,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             slot_gone
         );
         let Some(((before, after), stored_at)) = dropped else {
-            return 0;
+            return Some(0);
         };
         self.out.field(model, std, before, after);
-        stored_at
+        Some(stored_at)
     }
 
     fn removed(&mut self, removed: &BlockRemoved) {
@@ -924,11 +935,10 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             mask
         };
         let base = self.state.base_model;
-        let prefix_only = !self.std_layer();
         self.state.warm(&removed.block_hashes);
         let mut stretch: Option<Stretch> = None;
         for hash in &removed.block_hashes {
-            if prefix_only && self.drop_one_copy(hash, mask, &mut stretch) {
+            if self.drop_one_copy(hash, mask, &mut stretch) {
                 continue;
             }
             self.drop_stretch(stretch.take());
@@ -965,36 +975,44 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         self.drop_stretch(stretch);
     }
 
-    /// The common remove of a `prefix`-only index: engine block `hash`, kept by its spot in
-    /// the runs, goes whole (`mask` takes all its media) and is the source's one copy of its
-    /// chain block. It is then taken out of the source and its chain block added to
-    /// `stretch`, whose residents go in one span edit ([`Self::drop_stretch`]); returns
-    /// `false`, with nothing changed, for any other block.
+    /// The common remove: engine block `hash`, kept by its spot in the runs, goes whole
+    /// (`mask` takes all its media) and is the source's one copy of its chain block. It is
+    /// then taken out of the source, its std block's copy with it (with the std layer), and
+    /// its chain block added to `stretch`, whose residents go in one span edit
+    /// ([`Self::drop_stretch`]); returns `false`, with nothing changed, for any other block.
     fn drop_one_copy(
         &mut self,
         hash: &BlockHash,
         mask: MediaSet,
         stretch: &mut Option<Stretch>,
     ) -> bool {
+        let std_layer = self.std_layer();
         let (chains, state) = self.chain_edit();
         let taken = state.take_run_block(hash, |spot, media, dups| {
             if media.is_empty() || !media.difference(mask).is_empty() {
-                return false;
+                return None;
             }
-            // Copies past one are counted in `dups` under the chain hash, which the run keeps.
-            dups.is_empty() || {
-                let chain = chains.hashes_at(spot).map_or(0, |(chain, _)| chain);
-                chain != 0 && !dups.contains_key(&(layer::CHAIN_DUPS, chain))
+            if dups.is_empty() && !std_layer {
+                // Nothing below is needed: the std hash is read only for the std layer.
+                return Some(0);
             }
+            // Copies past one are counted in `dups` under the chain hash, which the run keeps
+            // with the std hash.
+            let (chain, std) = chains.hashes_at(spot)?;
+            (chain != 0 && !dups.contains_key(&(layer::CHAIN_DUPS, chain))).then_some(std)
         });
-        let Some(spot) = taken else {
+        let Some((spot, media, std)) = taken else {
             return false;
         };
         if !(stretch.as_mut()).is_some_and(|s| s.grow_either(spot)) {
             self.drop_stretch(stretch.replace(Stretch::at(spot)));
         }
+        let base = self.state.base_model;
+        if std_layer {
+            self.drop_std_media(base, std, media, true);
+        }
         self.out.mapping(hash, None);
-        self.out.engine_state(self.state.base_model, hash, None);
+        self.out.engine_state(base, hash, None);
         self.stats.blocks_removed += 1;
         true
     }

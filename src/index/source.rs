@@ -356,16 +356,21 @@ impl<K: Hash + Eq> Slots<K> {
         Some((spot, std))
     }
 
-    /// Takes the run slot under `key` out if `take` says so; one probe finds and removes it.
-    fn take_run<Q>(&mut self, key: &Q, take: impl FnOnce(RunSlot) -> bool) -> Option<RunSlot>
+    /// Takes the run slot under `key` out if `take` gives a value for it, with the value;
+    /// one probe finds and removes it.
+    fn take_run<Q, T>(
+        &mut self,
+        key: &Q,
+        take: impl FnOnce(RunSlot) -> Option<T>,
+    ) -> Option<(RunSlot, T)>
     where
         Q: Hash + Equivalent<K> + ?Sized,
     {
         let EntryRef::Occupied(entry) = self.run.entry_ref(key) else {
             return None;
         };
-        let slot = *entry.get();
-        take(slot).then(|| entry.remove())
+        let value = take(*entry.get())?;
+        Some((entry.remove(), value))
     }
 
     /// Removes `key`; returns the model of the slot it held, if any.
@@ -580,24 +585,25 @@ impl SourceState {
     }
 
     /// Takes `hash` (as sent) out when the source keeps it by its spot in the runs and
-    /// `take` agrees, given the spot, the media and the source's duplicate counts; gives
-    /// the spot. One probe where a lookup and then [`Self::remove`] would take two; the
+    /// `take`, given the spot, the media and the source's duplicate counts, gives a value
+    /// (what it read of the block); gives the spot, the media and that value. One probe where a lookup and then [`Self::remove`] would take two; the
     /// block's hashes are not read (they sit in the runs, mostly out of cache).
-    pub(crate) fn take_run_block(
+    #[inline]
+    pub(crate) fn take_run_block<T>(
         &mut self,
         hash: &BlockHash,
-        take: impl FnOnce(Spot, MediaSet, &DupCounts) -> bool,
-    ) -> Option<Spot> {
+        take: impl FnOnce(Spot, MediaSet, &DupCounts) -> Option<T>,
+    ) -> Option<(Spot, MediaSet, T)> {
         let dups = &self.dups;
         let take = |slot: RunSlot| take(slot.spot(), slot.media(), dups);
-        let slot = match key_of(hash) {
-            Key::Int(key, negative) => {
-                (self.ints).take_run(&key, |slot| slot.negative() == negative && take(slot))
-            }
+        let (slot, value) = match key_of(hash) {
+            Key::Int(key, negative) => (self.ints).take_run(&key, |slot| {
+                (slot.negative() == negative).then(|| take(slot))?
+            }),
             Key::Bytes(b) => self.bytes.take_run(b, take),
         }?;
         self.count_out(self.base_model);
-        Some(slot.spot())
+        Some((slot.spot(), slot.media(), value))
     }
 
     /// The slot under `hash`'s key, whatever its sign, and its spot if it has one.
