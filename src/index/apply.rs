@@ -501,7 +501,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         // spans are edited once per stretch of a run the event stores
         // ([`ChainRuns::add_first_copies`]; one edit for an 8-block event, mostly), not
         // block by block; with the std layer its std block gets the copy too
-        // (`add_std_copy`). Any other block goes the general way (`store_block`), after the
+        // (`add_std_media`). Any other block goes the general way (`store_block`), after the
         // stretch before it is edited in.
         let first_copies = model == self.state.base_model;
         let mut stretch = None;
@@ -557,9 +557,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let place = (parent, self.alone);
         let std_layer = self.std_layer();
         let (chains, state) = self.chain_edit();
-        let content = || match std_layer {
-            true => std_hash(tokens),
-            false => content_hash(tokens),
+        let content = || {
+            if std_layer {
+                std_hash(tokens)
+            } else {
+                content_hash(tokens)
+            }
         };
         state.put_new(hash, chain, media, || {
             chains.find_or_place(chain, place, content)
