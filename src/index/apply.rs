@@ -385,6 +385,17 @@ macro_rules! on_std_block {
     };
 }
 
+/// The hash a block of `tokens` new to the runs is kept under: kthena's std hash (SHA-256)
+/// with the std layer; without it nothing reads that, and a cheap content hash still tells
+/// an engine hash reused for other content.
+fn fresh_content(std_layer: bool, tokens: &[u32]) -> u64 {
+    if std_layer {
+        std_hash(tokens)
+    } else {
+        content_hash(tokens)
+    }
+}
+
 /// The chain runs, write-locked for one event, and what was learned on locking them.
 struct LockedRuns<'a> {
     runs: RwLockWriteGuard<'a, ChainRuns>,
@@ -504,6 +515,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         // (`add_std_media`). Any other block goes the general way (`store_block`), after the
         // stretch before it is edited in.
         let first_copies = model == self.state.base_model;
+        let std_layer = self.std_layer();
         let mut stretch = None;
         for (i, hash) in stored.block_hashes.iter().enumerate() {
             let tokens = stored.block_tokens(i);
@@ -518,8 +530,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                     if !(stretch.as_mut()).is_some_and(|s: &mut Stretch| s.grow(spot)) {
                         self.add_stretch(stretch.replace(Stretch::at(spot)), media);
                     }
-                    if let Some(duplicate) = self.add_std_media(model, std, media, true) {
-                        self.stats.duplicate_engine_hashes += u64::from(duplicate);
+                    if std_layer {
+                        let duplicate = self.add_std_media(model, std, media, true);
+                        self.stats.duplicate_engine_hashes += u64::from(duplicate == Some(true));
                     }
                     self.record_stored(model, hash, (std, chain), media);
                     parent = chain;
@@ -527,13 +540,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 }
             }
             self.add_stretch(stretch.take(), media);
-            // Without the std layer nothing reads kthena's SHA-256: a cheap content hash
-            // still tells an engine hash reused for other content.
-            let std = if self.std_layer() {
-                std_hash(tokens)
-            } else {
-                self.content_of(chain, tokens)
-            };
+            let std = self.content_of(chain, tokens);
             let block = Some(StoreHashes { std, chain, parent });
             parent = self.store_block(model, hash, block, media);
         }
@@ -543,10 +550,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// Places chain block `chain` (after `parent`, of `tokens`) for an engine block `hash`
     /// the source does not hold under any sign, and keeps `hash` on `media` by its spot
     /// there; gives the spot and the std hash its run keeps, or `None`, with nothing
-    /// changed, when the source holds `hash`. A chain block another source stored already
-    /// keeps its std hash (or, without the std layer, its content hash) in its run: the
-    /// tokens are hashed only for a new one (see `content_of`), so kthena's SHA-256 is
-    /// computed once per chain block, not once per copy.
+    /// changed, when the source holds `hash`. The tokens are hashed only for a chain block
+    /// new to the runs (see `content_of`).
     fn place_new_copy(
         &mut self,
         hash: &BlockHash,
@@ -557,15 +562,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let place = (parent, self.alone);
         let std_layer = self.std_layer();
         let (chains, state) = self.chain_edit();
-        let content = || {
-            if std_layer {
-                std_hash(tokens)
-            } else {
-                content_hash(tokens)
-            }
-        };
         state.put_new(hash, chain, media, || {
-            chains.find_or_place(chain, place, content)
+            chains.find_or_place(chain, place, || fresh_content(std_layer, tokens))
         })
     }
 
@@ -595,16 +593,18 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         }
     }
 
-    /// The content hash of a block of `tokens` with chain hash `chain`: the one its run
-    /// keeps when another source stored the chain block already (a chain hash names the
-    /// tokens with their whole prefix), without hashing them again; most stores of a
-    /// shared prefix are of such a block (~3 % of a `prefix`-only 8-block store's
-    /// instructions). A 64-bit chain-hash collision of two contents is then not told apart
-    /// by the content hash: as unlikely as the content hashes colliding themselves.
+    /// The std hash (without the std layer, the content hash) of a block of `tokens` with
+    /// chain hash `chain`: the one its run keeps when another source stored the chain block
+    /// already (a chain hash names the tokens with their whole prefix), without hashing
+    /// them again; most stores of a shared prefix are of such a block, so kthena's SHA-256
+    /// is computed once per chain block, not once per copy. A 64-bit chain-hash collision
+    /// of two contents then gives the second the first's hash: as unlikely as the std or
+    /// content hashes colliding themselves.
     fn content_of(&mut self, chain: u64, tokens: &[u32]) -> u64 {
+        let std_layer = self.std_layer();
         let (chains, _) = self.chain_edit();
         let known = (chain != 0).then(|| chains.std_of(chain)).flatten();
-        known.unwrap_or_else(|| content_hash(tokens))
+        known.unwrap_or_else(|| fresh_content(std_layer, tokens))
     }
 
     /// Stores one engine block; `block` is `None` for a tokenless tier copy. Returns the

@@ -248,6 +248,31 @@ enum Slot {
     Whole(HeldSlot),
 }
 
+impl Slot {
+    /// The slot of a block of `model` (`base` is the source's base model) with its hashes:
+    /// a spot when it is the base model's and has a `spot` a run slot can name, else whole.
+    /// Inlined: every new block of a store is put through it.
+    #[inline]
+    fn of(
+        model: u32,
+        base: u32,
+        (std, chain, spot): (u64, u64, Option<Spot>),
+        negative: bool,
+        media: MediaSet,
+    ) -> Slot {
+        let run_slot = spot
+            .filter(|_| model == base)
+            .and_then(|spot| RunSlot::new(spot, negative, media));
+        match run_slot {
+            Some(slot) => Slot::Run(slot),
+            None => Slot::Whole(HeldSlot {
+                slot: EngineSlot::new(std, chain, negative, media),
+                model,
+            }),
+        }
+    }
+}
+
 /// The slots of one kind of key (int or bytes): spots in the runs, and whole slots. A key is
 /// in at most one of the two maps.
 struct Slots<K> {
@@ -343,13 +368,11 @@ impl<K: Hash + Eq> Slots<K> {
             return None;
         };
         let (spot, std) = place();
-        match RunSlot::new(spot, negative, media) {
-            Some(slot) => {
+        match Slot::of(base, base, (std, chain, Some(spot)), negative, media) {
+            Slot::Run(slot) => {
                 vacant.insert(slot);
             }
-            None => {
-                let slot = EngineSlot::new(std, chain, negative, media);
-                let held = HeldSlot { slot, model: base };
+            Slot::Whole(held) => {
                 self.whole.insert(key.into(), held);
             }
         }
@@ -586,8 +609,9 @@ impl SourceState {
 
     /// Takes `hash` (as sent) out when the source keeps it by its spot in the runs and
     /// `take`, given the spot, the media and the source's duplicate counts, gives a value
-    /// (what it read of the block); gives the spot, the media and that value. One probe where a lookup and then [`Self::remove`] would take two; the
-    /// block's hashes are not read (they sit in the runs, mostly out of cache).
+    /// (what it read of the block); gives the spot, the media and that value. One probe
+    /// where a lookup and then [`Self::remove`] would take two; the block's hashes are read
+    /// only if `take` reads them (they sit in the runs, mostly out of cache).
     #[inline]
     pub(crate) fn take_run_block<T>(
         &mut self,
@@ -658,16 +682,7 @@ impl SourceState {
         let base = self.base_model;
         let key = key_of(hash);
         let negative = matches!(key, Key::Int(_, true));
-        let run_slot = spot
-            .filter(|_| model == base)
-            .and_then(|spot| RunSlot::new(spot, negative, media));
-        let slot = match run_slot {
-            Some(slot) => Slot::Run(slot),
-            None => Slot::Whole(HeldSlot {
-                slot: EngineSlot::new(std, chain, negative, media),
-                model,
-            }),
-        };
+        let slot = Slot::of(model, base, (std, chain, spot), negative, media);
         let old_model = match key {
             Key::Int(key, _) => self.ints.put(&key, slot, base),
             Key::Bytes(b) => self.bytes.put(b, slot, base),
