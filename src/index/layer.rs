@@ -261,9 +261,7 @@ pub(crate) fn drop_resident<K: Eq + Hash>(
 
 /// [`drop_resident`] on a block's residents; also says whether the block has none left.
 fn resident_out(residents: &mut impl ResidentSet, who: Editor) -> Option<(Change, bool)> {
-    let (edited, others) =
-        residents.edit_with_others(who.pod, who.rank, who.others_matter(), |_| ());
-    let ((), old, _) = edited?;
-    let empty = residents.remove(who.pod, who.rank);
+    let (taken, others) = residents.take_with_others(who.pod, who.rank, who.others_matter());
+    let (old, empty) = taken?;
     Some((who.values(others, own_value(&old), None), empty))
 }

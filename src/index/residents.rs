@@ -178,7 +178,20 @@ pub(crate) trait ResidentSet {
 
     /// Removes the resident of `(pod, rank)`; returns whether none is left.
     fn remove(&mut self, pod: u32, rank: u8) -> bool;
+
+    /// Takes the resident of `(pod, rank)` out, whatever its media: the resident as it was
+    /// and whether none is left, plus (when `others` is asked) the value the pod has through
+    /// its other DP ranks. A set that can do it in one pass over its residents overrides this.
+    fn take_with_others(&mut self, pod: u32, rank: u8, others: bool) -> Taken {
+        let (edited, others) = self.edit_with_others(pod, rank, others, |_| ());
+        let taken = edited.map(|((), old, _)| (old, self.remove(pod, rank)));
+        (taken, others)
+    }
 }
+
+/// What taking one resident out returns: the resident and whether the set is empty after
+/// (`None` when there was no such resident), and the value of the pod's other DP ranks.
+pub(crate) type Taken = (Option<(Resident, bool)>, Option<FieldValue>);
 
 impl ResidentSet for Residents {
     fn edit_with_others<R>(
@@ -204,21 +217,7 @@ impl ResidentSet for Residents {
                 (is.then(|| run(r)), other)
             }
             Residents::Many(m) => {
-                let mut at = None;
-                let mut other = None;
-                for (i, r) in m.list.iter().enumerate() {
-                    if r.pod() != pod {
-                        continue;
-                    }
-                    if r.rank() == rank {
-                        at = Some(i);
-                        if !others {
-                            break;
-                        }
-                    } else if others {
-                        other = merge(other, own_value(r));
-                    }
-                }
+                let (at, other) = m.find(pod, rank, others);
                 let edited = at.map(|i| {
                     let r = &mut m.list[i];
                     let before = owner_key(r);
@@ -257,17 +256,77 @@ impl ResidentSet for Residents {
                 else {
                     return false;
                 };
-                let gone = m.list.swap_remove(at);
-                m.fingerprint ^= owner_key(&gone);
-                match m.list.as_slice() {
-                    [] => true,
-                    [last] => {
-                        *self = Residents::One(*last);
-                        false
-                    }
-                    _ => false,
-                }
+                m.remove_at(at);
+                self.collapse()
             }
+        }
+    }
+
+    /// One pass: the resident's place and the pod's other ranks are found together (a
+    /// source clear of a std-layer index takes every block's resident this way).
+    fn take_with_others(&mut self, pod: u32, rank: u8, others: bool) -> Taken {
+        match self {
+            Residents::One(r) => {
+                let is = r.pod() == pod && r.rank() == rank;
+                let other = (others && !is && r.pod() == pod).then(|| own_value(r));
+                (is.then_some((*r, true)), other.flatten())
+            }
+            Residents::Many(m) => {
+                let (at, other) = m.find(pod, rank, others);
+                let Some(at) = at else {
+                    return (None, other);
+                };
+                let gone = m.remove_at(at);
+                (Some((gone, self.collapse())), other)
+            }
+        }
+    }
+}
+
+impl Many {
+    /// One pass over the list: the place of `(pod, rank)`'s resident, and (when `others` is
+    /// asked) the value the pod has through its other DP ranks.
+    fn find(&self, pod: u32, rank: u8, others: bool) -> (Option<usize>, Option<FieldValue>) {
+        let mut at = None;
+        let mut other = None;
+        for (i, r) in self.list.iter().enumerate() {
+            if r.pod() != pod {
+                continue;
+            }
+            if r.rank() == rank {
+                at = Some(i);
+                if !others {
+                    break;
+                }
+            } else if others {
+                other = merge(other, own_value(r));
+            }
+        }
+        (at, other)
+    }
+
+    /// Removes the resident at `at`, keeping the fingerprint true.
+    fn remove_at(&mut self, at: usize) -> Resident {
+        let gone = self.list.swap_remove(at);
+        self.fingerprint ^= owner_key(&gone);
+        gone
+    }
+}
+
+impl Residents {
+    /// After a resident left: a list of one becomes [`Residents::One`]; returns whether
+    /// none is left.
+    fn collapse(&mut self) -> bool {
+        let Residents::Many(m) = self else {
+            return false;
+        };
+        match m.list.as_slice() {
+            [] => true,
+            [last] => {
+                *self = Residents::One(*last);
+                false
+            }
+            _ => false,
         }
     }
 }
