@@ -78,28 +78,10 @@ impl Index {
         let state = (sources.get(source.0 as usize)).and_then(Option::as_ref);
         let mut state = state.ok_or(IndexError::UnknownSource(source.0))?.lock();
         let mut mutation = Mutation::new(self, &mut state, sink, now);
-        for event in &batch.events {
-            let removed_before = mutation.stats.blocks_removed;
-            match event {
-                Event::BlockStored(stored) => mutation.stored(stored),
-                Event::BlockRemoved(removed) => mutation.removed(removed),
-                Event::AllBlocksCleared => {
-                    mutation.clear();
-                    mutation.stats.clears += 1;
-                }
-            }
-            if mutation.stats.blocks_removed > removed_before {
-                // While they are locked anyway: a check of two lengths, mostly.
-                if let Some(locked) = mutation.chains.as_mut() {
-                    locked.runs.shrink();
-                }
-            }
-            // Queries wait for a writer one event at most.
-            mutation.chains = None;
-        }
+        mutation.apply_events(&batch.events);
         let (stats, dropped_lora) = (mutation.stats, mutation.dropped_lora);
         drop(mutation);
-        state.settle();
+        state.settle(stats.blocks_removed > 0 || stats.clears > 0);
         drop(state);
         drop(sources);
         if stats.clears > 0 {
@@ -116,8 +98,7 @@ impl Index {
     fn edit_chains(&self, pod: u32) -> LockedRuns<'_> {
         let mut runs = self.inner.chains.write();
         runs.relocked();
-        // Read with the runs locked: a DP rank registered later cannot have edited them.
-        let sole = self.sole_rank(pod);
+        let sole = runs.sole_rank(pod);
         LockedRuns { runs, sole }
     }
 
@@ -168,7 +149,7 @@ impl Index {
             };
             mutation.store_block(model, engine_hash, Some(block), state.media);
         }
-        source.settle();
+        source.settle(false);
         Ok(())
     }
 
@@ -185,7 +166,7 @@ impl Index {
         let mut state = state.lock();
         // A clear stores nothing, so the store time is never read.
         Mutation::new(self, &mut state, sink, 0).clear();
-        state.settle();
+        state.settle(true);
         drop(state);
         self.shrink_shared();
         Ok(())
@@ -455,6 +436,30 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             blocks: BlocksCache::default(),
             now,
             stats: ApplyStats::default(),
+        }
+    }
+
+    /// Applies `events` in order, the runs locked from an event's first chain edit to its
+    /// end.
+    fn apply_events(&mut self, events: &[Event]) {
+        for event in events {
+            let removed_before = self.stats.blocks_removed;
+            match event {
+                Event::BlockStored(stored) => self.stored(stored),
+                Event::BlockRemoved(removed) => self.removed(removed),
+                Event::AllBlocksCleared => {
+                    self.clear();
+                    self.stats.clears += 1;
+                }
+            }
+            if self.stats.blocks_removed > removed_before {
+                // While they are locked anyway: a check of two lengths, mostly.
+                if let Some(locked) = self.chains.as_mut() {
+                    locked.runs.shrink();
+                }
+            }
+            // Queries wait for a writer one event at most.
+            self.chains = None;
         }
     }
 

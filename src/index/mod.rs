@@ -194,7 +194,9 @@ struct Inner {
     pods: Interner,
     sources: RwLock<Vec<Option<Arc<Mutex<SourceState>>>>>,
     /// Registered sources per pod id, so pod-level questions (does any DP rank of the pod
-    /// still hold an engine hash?) never walk every source.
+    /// still hold an engine hash?) never walk every source. Locked before the chain runs
+    /// where both are (a change tells the runs the pod's number of ranks); never while the
+    /// runs are locked.
     pod_sources: RwLock<hashbrown::HashMap<u32, Vec<SourceId>>>,
     /// Chain blocks of every model, in runs (`prefix` matching): one lock, since an edit
     /// may touch a run other sources share; a query takes it once for all its blocks.
@@ -318,12 +320,11 @@ impl Index {
         sources.push(Some(Arc::new(Mutex::new(state))));
         let id = SourceId(sources.len() as u32 - 1);
         drop(sources);
-        self.inner
-            .pod_sources
-            .write()
-            .entry(pod)
-            .or_default()
-            .push(id);
+        let mut pods = self.inner.pod_sources.write();
+        let ids = pods.entry(pod).or_default();
+        ids.push(id);
+        // Under the pod list's lock, so the runs learn the counts in the order they change.
+        self.inner.chains.write().note_ranks(pod, ids.len());
         Ok(id)
     }
 
@@ -402,15 +403,11 @@ impl Index {
         state.std_of(hash, &chains)
     }
 
-    /// Whether `pod` has at most one source registered (one DP rank).
-    fn sole_rank(&self, pod: u32) -> bool {
-        (self.inner.pod_sources.read().get(&pod)).is_none_or(|ids| ids.len() <= 1)
-    }
-
     fn unlink_pod_source(&self, pod: u32, source: SourceId) {
         let mut pods = self.inner.pod_sources.write();
         if let Some(ids) = pods.get_mut(&pod) {
             ids.retain(|id| *id != source);
+            self.inner.chains.write().note_ranks(pod, ids.len());
             if ids.is_empty() {
                 pods.remove(&pod);
             }

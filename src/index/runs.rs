@@ -163,6 +163,11 @@ pub(crate) struct ChainRuns {
     /// The span the last block edit left its source holding, so the next block of a run
     /// finds its source's span without a search ([`SpanHint`]).
     hint: Option<SpanHint>,
+    /// Pods with more than one source (DP rank) registered, set with the runs locked as
+    /// sources come and go ([`Self::note_ranks`]): an edit under the lock then knows, with
+    /// no other lock or map, whether another rank of its pod can hold spans here (mostly
+    /// the set is empty, and the answer is one length check).
+    ranked: hashbrown::HashSet<u32>,
 }
 
 /// Chain hash → spot of every chain block, and the table of chain starts among them.
@@ -848,6 +853,23 @@ impl ChainRuns {
     /// ([`SpanHint::lone`]) may have changed since the last one.
     pub(crate) fn relocked(&mut self) {
         self.hint = None;
+    }
+
+    /// Records that `pod` has `sources` sources registered (called whenever the number
+    /// changes, in the order it changes).
+    pub(crate) fn note_ranks(&mut self, pod: u32, sources: usize) {
+        if sources > 1 {
+            self.ranked.insert(pod);
+        } else {
+            self.ranked.remove(&pod);
+        }
+    }
+
+    /// Whether `pod` has at most one source registered: while the runs stay locked, no
+    /// other DP rank of it holds a span in them (a rank registered later waits for the lock
+    /// to edit them; a rank's spans go before it is unregistered).
+    pub(crate) fn sole_rank(&self, pod: u32) -> bool {
+        self.ranked.is_empty() || !self.ranked.contains(&pod)
     }
 
     /// Gives back memory once the locator is a quarter full or less.

@@ -581,12 +581,16 @@ impl SourceState {
     }
 
     /// Drops the references deferred during this call; call once the call's block-map edits
-    /// are done.
-    pub(crate) fn settle(&mut self) {
+    /// are done. The maps are checked for memory to give back only when the call `took`
+    /// blocks out: a call that only stored cannot have left them emptier (the check is a
+    /// few map reads, but every call of the write path makes it).
+    pub(crate) fn settle(&mut self, took: bool) {
         for id in self.deferred.drain(..) {
             self.table.release(id);
         }
-        self.shrink();
+        if took {
+            self.shrink();
+        }
     }
 
     /// The slot of `hash` (as sent: an int key held with the other sign is not it), whatever
@@ -878,6 +882,6 @@ impl Drop for SourceState {
     fn drop(&mut self) {
         self.clear();
         self.deferred.push(self.base_model);
-        self.settle();
+        self.settle(true);
     }
 }

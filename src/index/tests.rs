@@ -743,3 +743,25 @@ fn a_prompt_is_answered_from_a_chain_start_and_the_starts_follow_the_runs() {
     assert_eq!(starts(), [(false, false); 3]);
     assert_eq!(index.chain_entries(), 0);
 }
+
+#[test]
+fn runs_know_which_pods_have_several_ranks() {
+    let index = Index::new();
+    let a0 = index.register_source(&spec("pod-a.ns", 0)).unwrap();
+    index.register_source(&spec("pod-b.ns", 0)).unwrap();
+    let (pod_a, pod_b) = (
+        index.inner.pods.get("pod-a.ns"),
+        index.inner.pods.get("pod-b.ns"),
+    );
+    let (pod_a, pod_b) = (pod_a.unwrap(), pod_b.unwrap());
+    let sole = |pod| index.inner.chains.read().sole_rank(pod);
+    assert!(sole(pod_a) && sole(pod_b));
+    let a1 = index.register_source(&spec("pod-a.ns", 1)).unwrap();
+    // Registering a rank again changes nothing.
+    index.register_source(&spec("pod-a.ns", 1)).unwrap();
+    assert!(!sole(pod_a) && sole(pod_b));
+    index.remove_source(a0, &mut Discard).unwrap();
+    assert!(sole(pod_a));
+    index.remove_source(a1, &mut Discard).unwrap();
+    assert!(sole(pod_a) && sole(pod_b));
+}
