@@ -24,7 +24,8 @@
 //! For a profiler (`perf record`, `valgrind --tool=callgrind`), one part of kvindex's
 //! `prefix`-only side alone: `profile` (every edit), `profile-store1`, `profile-store8`,
 //! `profile-remove` (each phase's best apply time is printed; with `PROFILE_STD=1`, on the
-//! default index with kthena's std layer), or `profile-query-full`,
+//! default index with kthena's std layer; with `PROFILE_PEER=radix`, on Dynamo's RadixTree,
+//! the yardstick), or `profile-query-full`,
 //! `-half`, `-miss`, `-mixed` (one query kind after the 8-block stores, its p50 and p99).
 
 use std::collections::HashSet;
@@ -908,13 +909,20 @@ fn main() {
         // kind on a fresh index (a remove profile includes the stores it needs).
         // Each phase's best apply time over the runs, for comparing builds.
         // `PROFILE_STD=1` profiles the default index, with the std layer, instead.
+        // `PROFILE_PEER=radix` profiles Dynamo's RadixTree on the same phases (the yardstick:
+        // toggle `RadixTree::apply_event` and `rehash` in callgrind).
         let std_layer = std::env::var_os("PROFILE_STD").is_some();
+        let radix = std::env::var("PROFILE_PEER").is_ok_and(|p| p == "radix");
         let mut best = vec![Duration::MAX; phases.len()];
         for _ in 0..RUNS {
-            let mut peer = if std_layer {
-                Kvindex::new(MatchMode::Prefix)
+            let mut peer: Box<dyn Peer> = if radix {
+                Box::new(Dynamo {
+                    tree: RadixTree::new(),
+                })
+            } else if std_layer {
+                Box::new(Kvindex::new(MatchMode::Prefix))
             } else {
-                Kvindex::prefix_only()
+                Box::new(Kvindex::prefix_only())
             };
             for (ops, best) in phases.iter().zip(&mut best) {
                 *best = (*best).min(peer.apply(ops, &w, true).1);
@@ -922,7 +930,8 @@ fn main() {
         }
         let best: Vec<String> = best.iter().map(|d| format!("{d:.1?}")).collect();
         println!(
-            "kvindex apply, best of {RUNS} per phase: {}",
+            "{} apply, best of {RUNS} per phase: {}",
+            peer_name(radix),
             best.join(", ")
         );
         return;
@@ -1004,6 +1013,15 @@ fn main() {
             "  {:<17} natural vs chain truth {n_wrong}/{n_all}; spliced vs chain truth {s_chain}/{s_all}, vs content truth {s_content}/{s_all}",
             peer.name()
         );
+    }
+}
+
+/// The name a profile run prints for the peer it profiled.
+fn peer_name(radix: bool) -> &'static str {
+    if radix {
+        "Dynamo RadixTree"
+    } else {
+        "kvindex"
     }
 }
 
