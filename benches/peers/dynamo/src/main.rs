@@ -649,27 +649,35 @@ fn blocks_in(ops: &[Op]) -> usize {
         .sum()
 }
 
-/// Best-of-`RUNS` M blocks/s of applying `ops` to a fresh peer (after `before`, untimed).
-fn throughput(
-    make: &dyn Fn() -> Box<dyn Peer>,
+/// A way to build a fresh peer of one kind.
+type MakePeer = dyn Fn() -> Box<dyn Peer>;
+
+/// Best-of-`RUNS` M blocks/s of applying `ops` to a fresh peer of each kind (after `before`,
+/// untimed), with the applies refused. The kinds take turns run after run, so a change in
+/// the machine's load falls on all of them alike rather than on whichever ran then.
+fn throughputs(
+    makes: &[&MakePeer],
     w: &Workload,
     before: &[&[Op]],
     ops: &[Op],
     blocks: usize,
     hashed: bool,
-) -> (f64, usize) {
-    let mut best = Duration::MAX;
-    let mut refused = 0;
+) -> Vec<(f64, usize)> {
+    let mut best = vec![(Duration::MAX, 0); makes.len()];
     for _ in 0..RUNS {
-        let mut peer = make();
-        for ops in before {
-            peer.apply(ops, w, hashed);
+        for (make, best) in makes.iter().zip(&mut best) {
+            let mut peer = make();
+            for ops in before {
+                peer.apply(ops, w, hashed);
+            }
+            let (refused, took) = peer.apply(ops, w, hashed);
+            *best = (best.0.min(took), refused);
         }
-        let took;
-        (refused, took) = peer.apply(ops, w, hashed);
-        best = best.min(took);
     }
-    (blocks as f64 / best.as_secs_f64() / 1e6, refused)
+    let rate = |took: Duration| blocks as f64 / took.as_secs_f64() / 1e6;
+    (best.into_iter())
+        .map(|(took, refused)| (rate(took), refused))
+        .collect()
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -683,17 +691,27 @@ struct Latency {
 }
 
 fn latency(peer: &dyn Peer, prompts: &[Vec<usize>], w: &Workload) -> Latency {
-    let mut times = Vec::with_capacity(prompts.len() * RUNS);
+    latencies(&[peer], prompts, w).remove(0)
+}
+
+/// p50 and p99 of `prompts` queried `RUNS` times on each peer, the peers taking turns run
+/// after run (as [`throughputs`]).
+fn latencies(peers: &[&dyn Peer], prompts: &[Vec<usize>], w: &Workload) -> Vec<Latency> {
+    let mut times = vec![Vec::with_capacity(prompts.len() * RUNS); peers.len()];
     for _ in 0..RUNS {
-        for p in prompts {
-            times.push(peer.query_time(p, w));
+        for (peer, times) in peers.iter().zip(&mut times) {
+            times.extend(prompts.iter().map(|p| peer.query_time(p, w)));
         }
     }
-    times.sort();
-    Latency {
-        p50: percentile(&times, 0.5),
-        p99: percentile(&times, 0.99),
-    }
+    (times.into_iter())
+        .map(|mut times| {
+            times.sort();
+            Latency {
+                p50: percentile(&times, 0.5),
+                p99: percentile(&times, 0.99),
+            }
+        })
+        .collect()
 }
 
 struct Column {
@@ -748,8 +766,9 @@ fn query_sets(w: &mut Workload, rng: &mut fastrand::Rng) -> QuerySets {
     }
 }
 
+/// Every figure of the table for each kind of peer, the kinds measured side by side.
 fn measure(
-    make: &dyn Fn() -> Box<dyn Peer>,
+    makes: &[&MakePeer],
     w: &Workload,
     stores_1: &[Op],
     stores_8: &[Op],
@@ -757,40 +776,47 @@ fn measure(
     clears: &[Op],
     queries: &QuerySets,
     cleared_entries: usize,
-) -> Column {
+) -> Vec<Column> {
     let blocks = blocks_in(stores_8);
-    let (store_1, r1) = throughput(make, w, &[], stores_1, blocks, true);
-    let (store_8, r8) = throughput(make, w, &[], stores_8, blocks, true);
-    let (store_8_nohash, _) = throughput(make, w, &[], stores_8, blocks, false);
-    let (remove, rr) = throughput(make, w, &[stores_8], removes, blocks_in(removes), false);
-    let (clear, rc) = throughput(
-        make,
-        w,
-        &[stores_8, removes],
-        clears,
-        cleared_entries,
-        false,
-    );
+    let store_1 = throughputs(makes, w, &[], stores_1, blocks, true);
+    let store_8 = throughputs(makes, w, &[], stores_8, blocks, true);
+    let store_8_nohash = throughputs(makes, w, &[], stores_8, blocks, false);
+    let remove = throughputs(makes, w, &[stores_8], removes, blocks_in(removes), false);
+    let before_clear: &[&[Op]] = &[stores_8, removes];
+    let clear = throughputs(makes, w, before_clear, clears, cleared_entries, false);
 
-    let before = live();
-    let mut peer = make();
-    peer.apply(stores_8, w, false);
-    let bytes_per_entry = (live() - before) as f64 / w.resident_entries() as f64;
-    let queries = queries
-        .sets
-        .iter()
-        .map(|set| latency(peer.as_ref(), set, w))
+    // Each alone, so its heap growth is its own (CRTC keeps threads).
+    let bytes_per_entry: Vec<f64> = (makes.iter())
+        .map(|make| {
+            let before = live();
+            let mut peer = make();
+            peer.apply(stores_8, w, false);
+            (live() - before) as f64 / w.resident_entries() as f64
+        })
         .collect();
-    Column {
-        store_1,
-        store_8,
-        store_8_nohash,
-        remove,
-        clear,
-        bytes_per_entry,
-        queries,
-        refused: r1 + r8 + rr + rc,
-    }
+    let peers: Vec<Box<dyn Peer>> = (makes.iter())
+        .map(|make| {
+            let mut peer = make();
+            peer.apply(stores_8, w, false);
+            peer
+        })
+        .collect();
+    let views: Vec<&dyn Peer> = peers.iter().map(|p| p.as_ref()).collect();
+    let mut by_set: Vec<_> = (queries.sets.iter())
+        .map(|set| latencies(&views, set, w).into_iter())
+        .collect();
+    (0..makes.len())
+        .map(|i| Column {
+            store_1: store_1[i].0,
+            store_8: store_8[i].0,
+            store_8_nohash: store_8_nohash[i].0,
+            remove: remove[i].0,
+            clear: clear[i].0,
+            bytes_per_entry: bytes_per_entry[i],
+            queries: by_set.iter_mut().filter_map(Iterator::next).collect(),
+            refused: store_1[i].1 + store_8[i].1 + remove[i].1 + clear[i].1,
+        })
+        .collect()
 }
 
 /// Matched blocks per pod that a chain-verified index must report: the longest prefix of
@@ -972,21 +998,17 @@ fn main() {
     // Two kvindex builds: `prefix`-only (no std layer: the in-memory index a router needs)
     // and with kthena's std layer (what a Redis mirror or `kthena` matching needs), both
     // queried in `prefix` mode; `kthena` queries of the latter are timed apart.
-    let columns: Vec<Column> = peers[..4]
-        .iter()
-        .map(|(_, make)| {
-            measure(
-                make.as_ref(),
-                &w,
-                &stores_1,
-                &stores_8,
-                &removes,
-                &clears,
-                &queries,
-                cleared_entries,
-            )
-        })
-        .collect();
+    let makes: Vec<&MakePeer> = peers[..4].iter().map(|(_, make)| make.as_ref()).collect();
+    let columns = measure(
+        &makes,
+        &w,
+        &stores_1,
+        &stores_8,
+        &removes,
+        &clears,
+        &queries,
+        cleared_entries,
+    );
     print_table(&columns, &queries);
     let mut kthena = Kvindex::new(MatchMode::Kthena);
     kthena.apply(&stores_8, &w, false);
