@@ -766,17 +766,25 @@ fn query_sets(w: &mut Workload, rng: &mut fastrand::Rng) -> QuerySets {
     }
 }
 
-/// Every figure of the table for each kind of peer, the kinds measured side by side.
-fn measure(
-    makes: &[&MakePeer],
-    w: &Workload,
-    stores_1: &[Op],
-    stores_8: &[Op],
-    removes: &[Op],
-    clears: &[Op],
-    queries: &QuerySets,
+/// The edits the table times, in the order they are applied.
+struct Phases<'a> {
+    stores_1: &'a [Op],
+    stores_8: &'a [Op],
+    removes: &'a [Op],
+    clears: &'a [Op],
+    /// Entries the clears take out.
     cleared_entries: usize,
-) -> Vec<Column> {
+}
+
+/// Every figure of the table for each kind of peer, the kinds measured side by side.
+fn measure(makes: &[&MakePeer], w: &Workload, phases: &Phases, queries: &QuerySets) -> Vec<Column> {
+    let Phases {
+        stores_1,
+        stores_8,
+        removes,
+        clears,
+        cleared_entries,
+    } = *phases;
     let blocks = blocks_in(stores_8);
     let store_1 = throughputs(makes, w, &[], stores_1, blocks, true);
     let store_8 = throughputs(makes, w, &[], stores_8, blocks, true);
@@ -972,7 +980,7 @@ fn main() {
         cleared_entries,
     );
 
-    let peers: [(&str, Box<dyn Fn() -> Box<dyn Peer>>); 5] = [
+    let peers: [(&str, Box<MakePeer>); 5] = [
         (
             "radix",
             Box::new(|| {
@@ -999,16 +1007,14 @@ fn main() {
     // and with kthena's std layer (what a Redis mirror or `kthena` matching needs), both
     // queried in `prefix` mode; `kthena` queries of the latter are timed apart.
     let makes: Vec<&MakePeer> = peers[..4].iter().map(|(_, make)| make.as_ref()).collect();
-    let columns = measure(
-        &makes,
-        &w,
-        &stores_1,
-        &stores_8,
-        &removes,
-        &clears,
-        &queries,
+    let phases = Phases {
+        stores_1: &stores_1,
+        stores_8: &stores_8,
+        removes: &removes,
+        clears: &clears,
         cleared_entries,
-    );
+    };
+    let columns = measure(&makes, &w, &phases, &queries);
     print_table(&columns, &queries);
     let mut kthena = Kvindex::new(MatchMode::Kthena);
     kthena.apply(&stores_8, &w, false);
