@@ -381,8 +381,9 @@ fn fresh_content(std_layer: bool, tokens: &[u32]) -> u64 {
 struct LockedRuns<'a> {
     runs: RwLockWriteGuard<'a, ChainRuns>,
     /// Whether the source's pod had no other DP rank registered when the runs were locked:
-    /// then no other rank holds a span in them while they stay locked (a rank's edits wait
-    /// for this lock), and span edits need not look for one ([`Editor::sole`]).
+    /// then no other rank holds anything while they stay locked (a rank registering waits
+    /// for this lock), and edits need not look for one ([`Editor::sole`]): span edits, and
+    /// the std layer's edits made under the lock.
     sole: bool,
 }
 
@@ -804,15 +805,13 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// The editor of chain-layer edits: pod values are read only where entries are counted
-    /// on that layer (no std layer), and the pod is known to have no other DP rank only
-    /// while the runs are locked ([`LockedRuns::sole`]).
+    /// on that layer (no std layer).
     fn chain_editor(&self) -> Editor {
         let who = self.editor();
         if self.std_layer() {
             who.without_values()
         } else {
-            let sole = (self.chains.as_ref()).is_some_and(|locked| locked.sole);
-            Editor { sole, ..who }
+            who
         }
     }
 
@@ -823,15 +822,18 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         }
     }
 
-    /// The source and store time of this call's edits. Never [`Editor::sole`]: std-layer
-    /// edits may run with the runs unlocked, while another DP rank of the pod registers.
+    /// The source and store time of this call's edits. [`Editor::sole`] only while this
+    /// call holds the runs locked ([`LockedRuns::sole`]): another DP rank of the pod cannot
+    /// even finish registering meanwhile (registering tells the runs), so it holds nothing
+    /// in either layer; with the runs unlocked (a clear's std edits) a rank may register
+    /// and store alongside.
     fn editor(&self) -> Editor {
         Editor {
             pod: self.state.pod,
             rank: self.state.rank,
             now: self.now,
             pod_values: true,
-            sole: false,
+            sole: (self.chains.as_ref()).is_some_and(|locked| locked.sole),
         }
     }
 
