@@ -77,10 +77,14 @@ impl Index {
         let sources = self.inner.sources.read();
         let state = (sources.get(source.0 as usize)).and_then(Option::as_ref);
         let mut state = state.ok_or(IndexError::UnknownSource(source.0))?.lock();
-        let mut mutation = Mutation::new(self, &mut state, sink, now);
-        mutation.apply_events(&batch.events);
-        let (stats, dropped_lora) = (mutation.stats, mutation.dropped_lora);
-        drop(mutation);
+        // Dropped where it stands at the block's end: `drop(mutation)` would move it first,
+        // a copy of a few hundred bytes on every call (~64 instructions: a sixth of a 1-block
+        // event's cost outside its block).
+        let (stats, dropped_lora) = {
+            let mut mutation = Mutation::new(self, &mut state, sink, now);
+            mutation.apply_events(&batch.events);
+            (mutation.stats, mutation.dropped_lora)
+        };
         state.settle(stats.blocks_removed > 0 || stats.clears > 0);
         drop(state);
         drop(sources);

@@ -584,7 +584,12 @@ impl SourceState {
     /// are done. The maps are checked for memory to give back only when the call `took`
     /// blocks out: a call that only stored cannot have left them emptier (the check is a
     /// few map reads, but every call of the write path makes it).
+    #[inline]
     pub(crate) fn settle(&mut self, took: bool) {
+        if !took && self.deferred.is_empty() {
+            // Every call of the write path that only stored.
+            return;
+        }
         for id in self.deferred.drain(..) {
             self.table.release(id);
         }
