@@ -293,9 +293,17 @@ pub(crate) struct HeldRuns {
     ids: hashbrown::HashSet<u32>,
     /// The run noted last: consecutive blocks of a store are mostly in one run.
     last: Option<u32>,
+    /// Where the source's span that its last stretch joined sat in that run's span list:
+    /// the source's next event mostly extends it, though other sources edited the run in
+    /// between (so the run-wide [`SpanHint`] names theirs). Checked before use.
+    span: Option<(u32, usize)>,
 }
 
 impl HeldRuns {
+    /// The place of the source's span that its last stretch in run `id` joined, if any.
+    fn span_in(&self, id: u32) -> Option<usize> {
+        self.span.filter(|(node, _)| *node == id).map(|(_, at)| at)
+    }
     fn note(&mut self, id: u32) {
         if self.last != Some(id) {
             self.ids.insert(id);
@@ -307,6 +315,9 @@ impl HeldRuns {
         self.ids.remove(&id);
         if self.last == Some(id) {
             self.last = None;
+        }
+        if self.span_in(id).is_some() {
+            self.span = None;
         }
     }
 
@@ -623,12 +634,13 @@ impl ChainRuns {
             from: stretch.from,
             to: stretch.to,
         };
-        if !node.add_span(span) {
+        let Some(joined) = node.add_span(span, held.span_in(stretch.node)) else {
             return false;
-        }
+        };
         // The source's spans in the run moved: a hint may name another one now.
         self.hint = None;
         held.note(stretch.node);
+        held.span = Some((stretch.node, joined));
         let added = |others, own| who.values(others, None, own);
         node.count_values(
             &[span],
@@ -1078,6 +1090,23 @@ impl Node {
             .partition_point(|s| (s.resident.pod(), s.resident.rank(), s.from) < (pod, rank, from))
     }
 
+    /// [`Self::seek`], answered without a search when `before` is the place of the last span
+    /// in span order before `(pod, rank, from)` (checked: the span there sorts before it and
+    /// the next one does not, which is what the search would find, whatever `before` came
+    /// from).
+    fn seek_after(&self, before: Option<usize>, pod: u32, rank: u8, from: u16) -> usize {
+        let key = |s: &Span| (s.resident.pod(), s.resident.rank(), s.from);
+        let wanted = (pod, rank, from);
+        let found = before.filter(|&i| {
+            (self.spans.get(i)).is_some_and(|s| key(s) < wanted)
+                && (self.spans.get(i + 1)).is_none_or(|s| key(s) >= wanted)
+        });
+        match found {
+            Some(i) => i + 1,
+            None => self.seek(pod, rank, from),
+        }
+    }
+
     /// The spans of `pod`, all its DP ranks: they sit together in span order, by rank.
     fn pod_spans(&self, pod: u32) -> &[Span] {
         let first = self.seek(pod, 0, 0);
@@ -1102,10 +1131,12 @@ impl Node {
 
     /// Puts `span` of a source that holds none of its positions, merged with the source's
     /// spans right before and after it that hold the same resident (as [`BlockMut::push`]
-    /// merges them); `false`, with nothing changed, when the source holds any of them.
-    fn add_span(&mut self, span: Span) -> bool {
+    /// merges them); gives where the span it joined (or is) sits, or `None`, with nothing
+    /// changed, when the source holds any of them. `before` may say where the source's span
+    /// right before it sits ([`Self::seek_after`]).
+    fn add_span(&mut self, span: Span, before: Option<usize>) -> Option<usize> {
         let (pod, rank) = (span.resident.pod(), span.resident.rank());
-        let at = self.seek(pod, rank, span.from);
+        let at = self.seek_after(before, pod, rank, span.from);
         let spans = &mut self.spans;
         // The source's spans do not overlap and sit in position order: only the one before
         // `at` and the one at it can reach into the new span.
@@ -1114,23 +1145,32 @@ impl Node {
         if prev.is_some_and(|i| spans[i].to >= span.from)
             || next.is_some_and(|i| spans[i].from <= span.to)
         {
-            return false;
+            return None;
         }
         let meets = |before: &Span, after: &Span| {
             before.resident == after.resident && u32::from(before.to) + 1 == u32::from(after.from)
         };
         let prev = prev.filter(|&i| meets(&spans[i], &span));
         let next = next.filter(|&i| meets(&span, &spans[i]));
-        match (prev, next) {
+        Some(match (prev, next) {
             (Some(p), Some(n)) => {
                 spans[p].to = spans[n].to;
                 spans.remove(n);
+                p
             }
-            (Some(p), None) => spans[p].to = span.to,
-            (None, Some(n)) => spans[n].from = span.from,
-            (None, None) => spans.insert(at, span),
-        }
-        true
+            (Some(p), None) => {
+                spans[p].to = span.to;
+                p
+            }
+            (None, Some(n)) => {
+                spans[n].from = span.from;
+                n
+            }
+            (None, None) => {
+                spans.insert(at, span);
+                at
+            }
+        })
     }
 
     /// Calls `changed` with the editor's pod value before and after, and the number of
