@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::counters::CountDelta;
 use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
-use super::layer::{self, Change, Editor};
+use super::layer::{self, Change, DupCounts, Editor};
 use super::runs::{ChainRuns, HeldRuns, Spot, Stretch};
 use super::source::{twin_of, HeldSlot, SourceState, TakenBlocks};
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
@@ -98,12 +98,11 @@ impl Index {
         Ok(stats)
     }
 
-    /// The chain runs, write-locked for an event's edits by a source of `pod`.
-    fn edit_chains(&self, pod: u32) -> LockedRuns<'_> {
+    /// The chain runs, write-locked for an event's edits.
+    fn edit_chains(&self) -> RwLockWriteGuard<'_, ChainRuns> {
         let mut runs = self.inner.chains.write();
         runs.relocked();
-        let sole = runs.sole_rank(pod);
-        LockedRuns { runs, sole }
+        runs
     }
 
     /// Gives back the shared maps' memory once each is a quarter full or less, so a burst of
@@ -360,12 +359,13 @@ impl BlocksCache {
     }
 }
 
-/// Calls a `layer` edit on the map holding `blocks`' block `std`, with the key that map uses.
+/// Calls a `layer` edit on the map holding `blocks`' block `std` of model `model`, with the
+/// key that map uses (and the block's key in the source's duplicate counts).
 macro_rules! on_std_block {
-    ($edit:path, $blocks:expr, $dups:expr, $dup_key:expr, $std:expr $(, $arg:expr)*) => {
+    ($edit:path, $blocks:expr, $dups:expr, ($model:expr, $std:expr) $(, $arg:expr)*) => {
         match $blocks {
-            Blocks::Own(map) => $edit(map, $dups, $dup_key, $std $(, $arg)*),
-            Blocks::Lora(map, model) => $edit(map, $dups, $dup_key, (*model, $std) $(, $arg)*),
+            Blocks::Own(map) => $edit(map, $dups, ($model, $std), $std $(, $arg)*),
+            Blocks::Lora(map, m) => $edit(map, $dups, ($model, $std), (*m, $std) $(, $arg)*),
         }
     };
 }
@@ -381,25 +381,14 @@ fn fresh_content(std_layer: bool, tokens: &[u32]) -> u64 {
     }
 }
 
-/// The chain runs, write-locked for one event, and what was learned on locking them.
-struct LockedRuns<'a> {
-    runs: RwLockWriteGuard<'a, ChainRuns>,
-    /// Whether the source's pod had no other DP rank registered when the runs were locked:
-    /// then no other rank holds anything while they stay locked (a rank registering waits
-    /// for this lock), and edits need not look for one ([`Editor::sole`]): span edits, and
-    /// the std layer's edits made under the lock.
-    sole: bool,
-}
-
-/// The runs `slot` keeps locked, locked for a source of `pod` if they are not yet. Inlined:
-/// stores and removes ask per block, and the runs are mostly locked already.
+/// The runs `slot` keeps locked, locked if they are not yet. Inlined: stores and removes ask
+/// per block, and the runs are mostly locked already.
 #[inline]
 fn locked<'g, 'a>(
-    slot: &'g mut Option<LockedRuns<'a>>,
+    slot: &'g mut Option<RwLockWriteGuard<'a, ChainRuns>>,
     index: &'a Index,
-    pod: u32,
 ) -> &'g mut ChainRuns {
-    &mut slot.get_or_insert_with(|| index.edit_chains(pod)).runs
+    slot.get_or_insert_with(|| index.edit_chains())
 }
 
 /// One source's events being applied: the state every step shares.
@@ -408,7 +397,7 @@ struct Mutation<'a, S: DeltaSink> {
     out: Out<'a, S>,
     /// The chain runs, write-locked from the event's first chain edit to its end: one lock
     /// per event rather than one per block.
-    chains: Option<LockedRuns<'a>>,
+    chains: Option<RwLockWriteGuard<'a, ChainRuns>>,
     /// Whether this call took a LoRA adapter's block off its residents (the adapters'
     /// shared map may then be worth shrinking).
     dropped_lora: bool,
@@ -459,8 +448,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             }
             if self.stats.blocks_removed > removed_before {
                 // While they are locked anyway: a check of two lengths, mostly.
-                if let Some(locked) = self.chains.as_mut() {
-                    locked.runs.shrink();
+                if let Some(chains) = self.chains.as_mut() {
+                    chains.shrink();
                 }
             }
             // Queries wait for a writer one event at most.
@@ -791,14 +780,14 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// The chain runs, write-locked until the event ends, with the source's state beside
     /// them (a chain edit updates the source's duplicate counts and held runs).
     fn chain_edit(&mut self) -> (&mut ChainRuns, &mut SourceState) {
-        let chains = locked(&mut self.chains, self.out.index, self.state.pod);
+        let chains = locked(&mut self.chains, self.out.index);
         (chains, self.state)
     }
 
     /// Locks the chain runs until the event ends, if they are not yet; gives the editor of
     /// chain-layer edits, which knows from then on whether the pod has other DP ranks.
     fn lock_chains(&mut self) -> Editor {
-        locked(&mut self.chains, self.out.index, self.state.pod);
+        locked(&mut self.chains, self.out.index);
         self.chain_editor()
     }
 
@@ -827,17 +816,18 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     }
 
     /// The source and store time of this call's edits. [`Editor::sole`] only while this
-    /// call holds the runs locked ([`LockedRuns::sole`]): another DP rank of the pod cannot
-    /// even finish registering meanwhile (registering tells the runs), so it holds nothing
-    /// in either layer; with the runs unlocked (a clear's std edits) a rank may register
-    /// and store alongside.
+    /// call holds the runs locked ([`ChainRuns::sole_rank`]): another DP rank of the pod
+    /// cannot even finish registering meanwhile (registering tells the runs), so it holds
+    /// nothing in either layer; with the runs unlocked (a clear's std edits) a rank may
+    /// register and store alongside.
     fn editor(&self) -> Editor {
+        let pod = self.state.pod;
         Editor {
-            pod: self.state.pod,
+            pod,
             rank: self.state.rank,
             now: self.now,
             pod_values: true,
-            sole: (self.chains.as_ref()).is_some_and(|locked| locked.sole),
+            sole: (self.chains.as_ref()).is_some_and(|runs| runs.sole_rank(pod)),
         }
     }
 
@@ -869,22 +859,26 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         added: MediaSet,
         new_copy: bool,
     ) -> Option<bool> {
-        let who = self.editor();
-        let blocks = self.blocks.get(self.out.index, model)?;
-        let dup_key = (model, std);
-        let dups = &mut self.state.dups;
+        let (who, blocks, dups) = self.std_edit(model)?;
         let ((before, after), duplicate) = on_std_block!(
             layer::add_media,
             blocks,
             dups,
-            dup_key,
-            std,
+            (model, std),
             who,
             added,
             new_copy
         );
         self.out.field(model, std, before, after);
         Some(duplicate)
+    }
+
+    /// What an edit of a std block of `model` needs: the editor, the map holding the block
+    /// and the source's duplicate counts; `None` without the std layer.
+    fn std_edit(&mut self, model: u32) -> Option<(Editor, &Blocks, &mut DupCounts)> {
+        let who = self.editor();
+        let blocks = self.blocks.get(self.out.index, model)?;
+        Some((who, blocks, &mut self.state.dups))
     }
 
     /// Takes `removed` media off the source's residents of the std block and, when known,
@@ -914,16 +908,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         removed: MediaSet,
         slot_gone: bool,
     ) -> Option<u32> {
-        let who = self.editor();
-        let blocks = self.blocks.get(self.out.index, model)?;
-        let dup_key = (model, std);
-        let dups = &mut self.state.dups;
+        let (who, blocks, dups) = self.std_edit(model)?;
         let dropped = on_std_block!(
             layer::drop_media,
             blocks,
             dups,
-            dup_key,
-            std,
+            (model, std),
             who,
             removed,
             slot_gone
@@ -1050,7 +1040,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         edit: impl FnOnce(&mut ChainRuns, &mut HeldRuns, Editor, &mut Out<'a, S>) -> R,
     ) -> R {
         let who = self.lock_chains();
-        let chains = locked(&mut self.chains, self.out.index, self.state.pod);
+        let chains = locked(&mut self.chains, self.out.index);
         edit(chains, &mut self.state.runs, who, &mut self.out)
     }
 
@@ -1064,7 +1054,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let std_layer = self.std_layer();
         let chain_who = self.lock_chains();
         let index = self.out.index;
-        let chains = locked(&mut self.chains, index, self.state.pod);
+        let chains = locked(&mut self.chains, index);
         // The source's slots read their hashes from the runs, so what needs them is read
         // out before the source's spans go. The runs are then unlocked for the rest, which
         // edits a std block per engine block and must not hold queries back that long. A

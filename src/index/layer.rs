@@ -42,7 +42,7 @@ pub(crate) struct Editor {
     pub(crate) pod_values: bool,
     /// Whether the pod has no other DP rank registered, so no other rank holds anything:
     /// what the pod's other ranks hold is then known to be nothing, without a look. Set
-    /// only while the chain runs are locked (see `Mutation::chain_edit`).
+    /// only while the editing call holds the chain runs locked (see `Mutation::editor`).
     pub(crate) sole: bool,
 }
 

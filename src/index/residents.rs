@@ -201,33 +201,19 @@ impl ResidentSet for Residents {
         others: bool,
         edit: impl FnOnce(&mut Resident) -> R,
     ) -> Edited<R> {
-        let run = |r: &mut Resident| {
-            let old = *r;
-            let out = edit(r);
+        let (at, other) = find(self.as_slice(), pod, rank, others);
+        let edited = at.map(|i| {
+            let (r, fingerprint) = match self {
+                Residents::One(r) => (r, None),
+                Residents::Many(m) => (&mut m.list[i], Some(&mut m.fingerprint)),
+            };
+            let (old, out) = (*r, edit(r));
+            if let Some(fingerprint) = fingerprint {
+                *fingerprint ^= owner_key(&old) ^ owner_key(r);
+            }
             (out, old, *r)
-        };
-        match self {
-            Residents::One(r) => {
-                let is = r.pod() == pod && r.rank() == rank;
-                let other = if others && !is && r.pod() == pod {
-                    own_value(r)
-                } else {
-                    None
-                };
-                (is.then(|| run(r)), other)
-            }
-            Residents::Many(m) => {
-                let (at, other) = m.find(pod, rank, others);
-                let edited = at.map(|i| {
-                    let r = &mut m.list[i];
-                    let before = owner_key(r);
-                    let done = run(r);
-                    m.fingerprint ^= before ^ owner_key(&m.list[i]);
-                    done
-                });
-                (edited, other)
-            }
-        }
+        });
+        (edited, other)
     }
 
     fn push(&mut self, resident: Resident) {
@@ -246,65 +232,55 @@ impl ResidentSet for Residents {
     }
 
     fn remove(&mut self, pod: u32, rank: u8) -> bool {
-        match self {
-            Residents::One(r) => r.pod() == pod && r.rank() == rank,
-            Residents::Many(m) => {
-                let Some(at) = m
-                    .list
-                    .iter()
-                    .position(|r| r.pod() == pod && r.rank() == rank)
-                else {
-                    return false;
-                };
-                m.remove_at(at);
-                self.collapse()
-            }
-        }
+        let (taken, _) = self.take_with_others(pod, rank, false);
+        taken.is_some_and(|(_, empty)| empty)
     }
 
     /// One pass: the resident's place and the pod's other ranks are found together (a
     /// source clear of a std-layer index takes every block's resident this way).
     fn take_with_others(&mut self, pod: u32, rank: u8, others: bool) -> Taken {
-        match self {
-            Residents::One(r) => {
-                let is = r.pod() == pod && r.rank() == rank;
-                let other = (others && !is && r.pod() == pod).then(|| own_value(r));
-                (is.then_some((*r, true)), other.flatten())
-            }
+        let (at, other) = find(self.as_slice(), pod, rank, others);
+        let Some(at) = at else {
+            return (None, other);
+        };
+        let taken = match self {
+            Residents::One(r) => (*r, true),
             Residents::Many(m) => {
-                let (at, other) = m.find(pod, rank, others);
-                let Some(at) = at else {
-                    return (None, other);
-                };
                 let gone = m.remove_at(at);
-                (Some((gone, self.collapse())), other)
+                (gone, self.collapse())
             }
-        }
+        };
+        (Some(taken), other)
     }
 }
 
-impl Many {
-    /// One pass over the list: the place of `(pod, rank)`'s resident, and (when `others` is
-    /// asked) the value the pod has through its other DP ranks.
-    fn find(&self, pod: u32, rank: u8, others: bool) -> (Option<usize>, Option<FieldValue>) {
-        let mut at = None;
-        let mut other = None;
-        for (i, r) in self.list.iter().enumerate() {
-            if r.pod() != pod {
-                continue;
-            }
-            if r.rank() == rank {
-                at = Some(i);
-                if !others {
-                    break;
-                }
-            } else if others {
-                other = merge(other, own_value(r));
-            }
+/// One pass over a block's residents: the place of `(pod, rank)`'s, and (when `others` is
+/// asked) the value the pod has through its other DP ranks.
+fn find(
+    residents: &[Resident],
+    pod: u32,
+    rank: u8,
+    others: bool,
+) -> (Option<usize>, Option<FieldValue>) {
+    let mut at = None;
+    let mut other = None;
+    for (i, r) in residents.iter().enumerate() {
+        if r.pod() != pod {
+            continue;
         }
-        (at, other)
+        if r.rank() == rank {
+            at = Some(i);
+            if !others {
+                break;
+            }
+        } else if others {
+            other = merge(other, own_value(r));
+        }
     }
+    (at, other)
+}
 
+impl Many {
     /// Removes the resident at `at`, keeping the fingerprint true.
     fn remove_at(&mut self, at: usize) -> Resident {
         let gone = self.list.swap_remove(at);

@@ -165,8 +165,8 @@ pub(crate) struct ChainRuns {
     hint: Option<SpanHint>,
     /// Pods with more than one source (DP rank) registered, set with the runs locked as
     /// sources come and go ([`Self::note_ranks`]): an edit under the lock then knows, with
-    /// no other lock or map, whether another rank of its pod can hold spans here (mostly
-    /// the set is empty, and the answer is one length check).
+    /// no other lock or map, whether another rank of its pod can hold anything (mostly the
+    /// set is empty, and the answer is one length check).
     ranked: hashbrown::HashSet<u32>,
 }
 
@@ -878,8 +878,8 @@ impl ChainRuns {
     }
 
     /// Whether `pod` has at most one source registered: while the runs stay locked, no
-    /// other DP rank of it holds a span in them (a rank registered later waits for the lock
-    /// to edit them; a rank's spans go before it is unregistered).
+    /// other DP rank of it holds anything, spans here or std residents (a rank registering
+    /// waits for the lock; a rank's blocks go before it is unregistered).
     pub(crate) fn sole_rank(&self, pod: u32) -> bool {
         self.ranked.is_empty() || !self.ranked.contains(&pod)
     }
@@ -1404,10 +1404,21 @@ mod tests {
         media
     }
 
-    /// Whether `source`'s pod has no other DP rank in [`gen_op`]'s sources
-    /// ([`Editor::sole`]): edits of it skip looking for other ranks.
-    fn sole(source: (u32, u8)) -> bool {
-        source.0 == 2
+    /// The editor of `source` at `now` for the block map, which always looks for the pod's
+    /// other DP ranks, and for the runs, which skip that for a pod with one rank
+    /// ([`Editor::sole`]: pod 2 has one in [`gen_op`]'s sources).
+    fn editors(source: (u32, u8), now: u32) -> (Editor, Editor) {
+        let who = Editor {
+            rank: source.1,
+            ..who(source.0, now)
+        };
+        (
+            who,
+            Editor {
+                sole: source.0 == 2,
+                ..who
+            },
+        )
     }
 
     fn gen_op() -> impl proptest::strategy::Strategy<Value = Op> {
@@ -1594,9 +1605,7 @@ mod tests {
                 match op {
                     Op::Run { .. } => unreachable!("runs are expanded into adds"),
                     Op::DropRun { source, first, last } => {
-                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true, sole: false };
-                        // The runs may skip looking for other DP ranks; the block map always looks.
-                        let fast = Editor { sole: sole(source), ..who };
+                        let (who, fast) = editors(source, 0);
                         let keys: Vec<u64> = if first <= last {
                             (first..=last).collect()
                         } else {
@@ -1641,9 +1650,7 @@ mod tests {
                         proptest::prop_assert_eq!(want, got);
                     }
                     Op::Stretch { source, first, last, media, now } => {
-                        let who = Editor { pod: source.0, rank: source.1, now, pod_values: true, sole: false };
-                        // The runs may skip looking for other DP ranks; the block map always looks.
-                        let fast = Editor { sole: sole(source), ..who };
+                        let (who, fast) = editors(source, now);
                         let media = media_of(media);
                         let dups = map_dups.entry(source).or_default();
                         let want: Vec<_> = (first..=last)
@@ -1680,9 +1687,7 @@ mod tests {
                         proptest::prop_assert_eq!(want, got);
                     }
                     Op::Add { source, key, after_previous, alone, media, new_copy, now } => {
-                        let who = Editor { pod: source.0, rank: source.1, now, pod_values: true, sole: false };
-                        // The runs may skip looking for other DP ranks; the block map always looks.
-                        let fast = Editor { sole: sole(source), ..who };
+                        let (who, fast) = editors(source, now);
                         let dup_key = (layer::CHAIN_DUPS, key);
                         let parent = if after_previous { key - 1 } else { 0 };
                         let media = media_of(media);
@@ -1698,9 +1703,7 @@ mod tests {
                         proptest::prop_assert_eq!(spot, Some(Some((key, !key))));
                     }
                     Op::Drop { source, key, media, slot_gone } => {
-                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true, sole: false };
-                        // The runs may skip looking for other DP ranks; the block map always looks.
-                        let fast = Editor { sole: sole(source), ..who };
+                        let (who, fast) = editors(source, 0);
                         let dup_key = (layer::CHAIN_DUPS, key);
                         let media = media_of(media);
                         let dups = map_dups.entry(source).or_default();
@@ -1717,9 +1720,7 @@ mod tests {
                         proptest::prop_assert_eq!(want, got);
                     }
                     Op::Clear { source } => {
-                        let who = Editor { pod: source.0, rank: source.1, now: 0, pod_values: true, sole: false };
-                        // The runs may skip looking for other DP ranks; the block map always looks.
-                        let fast = Editor { sole: sole(source), ..who };
+                        let (who, fast) = editors(source, 0);
                         let held: Vec<u64> = (map.iter())
                             .filter(|e| e.value().as_slice().iter().any(|r| r.pod() == who.pod && r.rank() == who.rank))
                             .map(|e| *e.key())

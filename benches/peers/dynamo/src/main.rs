@@ -944,12 +944,11 @@ fn main() {
         // Each phase's best apply time over the runs, for comparing builds.
         // `PROFILE_STD=1` profiles the default index, with the std layer, instead.
         // `PROFILE_PEER=radix` profiles Dynamo's RadixTree on the same phases (the yardstick:
-        // toggle `RadixTree::apply_event` and `rehash` in callgrind).
+        // toggle `*RadixTree::apply_event` in callgrind; its hashing is done outside it).
         let std_layer = std::env::var_os("PROFILE_STD").is_some();
         let radix = std::env::var("PROFILE_PEER").is_ok_and(|p| p == "radix");
-        let mut best = vec![Duration::MAX; phases.len()];
-        for _ in 0..RUNS {
-            let mut peer: Box<dyn Peer> = if radix {
+        let make = || -> Box<dyn Peer> {
+            if radix {
                 Box::new(Dynamo {
                     tree: RadixTree::new(),
                 })
@@ -957,7 +956,11 @@ fn main() {
                 Box::new(Kvindex::new(MatchMode::Prefix))
             } else {
                 Box::new(Kvindex::prefix_only())
-            };
+            }
+        };
+        let mut best = vec![Duration::MAX; phases.len()];
+        for _ in 0..RUNS {
+            let mut peer = make();
             for (ops, best) in phases.iter().zip(&mut best) {
                 *best = (*best).min(peer.apply(ops, &w, true).1);
             }
@@ -965,7 +968,7 @@ fn main() {
         let best: Vec<String> = best.iter().map(|d| format!("{d:.1?}")).collect();
         println!(
             "{} apply, best of {RUNS} per phase: {}",
-            peer_name(radix),
+            make().name(),
             best.join(", ")
         );
         return;
@@ -1041,15 +1044,6 @@ fn main() {
             "  {:<17} natural vs chain truth {n_wrong}/{n_all}; spliced vs chain truth {s_chain}/{s_all}, vs content truth {s_content}/{s_all}",
             peer.name()
         );
-    }
-}
-
-/// The name a profile run prints for the peer it profiled.
-fn peer_name(radix: bool) -> &'static str {
-    if radix {
-        "Dynamo RadixTree"
-    } else {
-        "kvindex"
     }
 }
 
