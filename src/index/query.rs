@@ -381,4 +381,16 @@ impl LayerReader<'_> {
         }
         Visit::Visited(fingerprint)
     }
+
+    /// After a [`Self::visit`] that found the block held: how many of `next`, the prompt's
+    /// blocks after it, are known to have its residents (in the chain layer, the positions
+    /// after it in its run, while their chain hashes are `next`'s and the residents stay
+    /// the same); what a visit of each would answer [`Visit::Unchanged`] for. The std
+    /// layer knows of none.
+    pub fn repeats(&self, next: &[u64]) -> usize {
+        match &self.blocks {
+            Layer::Chain(runs, cursor) => runs.repeats(next, cursor),
+            Layer::Std(_) => 0,
+        }
+    }
 }

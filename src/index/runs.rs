@@ -823,6 +823,31 @@ impl ChainRuns {
         Visit::Visited(fingerprint)
     }
 
+    /// How many of `next` continue the run from `cursor` at positions whose residents are
+    /// the cursor's (up to where they stay the same): the blocks a visit of each would
+    /// answer unchanged. One comparison of slices rather than a visit per block; the cursor
+    /// moves to the last of them.
+    pub(crate) fn repeats(&self, next: &[u64], cursor: &Cell<Option<Cursor>>) -> usize {
+        let Some(Cursor {
+            spot,
+            same: same @ Some((_, to)),
+        }) = cursor.get()
+        else {
+            return 0;
+        };
+        let chains = &self.nodes[spot.node as usize].chains;
+        let Some(run) = chains.get(spot.pos as usize + 1..=usize::from(to)) else {
+            return 0;
+        };
+        let repeats = common_prefix(run, next);
+        let spot = Spot {
+            pos: spot.pos + repeats as u32,
+            ..spot
+        };
+        cursor.set(Some(Cursor { spot, same }));
+        repeats
+    }
+
     /// Calls `visit` with the residents of every held chain block, in no order.
     pub(crate) fn for_each_block(&self, mut visit: impl FnMut(&[Resident])) {
         let mut residents = Vec::new();
@@ -899,6 +924,19 @@ impl ChainRuns {
             self.free.shrink_to_fit();
         }
     }
+}
+
+/// How many leading hashes `a` and `b` have in common: four at a time (compared without a
+/// branch each) while they agree, then one by one.
+fn common_prefix(a: &[u64], b: &[u64]) -> usize {
+    let wide = (a.chunks_exact(4).zip(b.chunks_exact(4)))
+        .take_while(|(a, b)| a == b)
+        .count()
+        * 4;
+    let narrow = (a[wide..].iter().zip(&b[wide..]))
+        .take_while(|(a, b)| a == b)
+        .count();
+    wide + narrow
 }
 
 /// The fingerprint of the residents at `pos` (`None` when nobody holds it) and the last
@@ -1554,6 +1592,21 @@ mod tests {
     fn sorted(mut residents: Vec<Resident>) -> Vec<Resident> {
         residents.sort_by_key(|r| (r.pod(), r.rank()));
         residents
+    }
+
+    #[test]
+    fn common_prefixes_are_counted_across_and_within_groups_of_four() {
+        let a: Vec<u64> = (1..=11).collect();
+        for len in 0..=11 {
+            for differ in 0..=len {
+                let mut b = a[..len].to_vec();
+                if differ < len {
+                    b[differ] = 0;
+                }
+                assert_eq!(common_prefix(&a, &b), differ, "{len} {differ}");
+                assert_eq!(common_prefix(&b, &a), differ, "{len} {differ}");
+            }
+        }
     }
 
     #[test]

@@ -39,6 +39,15 @@ pub trait Lookup {
         self.for_each_owner(block, visit);
         Owners::Visited
     }
+
+    /// After block `block` was answered by [`Lookup::for_each_owner_or_repeat`]: how many of
+    /// the blocks right after it a backend can tell have exactly its owners on exactly its
+    /// media, so the caller counts them at once and asks next about the block after them.
+    /// The default knows of none.
+    fn repeats_after(&mut self, block: usize) -> usize {
+        let _ = block;
+        0
+    }
 }
 
 /// How [`Lookup::for_each_owner_or_repeat`] answered.
@@ -280,7 +289,8 @@ impl<'a> IndexLookup<'a> {
         let (Some(layer), Some(hash)) = (&self.layer, self.blocks.get(block)) else {
             return Visit::Absent;
         };
-        let candidates = &self.candidates;
+        // Borrowed out of the `Cow` once, not once per resident.
+        let candidates: &Slots = &self.candidates;
         let weights = &mut self.weights;
         layer.visit(*hash, unless, |pod, media: MediaSet, stored_at| {
             let Some(candidate) = candidates.slot(pod.0) else {
@@ -332,6 +342,20 @@ impl Lookup for IndexLookup<'_> {
                 Owners::Visited
             }
         }
+    }
+
+    /// The blocks after `block` that continue its run with its residents (the chain layer
+    /// compares them with the run's chain hashes in one pass, [`LayerReader::repeats`]).
+    fn repeats_after(&mut self, block: usize) -> usize {
+        let Some((at, fingerprint)) = self.last.filter(|(at, _)| *at == block) else {
+            return 0;
+        };
+        let (Some(layer), Some(next)) = (&self.layer, self.blocks.get(block + 1..)) else {
+            return 0;
+        };
+        let repeats = layer.repeats(next);
+        self.last = Some((at + repeats, fingerprint));
+        repeats
     }
 }
 
