@@ -76,14 +76,20 @@ impl<'w> SlotWeights<'w> {
         }
     }
 
-    /// Weight of the best medium in `set` (what the mirror writes for the pod).
+    /// Weight of the best medium in `set` (what the mirror writes for the pod). Inlined: a
+    /// query asks once per resident it visits, mostly for the set it asked last.
+    #[inline]
     pub(crate) fn best(&mut self, set: MediaSet) -> f64 {
-        let bits = set.bits();
-        if let Some((last_bits, w)) = self.last {
-            if last_bits == bits {
-                return w;
-            }
+        match self.last {
+            Some((bits, w)) if bits == set.bits() => w,
+            _ => self.best_of(set),
         }
+    }
+
+    /// [`Self::best`] for a set other than the last one asked.
+    #[inline(never)]
+    fn best_of(&mut self, set: MediaSet) -> f64 {
+        let bits = set.bits();
         let mut best = f64::NEG_INFINITY;
         for medium in set.iter() {
             let slot = medium.slot() as usize;

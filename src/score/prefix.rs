@@ -132,12 +132,54 @@ fn score_without_freshness<L: Lookup>(
     candidates: usize,
     total: usize,
 ) -> Vec<SlotScore> {
-    // Allocated at the first owner seen, so a prompt nobody holds allocates nothing.
-    let mut tracks: Vec<Fast> = Vec::new();
-    // Candidates that matched the last visited block (the first `hit` of them), then those
-    // matching the current one: one list, so one allocation; and how many repeated blocks
-    // followed the last visited one.
-    let mut matching: Vec<u32> = Vec::new();
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut scratch) => {
+            let scores = count_matches(lookup, candidates, total, &mut scratch);
+            scratch.trim();
+            scores
+        }
+        // Only a lookup that scores another prompt from inside its visits gets here.
+        Err(_) => count_matches(lookup, candidates, total, &mut Scratch::default()),
+    })
+}
+
+/// The working lists of [`score_without_freshness`], kept per thread from query to query:
+/// a query then allocates only its answer.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Each candidate's track, filled at the first owner seen (a prompt nobody holds pays
+    /// nothing for them).
+    tracks: Vec<Fast>,
+    /// Candidates that matched the last visited block (the first `hit` of them), then those
+    /// matching the current one: one list for both.
+    matching: Vec<u32>,
+}
+
+/// Candidates whose lists a thread keeps after a query; longer ones are given back.
+const KEPT_CANDIDATES: usize = 4096;
+
+impl Scratch {
+    fn trim(&mut self) {
+        if self.tracks.capacity() > KEPT_CANDIDATES {
+            *self = Scratch::default();
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// [`score_without_freshness`] with its working lists.
+fn count_matches<L: Lookup>(
+    lookup: &mut L,
+    candidates: usize,
+    total: usize,
+    scratch: &mut Scratch,
+) -> Vec<SlotScore> {
+    let Scratch { tracks, matching } = scratch;
+    tracks.clear();
+    matching.clear();
     let mut hit = 0;
     let mut repeats = 0u32;
     let mut block = 0;
@@ -145,7 +187,7 @@ fn score_without_freshness<L: Lookup>(
         let at = block as u32;
         let answer = lookup.for_each_owner_or_repeat(block, |owner| {
             if tracks.is_empty() {
-                tracks = vec![Fast::default(); candidates];
+                tracks.resize(candidates, Fast::default());
                 matching.reserve(2 * candidates);
             }
             let Some(t) = tracks.get_mut(owner.candidate) else {
