@@ -835,8 +835,10 @@ impl ChainRuns {
         else {
             return 0;
         };
-        let chains = &self.nodes[spot.node as usize].chains;
-        let Some(run) = chains.get(spot.pos as usize + 1..=usize::from(to)) else {
+        let Some(node) = self.nodes.get(spot.node as usize) else {
+            return 0;
+        };
+        let Some(run) = (node.chains).get(spot.pos as usize + 1..=usize::from(to)) else {
             return 0;
         };
         let repeats = common_prefix(run, next);

@@ -124,8 +124,9 @@ pub fn score_prefix<L: Lookup>(
 /// (a later report of the same pod for the same block can only raise the block's weight).
 ///
 /// A run of blocks with the same owners on the same media (the backend answers
-/// [`Owners::Repeat`]) is counted without visiting anyone: the pods that matched the block
-/// before the run match every block of it with the same weight. A pod's run is settled
+/// [`Owners::Repeat`], or counts them ahead with [`Lookup::repeats_after`]) is counted
+/// without visiting anyone: the pods that matched the block before the run match every
+/// block of it with the same weight. A pod's run is settled
 /// when the pod is next seen, or when it drops out or the prompt ends ([`Fast::extend`]).
 fn score_without_freshness<L: Lookup>(
     lookup: &mut L,
@@ -159,6 +160,7 @@ struct Scratch {
 const KEPT_CANDIDATES: usize = 4096;
 
 impl Scratch {
+    /// Gives the lists back when a long candidate list grew them past what is kept.
     fn trim(&mut self) {
         if self.tracks.capacity() > KEPT_CANDIDATES {
             *self = Scratch::default();
