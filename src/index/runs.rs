@@ -16,8 +16,8 @@
 //!   stretch of a run one event stores or removes block after block, as engines do, is one
 //!   edit of the source's spans ([`ChainRuns::add_first_copies`], [`ChainRuns::drop_copies`]).
 //! - The **locator** maps a chain hash to its node and position. A query follows a run
-//!   position by position without probing it, and skips the span scan while the residents
-//!   cannot have changed ([`Cursor`]).
+//!   without probing it, and counts the positions up to where the residents change in one
+//!   comparison of chain hashes, with no span scan ([`Cursor`], [`ChainRuns::repeats`]).
 //!   It also knows the chain starts, a prompt's possible first blocks, so a new prompt's
 //!   miss is answered from a small table ([`Locator`]).
 //!
@@ -770,7 +770,8 @@ impl ChainRuns {
     }
 
     /// [`super::LayerReader::visit`] on chain block `key`, following the run `cursor` is in
-    /// without a probe and without a span scan while the residents stay the same.
+    /// without a probe. The blocks after it whose residents stay the same are for
+    /// [`Self::repeats`] to count, all at once.
     pub(crate) fn visit(
         &self,
         key: u64,
@@ -783,37 +784,20 @@ impl ChainRuns {
                 node: c.spot.node,
                 pos: c.spot.pos + 1,
             };
-            (self.at(spot) == Some(key)).then(|| {
-                let same = c.same.filter(|(_, to)| u32::from(*to) >= spot.pos);
-                Cursor { spot, same }
-            })
+            (self.at(spot) == Some(key)).then_some(spot)
         });
-        let mut here = match next {
-            Some(c) => c,
-            None => match self.spot(key) {
-                Some(spot) => Cursor { spot, same: None },
-                None => {
-                    cursor.set(None);
-                    return Visit::Absent;
-                }
-            },
-        };
-        if let (Some((fingerprint, _)), Some(unless)) = (here.same, unless) {
-            if fingerprint == unless {
-                cursor.set(Some(here));
-                return Visit::Unchanged;
-            }
-        }
-        let node = &self.nodes[here.spot.node as usize];
-        let pos = here.spot.pos as u16;
-        let (fingerprint, stable_to) = fingerprint_at(node, pos);
-        let Some(fingerprint) = fingerprint else {
-            here.same = None;
-            cursor.set(Some(here));
+        let Some(spot) = next.or_else(|| self.spot(key)) else {
+            cursor.set(None);
             return Visit::Absent;
         };
-        here.same = Some((fingerprint, stable_to));
-        cursor.set(Some(here));
+        let node = &self.nodes[spot.node as usize];
+        let pos = spot.pos as u16;
+        let (fingerprint, stable_to) = fingerprint_at(node, pos);
+        let same = fingerprint.map(|fingerprint| (fingerprint, stable_to));
+        cursor.set(Some(Cursor { spot, same }));
+        let Some(fingerprint) = fingerprint else {
+            return Visit::Absent;
+        };
         if unless == Some(fingerprint) {
             return Visit::Unchanged;
         }
@@ -1873,7 +1857,7 @@ mod tests {
     }
 
     #[test]
-    fn a_query_skips_the_scan_inside_a_span_and_sees_every_change() {
+    fn a_query_counts_the_blocks_inside_a_span_at_once_and_sees_every_change() {
         let mut runs = ChainRuns::default();
         let mut dups = DupCounts::new();
         let mut held = HeldRuns::default();
@@ -1889,6 +1873,7 @@ mod tests {
                 true,
             );
         }
+        let keys: Vec<u64> = (1..=8).collect();
         let cursor = Cell::new(None);
         let mut last = None;
         let mut seen = Vec::new();
@@ -1905,5 +1890,17 @@ mod tests {
             }
         }
         assert_eq!(seen, vec![2, 0, 0, 0, 1, 0, 0, 0]);
+        // Counted at once: after block 1, blocks 2-4 keep its two pods; after 5, 6-8 its one.
+        let cursor = Cell::new(None);
+        let mut counted = Vec::new();
+        let mut at = 0;
+        while at < keys.len() {
+            let mut pods = 0;
+            runs.visit(keys[at], None, &cursor, |_, _, _| pods += 1);
+            let repeats = runs.repeats(&keys[at + 1..], &cursor);
+            counted.push((pods, repeats));
+            at += repeats + 1;
+        }
+        assert_eq!(counted, vec![(2, 3), (1, 3)]);
     }
 }

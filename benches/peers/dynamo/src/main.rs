@@ -652,6 +652,29 @@ fn blocks_in(ops: &[Op]) -> usize {
 /// A way to build a fresh peer of one kind.
 type MakePeer = dyn Fn() -> Box<dyn Peer>;
 
+/// The peers, in the table's column order ([`print_table`]), then kvindex in `kthena` mode
+/// (the cross-check's fifth row).
+fn peer_kinds() -> [Box<MakePeer>; 5] {
+    [
+        Box::new(|| {
+            Box::new(Dynamo {
+                tree: RadixTree::new(),
+            })
+        }),
+        Box::new(|| Box::new(Crtc::new())),
+        Box::new(|| Box::new(Kvindex::prefix_only())),
+        Box::new(|| Box::new(Kvindex::new(MatchMode::Prefix))),
+        Box::new(|| Box::new(Kvindex::new(MatchMode::Kthena))),
+    ]
+}
+
+/// Dynamo's RadixTree in [`peer_kinds`].
+const RADIX: usize = 0;
+/// kvindex `prefix`-only in [`peer_kinds`].
+const KVINDEX_PREFIX_ONLY: usize = 2;
+/// kvindex with the std layer in [`peer_kinds`].
+const KVINDEX: usize = 3;
+
 /// Best-of-`RUNS` M blocks/s of applying `ops` to a fresh peer of each kind (after `before`,
 /// untimed), with the applies refused. The kinds take turns run after run, so a change in
 /// the machine's load falls on all of them alike rather than on whichever ran then.
@@ -945,19 +968,15 @@ fn main() {
         // `PROFILE_STD=1` profiles the default index, with the std layer, instead.
         // `PROFILE_PEER=radix` profiles Dynamo's RadixTree on the same phases (the yardstick:
         // toggle `*RadixTree::apply_event` in callgrind; its hashing is done outside it).
-        let std_layer = std::env::var_os("PROFILE_STD").is_some();
-        let radix = std::env::var("PROFILE_PEER").is_ok_and(|p| p == "radix");
-        let make = || -> Box<dyn Peer> {
-            if radix {
-                Box::new(Dynamo {
-                    tree: RadixTree::new(),
-                })
-            } else if std_layer {
-                Box::new(Kvindex::new(MatchMode::Prefix))
-            } else {
-                Box::new(Kvindex::prefix_only())
-            }
+        let kind = if std::env::var("PROFILE_PEER").is_ok_and(|p| p == "radix") {
+            RADIX
+        } else if std::env::var_os("PROFILE_STD").is_some() {
+            KVINDEX
+        } else {
+            KVINDEX_PREFIX_ONLY
         };
+        let kinds = peer_kinds();
+        let make = &kinds[kind];
         let mut best = vec![Duration::MAX; phases.len()];
         for _ in 0..RUNS {
             let mut peer = make();
@@ -983,33 +1002,11 @@ fn main() {
         cleared_entries,
     );
 
-    let peers: [(&str, Box<MakePeer>); 5] = [
-        (
-            "radix",
-            Box::new(|| {
-                Box::new(Dynamo {
-                    tree: RadixTree::new(),
-                }) as Box<dyn Peer>
-            }),
-        ),
-        ("crtc", Box::new(|| Box::new(Crtc::new()) as Box<dyn Peer>)),
-        (
-            "kvindex prefix-only",
-            Box::new(|| Box::new(Kvindex::prefix_only()) as Box<dyn Peer>),
-        ),
-        (
-            "kvindex",
-            Box::new(|| Box::new(Kvindex::new(MatchMode::Prefix)) as Box<dyn Peer>),
-        ),
-        (
-            "kvindex-kthena",
-            Box::new(|| Box::new(Kvindex::new(MatchMode::Kthena)) as Box<dyn Peer>),
-        ),
-    ];
+    let peers = peer_kinds();
     // Two kvindex builds: `prefix`-only (no std layer: the in-memory index a router needs)
     // and with kthena's std layer (what a Redis mirror or `kthena` matching needs), both
     // queried in `prefix` mode; `kthena` queries of the latter are timed apart.
-    let makes: Vec<&MakePeer> = peers[..4].iter().map(|(_, make)| make.as_ref()).collect();
+    let makes: Vec<&MakePeer> = peers[..4].iter().map(AsRef::as_ref).collect();
     let phases = Phases {
         stores_1: &stores_1,
         stores_8: &stores_8,
@@ -1032,7 +1029,7 @@ fn main() {
     println!("\ncross-check (matched blocks per pod; mismatching pod checks / all):");
     let natural = &queries.sets[0];
     let held_contents = contents(&w, &w.held);
-    for (_, make) in &peers {
+    for make in &peers {
         let mut peer = make();
         peer.apply(&stores_8, &w, false);
         let chain = |p: &[usize]| chain_truth(&w.held, p);
