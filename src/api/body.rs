@@ -2,6 +2,7 @@
 //! share (model, pods, weight overrides, prompt blocks).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -107,16 +108,16 @@ pub(super) fn check_pods(field: &str, pods: &[String], limits: &ApiLimits) -> Re
 
 /// The server's weights with the request's overrides applied, validated like the config's.
 pub(super) fn request_weights(
-    base: &TierWeights,
+    base: &Arc<TierWeights>,
     overrides: Option<&BTreeMap<String, f64>>,
-) -> Result<TierWeights, ApiError> {
+) -> Result<Arc<TierWeights>, ApiError> {
     let Some(overrides) = overrides else {
-        return Ok(base.clone());
+        return Ok(Arc::clone(base));
     };
     let entries = base
         .entries()
         .chain(overrides.iter().map(|(k, v)| (k.as_str(), *v)));
-    TierWeights::new(entries, base.unknown_medium_weight()).map_err(|errors| {
+    let weights = TierWeights::new(entries, base.unknown_medium_weight()).map_err(|errors| {
         let bad = overrides
             .iter()
             .find(|(k, v)| k.trim().is_empty() || !(0.0..=1.0).contains(*v))
@@ -127,7 +128,8 @@ pub(super) fn request_weights(
             .collect::<Vec<_>>()
             .join("; ");
         ApiError::bad_field(bad, message)
-    })
+    })?;
+    Ok(Arc::new(weights))
 }
 
 /// The prompt's blocks and the match mode they are for. `tokens` are matched in `mode`, or

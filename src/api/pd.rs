@@ -1,6 +1,7 @@
 //! `POST /v1/pd/schedule`: decode pods paired with the best prefill pod of their PD group.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -48,7 +49,7 @@ struct PdRequest {
 struct ValidPd<'a> {
     blocks: Vec<u64>,
     mode: MatchMode,
-    weights: TierWeights,
+    weights: Arc<TierWeights>,
     top_n: usize,
     decodes: Vec<DecodeCandidate<'a>>,
     groups: BTreeMap<&'a str, Vec<&'a str>>,

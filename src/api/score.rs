@@ -1,6 +1,7 @@
 //! `POST /v1/score`: longest-prefix scores of candidate pods for one prompt.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -36,7 +37,7 @@ struct ScoreRequest {
 struct ValidScore {
     blocks: Vec<u64>,
     mode: MatchMode,
-    weights: TierWeights,
+    weights: Arc<TierWeights>,
 }
 
 impl ScoreRequest {

@@ -36,7 +36,9 @@ impl Default for ApiLimits {
 #[derive(Clone)]
 pub struct ApiState {
     pub(super) backend: ScoreBackend,
-    pub(super) weights: TierWeights,
+    /// Shared: every request's state is a clone, and most requests use these weights as
+    /// they are (a deep copy of the map was a handful of allocations a request).
+    pub(super) weights: Arc<TierWeights>,
     pub(super) token: Option<Arc<str>>,
     pub(super) pods: Arc<dyn PodsView>,
     pub(super) limits: ApiLimits,
@@ -53,7 +55,7 @@ impl ApiState {
     ) -> ApiState {
         ApiState {
             backend: ScoreBackend::Index(index),
-            weights,
+            weights: Arc::new(weights),
             token: token.filter(|t| !t.is_empty()).map(Arc::from),
             pods,
             limits: ApiLimits::default(),
