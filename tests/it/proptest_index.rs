@@ -53,22 +53,32 @@ fn gen_hash() -> impl Strategy<Value = BlockHash> {
     ]
 }
 
+/// A store of a number of blocks in `blocks`.
+fn gen_store(blocks: std::ops::Range<usize>) -> impl Strategy<Value = Op> {
+    blocks
+        .prop_flat_map(|n| {
+            (
+                proptest::collection::vec(gen_hash(), n),
+                proptest::option::weighted(0.85, proptest::collection::vec(0u8..6, n)),
+                proptest::sample::select(&MEDIA[..]),
+                proptest::bool::weighted(0.15),
+            )
+        })
+        .prop_map(|(hashes, contents, medium, lora)| Op::Store {
+            hashes,
+            contents,
+            medium,
+            lora,
+        })
+}
+
 fn gen_op() -> impl Strategy<Value = Op> {
     let medium = || proptest::sample::select(&MEDIA[..]);
     prop_oneof![
-        6 => (1usize..4)
-            .prop_flat_map(move |n| (
-                proptest::collection::vec(gen_hash(), n),
-                proptest::option::weighted(0.85, proptest::collection::vec(0u8..6, n)),
-                medium(),
-                proptest::bool::weighted(0.15),
-            ))
-            .prop_map(|(hashes, contents, medium, lora)| Op::Store {
-                hashes,
-                contents,
-                medium,
-                lora,
-            }),
+        6 => gen_store(1..4),
+        // Long events (an engine stores a prompt's blocks in one), with hashes from the small
+        // pool repeating inside the event.
+        1 => gen_store(17..40),
         3 => (proptest::collection::vec(gen_hash(), 1..3), medium())
             .prop_map(|(hashes, medium)| Op::Remove { hashes, medium }),
         1 => Just(Op::Clear),
