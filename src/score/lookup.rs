@@ -353,14 +353,14 @@ impl Lookup for IndexLookup<'_> {
     /// The blocks after `block` that continue its run with its residents (the chain layer
     /// compares them with the run's chain hashes in one pass, [`LayerReader::repeats`]).
     fn repeats_after(&mut self, block: usize) -> usize {
-        let Some((at, fingerprint)) = self.last.filter(|(at, _)| *at == block) else {
+        let Some((_, fingerprint)) = self.last.filter(|(at, _)| *at == block) else {
             return 0;
         };
         let (Some(layer), Some(next)) = (&self.layer, self.blocks.get(block + 1..)) else {
             return 0;
         };
         let repeats = layer.repeats(next);
-        self.last = Some((at + repeats, fingerprint));
+        self.last = Some((block + repeats, fingerprint));
         repeats
     }
 }
