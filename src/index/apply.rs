@@ -4,6 +4,7 @@
 //! A [`Mutation`] is built per `apply` call while the source's lock is held; its steps take
 //! only what differs per block, the rest (source state, sink, store time, counters) is in it.
 
+use hashbrown::HashMap;
 use parking_lot::RwLockWriteGuard;
 use serde::Serialize;
 
@@ -126,6 +127,19 @@ impl Index {
         engine_hash: &BlockHash,
         state: EngineState,
     ) -> Result<(), IndexError> {
+        self.restore_one(source, model, engine_hash, state, true)
+    }
+
+    /// [`Self::restore_block`], the block stored `alone` or, as a chain start with its
+    /// continuation, in a run of its own.
+    fn restore_one(
+        &self,
+        source: SourceId,
+        model: &str,
+        engine_hash: &BlockHash,
+        state: EngineState,
+        alone: bool,
+    ) -> Result<(), IndexError> {
         let source = self.source(source)?;
         let mut source = source.lock();
         if state.media.is_empty() {
@@ -141,19 +155,46 @@ impl Index {
         if let Some(model) = model {
             let mut sink = super::Discard;
             let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
+            mutation.alone = alone;
             // The checkpoint keeps the chain hash, so a warm start matches in `prefix` mode
-            // too (an entry written before it did has none: `kthena` only until re-stored).
-            // Its parent is not known here: a restored chain block joins the open run, as a
-            // chain start stored alone does.
+            // too (an entry written before it did has none: `kthena` only until re-stored),
+            // and its parent's: a block restored after its parent goes right after it, so
+            // restored chains are runs again ([`Self::restore_blocks`] orders them). One
+            // without a parent here starts a run, or joins the open run when it is `alone`,
+            // as a chain start is placed when it is stored.
             let block = StoreHashes {
                 std: state.std_hash,
                 chain: state.chain,
-                parent: 0,
+                parent: state.parent,
             };
             mutation.store_block(model, engine_hash, Some(block), state.media);
         }
         source.settle(false);
         Ok(())
+    }
+
+    /// Rebuilds engine blocks of `source` and `model` from a checkpoint, as
+    /// [`Self::restore_block`] does each, parents before children (a checkpoint is read in
+    /// no order): a chain block restored after its parent goes right after it, so restored
+    /// chains are runs again, followed by a query without a probe per block. Returns the
+    /// number of blocks restored.
+    ///
+    /// # Errors
+    /// [`IndexError::UnknownSource`] when `source` is not registered.
+    pub fn restore_blocks(
+        &self,
+        source: SourceId,
+        model: &str,
+        blocks: &[(BlockHash, EngineState)],
+    ) -> Result<usize, IndexError> {
+        self.source(source)?;
+        let (order, continued) = parents_first(blocks);
+        for &i in &order {
+            let (hash, state) = &blocks[i];
+            // A block another one names as its parent goes with its continuation.
+            self.restore_one(source, model, hash, *state, !continued[i])?;
+        }
+        Ok(order.len())
     }
 
     /// Drops every block of `source` (engine restart, unfillable gap), keeping it registered.
@@ -214,6 +255,38 @@ impl Index {
     }
 }
 
+/// The positions of `blocks` ordered so that a block whose parent (by chain hash) is among
+/// them comes after it, and per position whether another block names it as its parent.
+/// Each block is taken once, so a parent loop (only a forged checkpoint has one) cannot
+/// hold the walk up.
+fn parents_first(blocks: &[(BlockHash, EngineState)]) -> (Vec<usize>, Vec<bool>) {
+    let by_chain: HashMap<u64, usize> = (blocks.iter().enumerate())
+        .filter(|(_, (_, state))| state.chain != 0)
+        .map(|(i, (_, state))| (state.chain, i))
+        .collect();
+    let parent_of = |i: usize| by_chain.get(&blocks[i].1.parent).copied();
+    let mut continued = vec![false; blocks.len()];
+    for i in 0..blocks.len() {
+        if let Some(parent) = parent_of(i) {
+            continued[parent] = true;
+        }
+    }
+    let mut taken = vec![false; blocks.len()];
+    let mut order = Vec::with_capacity(blocks.len());
+    let mut line = Vec::new();
+    for first in 0..blocks.len() {
+        // Up the parents not taken yet, then down again.
+        let mut at = Some(first);
+        while let Some(i) = at.filter(|&i| !taken[i]) {
+            taken[i] = true;
+            line.push(i);
+            at = parent_of(i);
+        }
+        order.extend(line.drain(..).rev());
+    }
+    (order, continued)
+}
+
 /// Gives back a shared block map's memory once it is a quarter full or less.
 fn shrink_sparse<K: Eq + std::hash::Hash>(map: &layer::LayerMap<K>) {
     let capacity = map.capacity();
@@ -223,7 +296,8 @@ fn shrink_sparse<K: Eq + std::hash::Hash>(map: &layer::LayerMap<K>) {
 }
 
 /// A stored block's identities: kthena's std hash and the chain hash (0 when unknown), with
-/// its parent's chain hash (0 when unknown), after which a new chain block is placed.
+/// its parent's chain hash (0 for a chain start or when unknown), after which a new chain
+/// block is placed.
 #[derive(Debug, Clone, Copy)]
 struct StoreHashes {
     std: u64,
@@ -516,6 +590,12 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let first_copies = model == self.state.base_model;
         let std_layer = self.std_layer();
         let mut stretch = None;
+        // The parent block's chain hash: the seed a chain starts at is no block.
+        let mut above = if stored.parent_block_hash.is_none() {
+            0
+        } else {
+            parent
+        };
         for (i, hash) in stored.block_hashes.iter().enumerate() {
             let tokens = stored.block_tokens(i);
             let chain = if parent == 0 {
@@ -524,7 +604,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 chain_hash(parent, tokens)
             };
             if first_copies && chain != 0 {
-                let placed = self.place_new_copy(hash, (chain, parent), tokens, media);
+                let placed = self.place_new_copy(hash, (chain, above), tokens, media);
                 if let Some((spot, std)) = placed {
                     if !(stretch.as_mut()).is_some_and(|s: &mut Stretch| s.grow(spot)) {
                         self.add_stretch(stretch.replace(Stretch::at(spot)), media);
@@ -533,15 +613,21 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                         let duplicate = self.add_std_media(model, std, media, true);
                         self.stats.duplicate_engine_hashes += u64::from(duplicate == Some(true));
                     }
-                    self.record_stored(model, hash, (std, chain), media);
+                    self.record_stored(model, hash, (std, chain, above), media);
                     parent = chain;
+                    above = chain;
                     continue;
                 }
             }
             self.add_stretch(stretch.take(), media);
             let std = self.content_of(chain, tokens);
-            let block = Some(StoreHashes { std, chain, parent });
+            let block = Some(StoreHashes {
+                std,
+                chain,
+                parent: above,
+            });
             parent = self.store_block(model, hash, block, media);
+            above = parent;
         }
         self.add_stretch(stretch, media);
     }
@@ -666,8 +752,26 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             self.stats.duplicate_engine_hashes += 1;
         }
         let media = if new_copy { media } else { before.union(media) };
-        self.keep_stored(model, hash, (std, chain, spot), media);
+        // A tokenless tier copy names no parent: the runs know it.
+        let parent = match block {
+            Some(block) => block.parent,
+            None => self.parent_in_runs(chain, spot),
+        };
+        self.keep_stored(model, hash, (std, chain, spot), parent, media);
         chain
+    }
+
+    /// The parent of chain block `chain` (at `spot` when known) as the runs place it
+    /// ([`ChainRuns::parent_at`]); 0 for a block without a chain.
+    fn parent_in_runs(&mut self, chain: u64, spot: Option<Spot>) -> u64 {
+        if chain == 0 {
+            return 0;
+        }
+        let (chains, _) = self.chain_edit();
+        match spot {
+            Some(spot) => chains.parent_at(spot),
+            None => chains.parent_of(chain),
+        }
     }
 
     /// Keeps engine block `hash` in the source, its residents edited, and records it as
@@ -677,10 +781,11 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         model: u32,
         hash: &BlockHash,
         (std, chain, spot): (u64, u64, Option<Spot>),
+        parent: u64,
         media: MediaSet,
     ) {
         self.state.put(model, hash, (std, chain, spot), media);
-        self.record_stored(model, hash, (std, chain), media);
+        self.record_stored(model, hash, (std, chain, parent), media);
     }
 
     /// Records engine block `hash`, kept by the source, as stored: the sink's engine state
@@ -689,7 +794,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         &mut self,
         model: u32,
         hash: &BlockHash,
-        (std, chain): (u64, u64),
+        (std, chain, parent): (u64, u64, u64),
         media: MediaSet,
     ) {
         let state = EngineState {
@@ -697,6 +802,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             media,
             stored_at: self.now,
             chain,
+            parent,
         };
         self.out.engine_state(model, hash, Some(state));
         self.out.mapping(hash, Some(std));
@@ -967,11 +1073,17 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 self.state.set_media(hash, left);
             }
             let stored_at = self.drop_engine_media(model, std, (chain, spot), taken, gone);
+            let parent = if gone {
+                0
+            } else {
+                self.parent_in_runs(chain, spot)
+            };
             let state = (!gone).then_some(EngineState {
                 std_hash: std,
                 media: left,
                 stored_at,
                 chain,
+                parent,
             });
             self.out.engine_state(model, hash, state);
             self.stats.blocks_removed += 1;

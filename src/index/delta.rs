@@ -26,6 +26,10 @@ pub struct EngineState {
     /// The block's chain hash (`prefix` matching); 0 when it has none (its parent was not
     /// held when it was stored, or it was restored from a checkpoint that kept none).
     pub chain: u64,
+    /// The chain hash of the block's parent: 0 for a chain start, a block without a chain,
+    /// or where it is not known. A warm start places the block right after it, so chains
+    /// are runs again ([`crate::index::Index::restore_blocks`]).
+    pub parent: u64,
 }
 
 /// How far a source's effects have been handed to a mirror: every delta of seqs up to `seq`

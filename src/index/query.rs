@@ -46,6 +46,9 @@ pub struct IndexStats {
     pub entries_by_medium: Vec<(String, usize)>,
     /// Estimated heap bytes of the index tables.
     pub heap_bytes: usize,
+    /// Runs the chain layer (`prefix` matching) keeps its blocks in: few next to the blocks
+    /// where chains are stored, or restored, whole.
+    pub chain_runs: usize,
 }
 
 impl Index {
@@ -159,6 +162,11 @@ impl Index {
                     media: held.media(),
                     stored_at,
                     chain: held.chain(),
+                    parent: if held.chain() == 0 {
+                        0
+                    } else {
+                        chains.parent_of(held.chain())
+                    },
                 };
                 visit(PodId(state.pod), state.rank, ModelId(model), hash, engine);
             }
@@ -239,7 +247,10 @@ impl Index {
         let lora = self.inner.models.lora_blocks();
         stats.blocks += lora.len();
         stats.heap_bytes += blocks_heap_bytes(lora);
-        stats.heap_bytes += self.inner.chains.read_recursive().heap_bytes();
+        let chains = self.inner.chains.read_recursive();
+        stats.heap_bytes += chains.heap_bytes();
+        stats.chain_runs = chains.runs();
+        drop(chains);
         for source in self.live_sources() {
             let state = source.lock();
             stats.sources += 1;

@@ -128,6 +128,10 @@ struct Node {
     stds: Vec<u64>,
     /// Spans of one source never overlap.
     spans: Vec<Span>,
+    /// The chain hash of the parent of the run's first block when the run is a fork (its
+    /// parent ends or sits inside another run), else 0: every later block's parent is the
+    /// block before it, or it is a chain start ([`ChainRuns::parent_at`]).
+    parent: u64,
 }
 
 impl Node {
@@ -473,9 +477,15 @@ impl ChainRuns {
                 self.open = Some(node);
                 node
             }
-            // A fork, a full run or a start stored with its continuation: the continuation
-            // will most likely follow, in a run of its own.
-            _ => self.new_node(),
+            // A fork or a full run: a run of its own, which knows its parent.
+            Some(_) => {
+                let node = self.new_node();
+                self.nodes[node as usize].parent = parent;
+                node
+            }
+            // A start stored with its continuation: the continuation will most likely
+            // follow, in a run of its own.
+            None => self.new_node(),
         };
         let spot = self.append(node, hash, std);
         self.locator.insert(hash, spot, after.is_none());
@@ -488,6 +498,39 @@ impl ChainRuns {
     /// a locator probe. Checked against the run when used, like every `last`.
     pub(crate) fn expect_after(&mut self, hash: u64, spot: Spot) {
         self.last = Some((hash, spot));
+    }
+
+    /// The chain hash of the parent of the chain block at `spot`, 0 for a chain start or
+    /// where the parent is not known: a block sits right after its parent unless it starts
+    /// a fork's run (whose node keeps the parent) or is a start (flagged in the locator).
+    /// What a checkpoint keeps, so a warm start places the block after its parent again.
+    pub(crate) fn parent_at(&self, spot: Spot) -> u64 {
+        let Some(node) = self.nodes.get(spot.node as usize) else {
+            return 0;
+        };
+        let pos = spot.pos as usize;
+        let Some(&chain) = node.chains.get(pos) else {
+            return 0;
+        };
+        if pos == 0 {
+            return node.parent;
+        }
+        let start = (self.locator.spots.get(&chain)).is_some_and(|spot| spot.is_flagged());
+        if start {
+            0
+        } else {
+            node.chains[pos - 1]
+        }
+    }
+
+    /// [`Self::parent_at`] the spot of chain block `chain`, 0 when it is not here.
+    pub(crate) fn parent_of(&self, chain: u64) -> u64 {
+        self.spot(chain).map_or(0, |spot| self.parent_at(spot))
+    }
+
+    /// Runs in use.
+    pub(crate) fn runs(&self) -> usize {
+        self.nodes.len() - self.free.len()
     }
 
     /// The chain hash at `spot`, if the run still reaches it.

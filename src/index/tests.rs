@@ -729,6 +729,7 @@ fn a_prompt_is_answered_from_a_chain_start_and_the_starts_follow_the_runs() {
         media: crate::medium::MediaSet::single(Medium::GPU),
         stored_at: 9,
         chain: 77,
+        parent: 0,
     };
     index
         .restore_block(b, "m", &BlockHash::Int(7), restored)
@@ -764,4 +765,120 @@ fn runs_know_which_pods_have_several_ranks() {
     assert!(sole(pod_a));
     index.remove_source(a1, &mut Discard).unwrap();
     assert!(sole(pod_a) && sole(pod_b));
+}
+
+#[test]
+fn a_warm_start_restores_chains_as_runs_with_their_parents() {
+    use crate::hash::{chain_hash, model_seed};
+    let after_block = |parent: i64, hashes: &[i64], first: u32| {
+        let Event::BlockStored(mut event) =
+            stored(hashes, tokens(first, hashes.len() as u32), "GPU")
+        else {
+            unreachable!("a store")
+        };
+        event.parent_block_hash = Some(BlockHash::from_i64(parent));
+        Event::BlockStored(event)
+    };
+    let index = Index::new();
+    let a = index.register_source(&spec("a.ns", 0)).unwrap();
+    let b = index.register_source(&spec("b.ns", 0)).unwrap();
+    let events = vec![
+        stored(&[1, 2, 3, 4, 5, 6, 7, 8], tokens(0, 8), "GPU"),
+        after_block(8, &[9, 10, 11, 12], 128),
+        // A fork from the middle of the first run.
+        after_block(4, &[20, 21, 22, 23], 1_000),
+        // A tier copy without tokens, then its GPU copy goes: the entry is written again.
+        stored(&[12], vec![], "CPU"),
+        removed(&[12], "GPU"),
+    ];
+    index.apply(a, &batch(events), 10, &mut Discard).unwrap();
+    let shared = stored(&[1, 2, 3, 4], tokens(0, 4), "GPU");
+    index
+        .apply(b, &batch(vec![shared]), 11, &mut Discard)
+        .unwrap();
+
+    let states = |index: &Index| {
+        let mut all = Vec::new();
+        index.for_each_engine_state(|pod, rank, _, hash, state| {
+            all.push((
+                index.pod_name(pod).to_string(),
+                rank,
+                hash.to_string(),
+                state,
+            ));
+        });
+        all.sort_by(|x, y| (&x.0, &x.2).cmp(&(&y.0, &y.2)));
+        all
+    };
+    let before = states(&index);
+    let parent_of = |pod: &str, hash: &str| {
+        let found = before.iter().find(|(p, _, h, _)| p == pod && h == hash);
+        found.map(|(_, _, _, state)| state.parent)
+    };
+    let chain1 = chain_hash(model_seed("m"), &tokens(0, 1));
+    let chain_of = |pod: &str, hash: &str| {
+        let found = before.iter().find(|(p, _, h, _)| p == pod && h == hash);
+        found.map(|(_, _, _, state)| state.chain)
+    };
+    assert_eq!(chain_of("a.ns", "1"), Some(chain1));
+    // A start has no parent; a block after its parent, a fork's first block and a block
+    // whose entry a remove wrote again know theirs.
+    assert_eq!(parent_of("a.ns", "1"), Some(0));
+    assert_eq!(parent_of("a.ns", "2"), chain_of("a.ns", "1"));
+    assert_eq!(parent_of("a.ns", "9"), chain_of("a.ns", "8"));
+    assert_eq!(parent_of("a.ns", "20"), chain_of("a.ns", "4"));
+    assert_eq!(parent_of("a.ns", "12"), chain_of("a.ns", "11"));
+    let runs = index.stats().chain_runs;
+    assert_eq!(
+        runs, 2,
+        "the chain's run, which its second event extends, and the fork's"
+    );
+    // An anti-entropy pass writes the checkpoint from its walk: the same parents.
+    let mut walked = Vec::new();
+    let mut cursor = WalkCursor::new();
+    while !cursor.is_done() {
+        index.walk_engine_hashes(&mut cursor, &mut walked);
+    }
+    assert_eq!(walked.len(), before.len());
+    for entry in &walked {
+        let pod = index.pod_name(entry.pod);
+        let hash = entry.engine_hash.to_string();
+        assert_eq!(Some(entry.parent), parent_of(&pod, &hash), "{pod} {hash}");
+    }
+
+    // Restored children first (a checkpoint is read in no order): the engine hashes
+    // grow along every chain here.
+    let restore = |whole: bool| {
+        let fresh = Index::new();
+        for (pod, _, _, _) in &before {
+            fresh.register_source(&spec(pod, 0)).unwrap();
+        }
+        for pod in ["a.ns", "b.ns"] {
+            let source = fresh.source_of(fresh.pod_id(pod).unwrap(), 0).unwrap();
+            let mut blocks: Vec<(i64, EngineState)> = (before.iter())
+                .filter(|(p, ..)| p == pod)
+                .map(|(_, _, hash, state)| (hash.parse().unwrap(), *state))
+                .collect();
+            blocks.sort_by_key(|(hash, _)| std::cmp::Reverse(*hash));
+            let blocks: Vec<(BlockHash, EngineState)> = (blocks.into_iter())
+                .map(|(hash, state)| (BlockHash::from_i64(hash), state))
+                .collect();
+            if whole {
+                assert_eq!(fresh.restore_blocks(source, "m", &blocks), Ok(blocks.len()));
+            } else {
+                for (hash, state) in &blocks {
+                    fresh.restore_block(source, "m", hash, *state).unwrap();
+                }
+            }
+        }
+        fresh
+    };
+    let restored = restore(true);
+    assert_eq!(states(&restored), before);
+    assert_eq!(restored.stats().chain_runs, runs);
+    // One by one, children first, no block finds its parent placed: every block is a
+    // start, and the runs know no parent to write back.
+    let scattered = states(&restore(false));
+    assert_eq!(scattered.len(), before.len());
+    assert!(scattered.iter().all(|(.., state)| state.parent == 0));
 }

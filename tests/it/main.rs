@@ -54,3 +54,5 @@ mod shard_replicas;
 mod top_tmux;
 /// Warm restart of the built binary.
 mod warm_restart;
+/// A warm start keeps the chain layer's runs.
+mod warm_runs;

@@ -440,15 +440,25 @@ proptest! {
             before.apply(ids[*source], &batch, 1_000 + n as u32, &mut Discard).unwrap();
         }
         let (after, _) = new_index();
+        // Per source and model, as the checkpoint keeps them, and children first: a
+        // checkpoint is read in no order, and restoring orders it.
+        let mut keys: Vec<((SourceId, String), Vec<_>)> = Vec::new();
         before.for_each_engine_state(|pod, rank, model, hash, state| {
             let encoded = checkpoint::engine_value(&state);
             let state = checkpoint::parse_engine_value(&encoded).expect("own encoding");
             let pod = after.pod_id(&before.pod_name(pod)).expect("same pods");
             let source = after.source_of(pod, rank).expect("same sources");
-            after
-                .restore_block(source, &before.model_name(model), &hash, state)
-                .unwrap();
+            let key = (source, before.model_name(model).to_string());
+            match keys.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, blocks)) => blocks.push((hash, state)),
+                None => keys.push((key, vec![(hash, state)])),
+            }
         });
+        for ((source, model), mut blocks) in keys {
+            blocks.reverse();
+            let restored = after.restore_blocks(source, &model, &blocks).unwrap();
+            prop_assert_eq!(restored, blocks.len());
+        }
         for (prompt, lora) in &prompts {
             let name = if *lora { ADAPTER } else { BASE };
             for mode in [MatchMode::Prefix, MatchMode::Kthena] {

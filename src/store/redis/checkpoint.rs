@@ -5,7 +5,7 @@
 //! | key | type | content |
 //! | --- | --- | --- |
 //! | `kvindex:wm` | hash | field `{pod}#{rank}` → [`Watermark`] as JSON: the last seq whose effects are in Redis, the engine, the base model and the models the source holds blocks of |
-//! | `kvindex:src:{pod}#{rank}@{model}` | hash | field = engine hash (decimal, `-` for negative, `x{hex}` for byte strings) → `{std}\|{stored_at}\|{media,…}` |
+//! | `kvindex:src:{pod}#{rank}@{model}` | hash | field = engine hash (decimal, `-` for negative, `x{hex}` for byte strings) → `{std}\|{stored_at}\|{media,…}`, then `\|{chain}` and `\|{parent chain}` for a block with a chain |
 //!
 //! The kthena field holds only a pod's best medium and its mapping keys have no DP rank or
 //! model, so they cannot rebuild the index; this checkpoint can. Within one flush the data
@@ -119,7 +119,9 @@ pub fn parse_engine_field(field: &str) -> Option<BlockHash> {
 
 /// `{std}|{stored_at}|{media spellings joined by ','}` (the empty spelling = no medium),
 /// then `|{chain}` when the block has a chain hash (entries without one read as chain 0, so
-/// checkpoints written before chains existed still restore).
+/// checkpoints written before chains existed still restore), and `|{parent}` after it when
+/// the block's parent is known (entries without one read as parent 0: restored as chain
+/// starts, as before parents were kept).
 pub fn engine_value(state: &EngineState) -> String {
     let mut out = String::with_capacity(40);
     push_engine_value(&mut out, state);
@@ -138,27 +140,33 @@ pub fn push_engine_value(out: &mut String, state: &EngineState) {
     }
     if state.chain != 0 {
         let _ = write!(out, "|{}", state.chain);
+        if state.parent != 0 {
+            let _ = write!(out, "|{}", state.parent);
+        }
     }
 }
 
 /// The inverse of [`engine_value`].
 pub fn parse_engine_value(value: &str) -> Option<EngineState> {
-    let mut parts = value.splitn(4, '|');
+    let mut parts = value.splitn(5, '|');
     let std_hash = parts.next()?.parse().ok()?;
     let stored_at = parts.next()?.parse().ok()?;
     let mut media = MediaSet::EMPTY;
     for spelling in parts.next()?.split(',') {
         media.insert(Medium::intern(spelling));
     }
-    let chain = match parts.next() {
-        Some(chain) => chain.parse().ok()?,
-        None => 0,
+    let mut hash_part = || match parts.next() {
+        Some(hash) => hash.parse().ok(),
+        None => Some(0),
     };
+    let chain = hash_part()?;
+    let parent = hash_part()?;
     Some(EngineState {
         std_hash,
         media,
         stored_at,
         chain,
+        parent,
     })
 }
 
@@ -247,6 +255,9 @@ pub async fn restore(
     Ok((summary, marks))
 }
 
+/// Restores one state key: its entries are read whole first, since `HSCAN` gives them in no
+/// order and a chain block restored after its parent goes right after it
+/// ([`Index::restore_blocks`]).
 async fn restore_state_key(
     conn: &mut RedisConn,
     key: &str,
@@ -255,6 +266,7 @@ async fn restore_state_key(
     model: &str,
     summary: &mut RestoreSummary,
 ) -> Result<(), redis::RedisError> {
+    let mut blocks = Vec::new();
     let mut cursor: u64 = 0;
     loop {
         let (next, page): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
@@ -266,19 +278,19 @@ async fn restore_state_key(
             .await?;
         for (field, value) in page {
             match parse_engine_field(&field).zip(parse_engine_value(&value)) {
-                Some((hash, state)) => {
-                    if index.restore_block(source, model, &hash, state).is_ok() {
-                        summary.engine_blocks += 1;
-                    }
-                }
+                Some(block) => blocks.push(block),
                 None => summary.bad_entries += 1,
             }
         }
         if next == 0 {
-            return Ok(());
+            break;
         }
         cursor = next;
     }
+    // The source was registered by the caller: nothing here can fail.
+    let restored = index.restore_blocks(source, model, &blocks).unwrap_or(0);
+    summary.engine_blocks += restored as u64;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -311,6 +323,7 @@ mod tests {
             media,
             stored_at: 1_700_000_000,
             chain: 0,
+            parent: 0,
         };
         assert_eq!(parse_engine_value(&engine_value(&state)), Some(state));
         assert_eq!(parse_engine_value("1|2"), None);
@@ -324,6 +337,7 @@ mod tests {
             media: MediaSet::single(Medium::GPU),
             stored_at: 9,
             chain: u64::MAX,
+            parent: 0,
         };
         let value = engine_value(&state);
         assert_eq!(value, format!("7|9|GPU|{}", u64::MAX));
@@ -333,6 +347,29 @@ mod tests {
         assert_eq!(engine_value(&old), "7|9|GPU");
         assert_eq!(parse_engine_value("7|9|GPU"), Some(old));
         assert_eq!(parse_engine_value("7|9|GPU|x"), None);
+    }
+
+    #[test]
+    fn engine_values_keep_the_parent_and_read_entries_written_without_one() {
+        let state = EngineState {
+            std_hash: 7,
+            media: MediaSet::single(Medium::GPU),
+            stored_at: 9,
+            chain: 11,
+            parent: u64::MAX,
+        };
+        let value = engine_value(&state);
+        assert_eq!(value, format!("7|9|GPU|11|{}", u64::MAX));
+        assert_eq!(parse_engine_value(&value), Some(state));
+        // Written before parents were kept: a chain start.
+        let start = EngineState { parent: 0, ..state };
+        assert_eq!(engine_value(&start), "7|9|GPU|11");
+        assert_eq!(parse_engine_value("7|9|GPU|11"), Some(start));
+        // A parent goes only with a chain.
+        let chainless = EngineState { chain: 0, ..state };
+        assert_eq!(engine_value(&chainless), "7|9|GPU");
+        assert_eq!(parse_engine_value("7|9|GPU|11|x"), None);
+        assert_eq!(parse_engine_value("7|9|GPU|11|12|13"), None);
     }
 
     #[test]
