@@ -11,7 +11,7 @@
 //! A pass has up to three phases:
 //! 1. `Stale` (reconcile only): the keys whose last write may not have landed during an
 //!    outage and that the index no longer holds are deleted.
-//! 2. `Index`: every engine hash of every source. A field due for a refresh gets the current
+//! 2. `Index`: every engine hash of every source. A field due for a refresh gets the pass's start
 //!    time in the index and is rewritten with its mapping key (`SET EX` renews the TTL). A
 //!    reconcile rewrites every field and mapping key; anti-entropy reads them (pipelined
 //!    `HGET` + `GET`) and writes only the missing or different ones.
@@ -629,7 +629,12 @@ impl Writer {
     /// Refreshes the due residents of `batch` and sorts it into writes (refreshed, or every
     /// entry of a reconcile) and reads (the rest of an anti-entropy pass).
     fn plan_batch(&mut self, pass: &Pass, batch: Vec<WalkEntry>) -> Plan {
-        let now = unix_now();
+        // Every resident a pass refreshes gets the time the pass began, not its chunk's:
+        // a chain's blocks it refreshes then keep one store time, in the index and in the
+        // checkpoint a rewrite writes, so a warm start does not split the pod's chain spans
+        // at every few blocks. A field is still refreshed within `refresh_after` plus one
+        // pass.
+        let now = pass.started_unix;
         let due = self.entropy.refresh_due(now);
         let owned = self.index.owned_pods();
         let mut plan = Plan::default();
