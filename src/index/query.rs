@@ -162,11 +162,7 @@ impl Index {
                     media: held.media(),
                     stored_at,
                     chain: held.chain(),
-                    parent: if held.chain() == 0 {
-                        0
-                    } else {
-                        chains.parent_of(held.chain())
-                    },
+                    parent: chains.parent_of(held.chain()),
                 };
                 visit(PodId(state.pod), state.rank, ModelId(model), hash, engine);
             }

@@ -523,8 +523,12 @@ impl ChainRuns {
         }
     }
 
-    /// [`Self::parent_at`] the spot of chain block `chain`, 0 when it is not here.
+    /// [`Self::parent_at`] the spot of chain block `chain`, 0 when it is not here (a block
+    /// without a chain, 0, never is: no probe for it).
     pub(crate) fn parent_of(&self, chain: u64) -> u64 {
+        if chain == 0 {
+            return 0;
+        }
         self.spot(chain).map_or(0, |spot| self.parent_at(spot))
     }
 

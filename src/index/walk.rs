@@ -158,11 +158,7 @@ impl Index {
                     engine_hash: hash,
                     media: held.media(),
                     chain: held.chain(),
-                    parent: if held.chain() == 0 {
-                        0
-                    } else {
-                        chains.parent_of(held.chain())
-                    },
+                    parent: chains.parent_of(held.chain()),
                     field: None,
                     resident_at: None,
                 });
