@@ -184,8 +184,8 @@ struct Locator {
     /// which is small and stays in cache, instead of a probe of the locator, which mostly
     /// does not ([`Locator::start_spot`]); Dynamo's tree answers it from its root's children
     /// alike. Kept only while starts are few next to the blocks ([`Locator::settle`]):
-    /// where most blocks are starts (chains one block long, a warm start's blocks) it would
-    /// be a second locator.
+    /// where most blocks are starts (chains one block long, a warm start from a checkpoint
+    /// without parents) it would be a second locator.
     starts: Option<hashbrown::HashSet<u64>>,
     /// Locator entries flagged as starts.
     flagged: usize,
