@@ -91,13 +91,7 @@ fn prompt_hashes(source: u64, first: u64) -> Vec<u64> {
         .step_by(BLOCKS_PER_EVENT as usize)
         .flat_map(|at| event_tokens(source, at))
         .collect();
-    let mut chain = kvindex::hash::model_seed(MODEL);
-    (tokens.chunks(BLOCK_SIZE as usize))
-        .map(|block| {
-            chain = kvindex::hash::chain_hash(chain, block);
-            chain
-        })
-        .collect()
+    kvindex::hash::prompt_chain_hashes(MODEL, &tokens, BLOCK_SIZE as usize, usize::MAX)
 }
 
 /// Mean wall time of a `prefix` query of every prompt in `prompts` against every source's
@@ -143,10 +137,8 @@ async fn fill(args: &Args, index: &Index) -> Duration {
         .expect("Redis");
     let sender = mirror.sender();
     let started = Instant::now();
-    // Stored now, as an engine's blocks are: a store time older than the mirror's refresh
-    // age would have its background pass refresh the entries, chunk by chunk, and the
-    // checkpoint then holds a different store time every few blocks (README, "Known
-    // limitations").
+    // Stored now, as an engine's blocks are: with a store time older than the mirror's
+    // refresh age, its passes would refresh every entry while the fill runs.
     let now = kvindex::ingest::unix_now();
     let per_source = args.entries / args.sources;
     for s in 0..args.sources {

@@ -127,50 +127,8 @@ impl Index {
         engine_hash: &BlockHash,
         state: EngineState,
     ) -> Result<(), IndexError> {
-        self.restore_one(source, model, engine_hash, state, true)
-    }
-
-    /// [`Self::restore_block`], the block stored `alone` or, as a chain start with its
-    /// continuation, in a run of its own.
-    fn restore_one(
-        &self,
-        source: SourceId,
-        model: &str,
-        engine_hash: &BlockHash,
-        state: EngineState,
-        alone: bool,
-    ) -> Result<(), IndexError> {
-        let source = self.source(source)?;
-        let mut source = source.lock();
-        if state.media.is_empty() {
-            return Ok(());
-        }
-        let model = if *self.inner.models.name(source.base_model) == *model {
-            Some(source.base_model)
-        } else {
-            // Past the source's cap of distinct models the block is not restored (counted by
-            // the caller as not rebuilt); the engine stores it again if it still holds it.
-            source.lora_model(model).map(|(id, _)| id)
-        };
-        if let Some(model) = model {
-            let mut sink = super::Discard;
-            let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
-            mutation.alone = alone;
-            // The checkpoint keeps the chain hash, so a warm start matches in `prefix` mode
-            // too (an entry written before it did has none: `kthena` only until re-stored),
-            // and its parent's: a block restored after its parent goes right after it, so
-            // restored chains are runs again ([`Self::restore_blocks`] orders them). One
-            // without a parent here starts a run, or joins the open run when it is `alone`,
-            // as a chain start is placed when it is stored.
-            let block = StoreHashes {
-                std: state.std_hash,
-                chain: state.chain,
-                parent: state.parent,
-            };
-            mutation.store_block(model, engine_hash, Some(block), state.media);
-        }
-        source.settle(false);
-        Ok(())
+        let block = [(engine_hash.clone(), state)];
+        self.restore_blocks(source, model, &block).map(|_| ())
     }
 
     /// Rebuilds engine blocks of `source` and `model` from a checkpoint, as
@@ -187,14 +145,41 @@ impl Index {
         model: &str,
         blocks: &[(BlockHash, EngineState)],
     ) -> Result<usize, IndexError> {
-        self.source(source)?;
-        let (order, continued) = parents_first(blocks);
-        for &i in &order {
-            let (hash, state) = &blocks[i];
-            // A block another one names as its parent goes with its continuation.
-            self.restore_one(source, model, hash, *state, !continued[i])?;
+        let source = self.source(source)?;
+        let mut source = source.lock();
+        let model = if *self.inner.models.name(source.base_model) == *model {
+            Some(source.base_model)
+        } else {
+            // Past the source's cap of distinct models the blocks are not restored (counted
+            // by the caller as not rebuilt); the engine stores them again if it holds them.
+            source.lora_model(model).map(|(id, _)| id)
+        };
+        if let Some(model) = model {
+            let (order, continued) = parents_first(blocks);
+            for i in order {
+                let (hash, state) = &blocks[i];
+                if state.media.is_empty() {
+                    continue;
+                }
+                let mut sink = super::Discard;
+                let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
+                // A block another one names as its parent goes with its continuation, in a
+                // run of its own; any other one without a parent here joins the open run,
+                // as a chain start stored alone does.
+                mutation.alone = !continued[i];
+                // The checkpoint keeps the chain hash, so a warm start matches in `prefix`
+                // mode too (an entry written before it did has none: `kthena` only until
+                // re-stored), and its parent's, after which the block goes.
+                let block = StoreHashes {
+                    std: state.std_hash,
+                    chain: state.chain,
+                    parent: state.parent,
+                };
+                mutation.store_block(model, hash, Some(block), state.media);
+            }
         }
-        Ok(order.len())
+        source.settle(false);
+        Ok(blocks.len())
     }
 
     /// Drops every block of `source` (engine restart, unfillable gap), keeping it registered.
@@ -590,14 +575,11 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let first_copies = model == self.state.base_model;
         let std_layer = self.std_layer();
         let mut stretch = None;
-        // The parent block's chain hash: the seed a chain starts at is no block.
-        let mut above = if stored.parent_block_hash.is_none() {
-            0
-        } else {
-            parent
-        };
+        let starts = stored.parent_block_hash.is_none();
         for (i, hash) in stored.block_hashes.iter().enumerate() {
             let tokens = stored.block_tokens(i);
+            // The parent block's chain hash: the seed a chain starts at is no block.
+            let above = if i == 0 && starts { 0 } else { parent };
             let chain = if parent == 0 {
                 0
             } else {
@@ -615,7 +597,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                     }
                     self.record_stored(model, hash, (std, chain, above), media);
                     parent = chain;
-                    above = chain;
                     continue;
                 }
             }
@@ -627,7 +608,6 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 parent: above,
             });
             parent = self.store_block(model, hash, block, media);
-            above = parent;
         }
         self.add_stretch(stretch, media);
     }

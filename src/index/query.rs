@@ -109,6 +109,13 @@ impl Index {
         self.chain_layer().visit(chain, None, visit);
     }
 
+    /// The chain hash of chain block `chain`'s parent as the runs place it (what its
+    /// checkpoint entry keeps): 0 for a chain start, for a block without a chain (0) and
+    /// for one not here.
+    pub fn chain_parent(&self, chain: crate::hash::ChainHash) -> crate::hash::ChainHash {
+        self.inner.chains.read_recursive().parent_of(chain)
+    }
+
     /// Model `model`'s std blocks opened for many reads (`kthena` matching), or `None` when
     /// no source holds a block of it.
     pub fn std_layer(&self, model: ModelId) -> Option<LayerReader<'_>> {

@@ -833,7 +833,7 @@ fn a_warm_start_restores_chains_as_runs_with_their_parents() {
         runs, 2,
         "the chain's run, which its second event extends, and the fork's"
     );
-    // An anti-entropy pass writes the checkpoint from its walk: the same parents.
+    // A rewrite writes the checkpoint from its walk, with the parents the runs give.
     let mut walked = Vec::new();
     let mut cursor = WalkCursor::new();
     while !cursor.is_done() {
@@ -843,7 +843,8 @@ fn a_warm_start_restores_chains_as_runs_with_their_parents() {
     for entry in &walked {
         let pod = index.pod_name(entry.pod);
         let hash = entry.engine_hash.to_string();
-        assert_eq!(Some(entry.parent), parent_of(&pod, &hash), "{pod} {hash}");
+        let parent = index.chain_parent(entry.chain);
+        assert_eq!(Some(parent), parent_of(&pod, &hash), "{pod} {hash}");
     }
 
     // Restored children first (a checkpoint is read in no order): the engine hashes

@@ -75,9 +75,6 @@ pub struct WalkEntry {
     pub media: crate::medium::MediaSet,
     /// Chain hash of the block (its checkpoint entry); 0 when it has none.
     pub chain: u64,
-    /// Chain hash of the block's parent (its checkpoint entry); 0 for a chain start or
-    /// when not known.
-    pub parent: u64,
     /// The pod's field value of the block (`None` when it went away since the walk read it).
     pub field: Option<FieldValue>,
     /// Last store (or refresh) time of this source's resident of the block.
@@ -158,7 +155,6 @@ impl Index {
                     engine_hash: hash,
                     media: held.media(),
                     chain: held.chain(),
-                    parent: chains.parent_of(held.chain()),
                     field: None,
                     resident_at: None,
                 });

@@ -96,17 +96,11 @@ fn entries(index: &Index) -> Vec<(String, u8, String, kvindex::index::EngineStat
 
 /// The scores of the prompt of system prompt `s` and conversation `prompt`, whole.
 fn scores(index: &Index, s: u64, prompt: u64) -> Vec<(usize, u32)> {
-    let blocks: Vec<Vec<u32>> = (0..SYSTEM_BLOCKS)
-        .map(|i| tokens(s, i))
-        .chain((0..CONVERSATION_BLOCKS).map(|i| tokens(prompt, i)))
+    let tokens: Vec<u32> = (0..SYSTEM_BLOCKS)
+        .flat_map(|i| tokens(s, i))
+        .chain((0..CONVERSATION_BLOCKS).flat_map(|i| tokens(prompt, i)))
         .collect();
-    let mut chain = kvindex::hash::model_seed(MODEL);
-    let hashes: Vec<u64> = (blocks.iter())
-        .map(|block| {
-            chain = kvindex::hash::chain_hash(chain, block);
-            chain
-        })
-        .collect();
+    let hashes = kvindex::hash::prompt_chain_hashes(MODEL, &tokens, BLOCK, usize::MAX);
     let candidates = Candidates::new(index, &PODS);
     let weights = TierWeights::default();
     let found = score_candidates(

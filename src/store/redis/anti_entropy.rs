@@ -658,7 +658,7 @@ impl Writer {
                         media: e.media,
                         stored_at: resident_at.unwrap_or(value.stored_at),
                         chain: e.chain,
-                        parent: e.parent,
+                        parent: self.index.chain_parent(e.chain),
                     }),
                 };
                 plan.writes_n += self.push_commands(&mut plan.writes, std::iter::once(&entry));
