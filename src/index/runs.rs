@@ -15,7 +15,8 @@
 //!   and removing those later finds them) while the common case is one span per run. The
 //!   stretch of a run one event stores or removes block after block, as engines do, is one
 //!   edit of the source's spans ([`ChainRuns::add_first_copies`], [`ChainRuns::drop_copies`]).
-//! - The **locator** maps a chain hash to its node and position. A query follows a run
+//! - The **locator** maps a chain hash to its node and position (keeping the spot alone:
+//!   the hash is the run's at the spot). A query follows a run
 //!   without probing it, and counts the positions up to where the residents change in one
 //!   comparison of chain hashes, with no span scan ([`Cursor`], [`ChainRuns::repeats`]).
 //!   It also knows the chain starts, a prompt's possible first blocks, so a new prompt's
@@ -26,8 +27,9 @@
 //! source keeps the runs it holds spans in ([`HeldRuns`]), so its clear visits only those.
 
 use std::cell::Cell;
+use std::hash::BuildHasher;
 
-use hashbrown::HashMap;
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 use super::delta::FieldValue;
 use super::layer::{self, Change, DupCounts, Editor};
@@ -175,9 +177,17 @@ pub(crate) struct ChainRuns {
 }
 
 /// Chain hash → spot of every chain block, and the table of chain starts among them.
+///
+/// The table keeps spots alone, 8 bytes a slot where a map would keep the 8-byte chain hash
+/// beside each: the hash of a slot is the one its run keeps at the spot. A probe reads it
+/// for a candidate slot (mostly the block looked for, whose run the caller reads next
+/// anyway; another block's only on a 7-bit tag match), and growing the table reads it for
+/// every slot. Every method that reads hashes takes the nodes; a spot stays in the table
+/// exactly while its run keeps a position there ([`ChainRuns::release`]).
 #[derive(Debug, Default)]
 struct Locator {
-    spots: HashMap<u64, Spot>,
+    spots: HashTable<Spot>,
+    hasher: DefaultHashBuilder,
     /// The chain blocks placed with no parent here (chain starts, and blocks restored with
     /// their parent unknown), flagged in the locator ([`START`]): a prompt's first block is
     /// a chain start, so a query that misses (a new prompt) is answered from this table,
@@ -191,32 +201,56 @@ struct Locator {
     flagged: usize,
 }
 
+/// The chain hash the runs keep at `spot` (flagged or not), 0 past their end: what a
+/// locator slot is keyed by.
+fn chain_at(nodes: &[Node], spot: Spot) -> u64 {
+    let Spot { node, pos } = spot.unflagged();
+    let chain = (nodes.get(node as usize)).and_then(|n| n.chains.get(pos as usize));
+    debug_assert!(chain.is_some(), "a locator slot past its run");
+    chain.copied().unwrap_or(0)
+}
+
 impl Locator {
-    /// The spot of chain block `hash`.
-    fn spot(&self, hash: u64) -> Option<Spot> {
-        self.spots.get(&hash).map(|spot| spot.unflagged())
+    /// The slot of chain block `hash`, flagged if it is a start. Not inlined: the probe
+    /// inlined into [`ChainRuns::find`] made every call of it save more registers, though
+    /// most calls find the block beside the last one without a probe.
+    #[inline(never)]
+    fn slot(&self, hash: u64, nodes: &[Node]) -> Option<Spot> {
+        let found = (self.spots).find(self.hasher.hash_one(hash), |s| chain_at(nodes, *s) == hash);
+        found.copied()
     }
 
-    /// Puts new chain block `hash` at `spot`; a `start` is flagged and goes in the table.
-    fn insert(&mut self, hash: u64, spot: Spot, start: bool) {
+    /// The spot of chain block `hash`.
+    fn spot(&self, hash: u64, nodes: &[Node]) -> Option<Spot> {
+        self.slot(hash, nodes).map(Spot::unflagged)
+    }
+
+    /// Puts new chain block `hash`, which `nodes` keep at `spot` already; a `start` is
+    /// flagged and goes in the table.
+    fn insert(&mut self, hash: u64, spot: Spot, start: bool, nodes: &[Node]) {
+        let Locator { spots, hasher, .. } = self;
+        let slot = if start { spot.flagged() } else { spot };
+        let rehash = |s: &Spot| hasher.hash_one(chain_at(nodes, *s));
+        spots.insert_unique(hasher.hash_one(hash), slot, rehash);
         if !start {
-            self.spots.insert(hash, spot);
             return;
         }
-        self.spots.insert(hash, spot.flagged());
         self.flagged += 1;
         if let Some(starts) = &mut self.starts {
             starts.insert(hash);
         }
-        self.settle();
+        self.settle(nodes);
     }
 
-    /// Takes chain block `hash` out, and out of the starts if it is one.
-    fn remove(&mut self, hash: u64) {
-        let Some(spot) = self.spots.remove(&hash) else {
+    /// Takes chain block `hash` at `spot` out, and out of the starts if it is one. Matched
+    /// by the spot, not by the hash its run keeps there: the caller is taking the position.
+    fn remove(&mut self, hash: u64, spot: Spot) {
+        let found = (self.spots).find_entry(self.hasher.hash_one(hash), |s| s.unflagged() == spot);
+        let Ok(entry) = found else {
             return;
         };
-        if spot.is_flagged() {
+        let (slot, _) = entry.remove();
+        if slot.is_flagged() {
             self.flagged -= 1;
             if let Some(starts) = &mut self.starts {
                 starts.remove(&hash);
@@ -226,25 +260,25 @@ impl Locator {
 
     /// The spot of chain block `hash` when it is a start: one probe of the spots, none
     /// when the table of starts (while there is one) does not have it.
-    fn start_spot(&self, hash: u64) -> Option<Spot> {
+    fn start_spot(&self, hash: u64, nodes: &[Node]) -> Option<Spot> {
         if (self.starts.as_ref()).is_some_and(|starts| !starts.contains(&hash)) {
             return None;
         }
-        let spot = self.spots.get(&hash).filter(|spot| spot.is_flagged())?;
-        Some(spot.unflagged())
+        let slot = self.slot(hash, nodes).filter(|slot| slot.is_flagged())?;
+        Some(slot.unflagged())
     }
 
     /// Keeps the table of starts while they are few next to the blocks (a quarter at
     /// most, or [`FEW_STARTS`]), and builds it again from the flags once they are an
     /// eighth: apart, so an index near the line does not build it again and again.
-    fn settle(&mut self) {
-        let (flagged, blocks) = (self.flagged, self.spots.len());
+    fn settle(&mut self, nodes: &[Node]) {
+        let (flagged, blocks) = (self.flagged, self.len());
         match self.starts {
             Some(_) if flagged > FEW_STARTS && flagged * 4 > blocks => self.starts = None,
             None if flagged <= FEW_STARTS || flagged * 8 <= blocks => {
                 let starts = (self.spots.iter())
-                    .filter(|(_, spot)| spot.is_flagged())
-                    .map(|(hash, _)| *hash);
+                    .filter(|slot| slot.is_flagged())
+                    .map(|slot| chain_at(nodes, *slot));
                 self.starts = Some(starts.collect());
             }
             _ => {}
@@ -252,23 +286,29 @@ impl Locator {
     }
 
     /// Gives back memory once the tables are a quarter full or less.
-    fn shrink(&mut self) {
+    fn shrink(&mut self, nodes: &[Node]) {
         let capacity = self.spots.capacity();
         if capacity > 1024 && self.spots.len() * 4 < capacity {
-            self.spots.shrink_to_fit();
+            let hasher = &self.hasher;
+            (self.spots).shrink_to_fit(|s| hasher.hash_one(chain_at(nodes, *s)));
         }
         if let Some(starts) = &mut self.starts {
             if starts.capacity() > 1024 && starts.len() * 4 < starts.capacity() {
                 starts.shrink_to_fit();
             }
         }
-        self.settle();
+        self.settle(nodes);
+    }
+
+    /// Chain blocks in the table.
+    fn len(&self) -> usize {
+        self.spots.len()
     }
 
     /// Estimated heap bytes.
     fn heap_bytes(&self) -> usize {
         let starts = self.starts.as_ref().map_or(0, |s| s.capacity());
-        table_bytes::<u64, Spot>(self.spots.capacity()) + table_bytes::<u64, ()>(starts)
+        table_bytes::<Spot, ()>(self.spots.capacity()) + table_bytes::<u64, ()>(starts)
     }
 }
 
@@ -407,7 +447,7 @@ pub(crate) struct BlockMut<'a> {
 impl ChainRuns {
     /// Where chain block `hash` sits, whether or not anybody holds it now.
     fn spot(&self, hash: u64) -> Option<Spot> {
-        self.locator.spot(hash)
+        self.locator.spot(hash, &self.nodes)
     }
 
     fn open(&mut self, spot: Spot) -> BlockMut<'_> {
@@ -488,7 +528,8 @@ impl ChainRuns {
             None => self.new_node(),
         };
         let spot = self.append(node, hash, std);
-        self.locator.insert(hash, spot, after.is_none());
+        self.locator
+            .insert(hash, spot, after.is_none(), &self.nodes);
         self.last = Some((hash, spot));
         spot
     }
@@ -515,7 +556,7 @@ impl ChainRuns {
         if pos == 0 {
             return node.parent;
         }
-        let start = (self.locator.spots.get(&chain)).is_some_and(|spot| spot.is_flagged());
+        let start = (self.locator.slot(chain, &self.nodes)).is_some_and(|slot| slot.is_flagged());
         if start {
             0
         } else {
@@ -601,8 +642,8 @@ impl ChainRuns {
     fn release(&mut self, id: u32) {
         let node = &mut self.nodes[id as usize];
         if node.spans.is_empty() {
-            for hash in node.chains.drain(..) {
-                self.locator.remove(hash);
+            for (pos, hash) in node.chains.drain(..).enumerate() {
+                self.locator.remove(hash, Spot::from_parts(id, pos as u32));
             }
             *node = Node::default();
             self.free.push(id);
@@ -617,7 +658,8 @@ impl ChainRuns {
             }
             node.chains.pop();
             node.stds.pop();
-            self.locator.remove(last);
+            let pos = node.chains.len() as u32;
+            self.locator.remove(last, Spot::from_parts(id, pos));
         }
     }
 
@@ -812,7 +854,7 @@ impl ChainRuns {
     /// block always is one, and a block that is no chain block here is answered by the
     /// small table of starts alone.
     pub(crate) fn starts_held(&self, key: u64) -> bool {
-        (self.locator.start_spot(key))
+        (self.locator.start_spot(key, &self.nodes))
             .is_some_and(|spot| self.nodes[spot.node as usize].held(spot.pos as u16))
     }
 
@@ -898,7 +940,7 @@ impl ChainRuns {
     /// Chain blocks with a position in a run (held, or kept before a held one).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.locator.spots.len()
+        self.locator.len()
     }
 
     /// Slots of the locator, for tests of memory given back.
@@ -944,7 +986,7 @@ impl ChainRuns {
 
     /// Gives back memory once the locator is a quarter full or less.
     pub(crate) fn shrink(&mut self) {
-        self.locator.shrink();
+        self.locator.shrink(&self.nodes);
         if self.free.len() > 1024 && self.free.len() * 2 > self.nodes.len() {
             // Trailing free nodes go; ids of the rest stay as they are.
             let mut top = self.nodes.len();
@@ -1372,6 +1414,7 @@ impl ResidentSet for BlockMut<'_> {
 mod tests {
     use super::*;
     use crate::medium::Medium;
+    use hashbrown::HashMap;
 
     fn who(pod: u32, now: u32) -> Editor {
         Editor {
@@ -1572,7 +1615,10 @@ mod tests {
                 "a position without its std"
             );
             for (pos, hash) in node.chains.iter().enumerate() {
-                let spot = runs.locator.spot(*hash).map(|s| (s.node, s.pos));
+                let spot = runs
+                    .locator
+                    .spot(*hash, &runs.nodes)
+                    .map(|s| (s.node, s.pos));
                 let here = runs.nodes.iter().position(|n| std::ptr::eq(n, node));
                 assert_eq!(
                     spot,
@@ -1596,8 +1642,8 @@ mod tests {
         }
         let locator = &runs.locator;
         let flagged: Vec<u64> = (locator.spots.iter())
-            .filter(|(_, spot)| spot.is_flagged())
-            .map(|(hash, _)| *hash)
+            .filter(|slot| slot.is_flagged())
+            .map(|slot| chain_at(&runs.nodes, *slot))
             .collect();
         assert_eq!(locator.flagged, flagged.len(), "starts miscounted");
         if let Some(starts) = &locator.starts {
@@ -1608,7 +1654,8 @@ mod tests {
             );
         }
         let mut all = Vec::new();
-        for (key, spot) in &runs.locator.spots {
+        for spot in &runs.locator.spots {
+            let key = &chain_at(&runs.nodes, *spot);
             let node = &runs.nodes[spot.node as usize];
             let residents: Vec<Resident> = node
                 .residents_at(spot.unflagged().pos as u16)
@@ -1644,36 +1691,84 @@ mod tests {
 
     #[test]
     fn the_table_of_starts_is_kept_only_while_starts_are_few() {
-        let mut locator = Locator::default();
+        let starts = FEW_STARTS as u64 + 1;
+        // Block `i` (chain hash `i + 1`) at position `i % 256` of node `i / 256`.
+        let nodes: Vec<Node> = (0..starts * 8)
+            .collect::<Vec<u64>>()
+            .chunks(256)
+            .map(|ids| Node {
+                chains: ids.iter().map(|i| i + 1).collect(),
+                ..Node::default()
+            })
+            .collect();
         let spot = |i: u64| Spot {
             node: (i / 256) as u32,
             pos: (i % 256) as u32,
         };
-        let starts = FEW_STARTS as u64 + 1;
+        let mut locator = Locator::default();
         for i in 0..starts {
-            locator.insert(i, spot(i), true);
+            locator.insert(i + 1, spot(i), true, &nodes);
         }
         // Every block a start: a table would be a second locator.
         assert!(locator.starts.is_none());
-        let known = |l: &Locator, i: u64| l.start_spot(i) == Some(spot(i));
+        let known = |l: &Locator, i: u64| l.start_spot(i + 1, &nodes) == Some(spot(i));
         assert!((0..starts).all(|i| known(&locator, i)));
         // Blocks inside chains until starts are an eighth: the table is built again.
         for i in starts..starts * 8 {
-            locator.insert(i, spot(i), false);
+            locator.insert(i + 1, spot(i), false, &nodes);
         }
-        locator.shrink();
+        locator.shrink(&nodes);
         assert_eq!(
             locator.starts.as_ref().map(|s| s.len()),
             Some(starts as usize)
         );
         assert!((0..starts).all(|i| known(&locator, i)));
-        assert!(locator.start_spot(starts).is_none() && locator.spot(starts) == Some(spot(starts)));
+        let inside = starts + 1;
+        assert!(locator.start_spot(inside, &nodes).is_none());
+        assert_eq!(locator.spot(inside, &nodes), Some(spot(starts)));
         for i in 0..starts {
-            locator.remove(i);
+            locator.remove(i + 1, spot(i));
         }
         assert_eq!(locator.flagged, 0);
         assert_eq!(locator.starts.as_ref().map(|s| s.len()), Some(0));
-        assert!(locator.start_spot(0).is_none() && locator.spot(0).is_none());
+        assert!(locator.start_spot(1, &nodes).is_none() && locator.spot(1, &nodes).is_none());
+        assert_eq!(locator.len(), (starts * 7) as usize);
+    }
+
+    #[test]
+    fn the_locator_finds_blocks_by_the_hash_their_run_keeps_as_the_table_grows_and_shrinks() {
+        // Enough blocks to grow the table many times, then most taken out and the table
+        // shrunk: every block left is found at its spot, every one taken out is not.
+        let blocks = 20_000u64;
+        let nodes: Vec<Node> = (0..blocks)
+            .collect::<Vec<u64>>()
+            .chunks(MAX_RUN)
+            .map(|ids| Node {
+                chains: ids.iter().map(|i| crate::hash::mix64(i + 1)).collect(),
+                ..Node::default()
+            })
+            .collect();
+        let spot =
+            |i: u64| Spot::from_parts((i / MAX_RUN as u64) as u32, (i % MAX_RUN as u64) as u32);
+        let chain = |i: u64| crate::hash::mix64(i + 1);
+        let mut locator = Locator::default();
+        for i in 0..blocks {
+            locator.insert(chain(i), spot(i), i % 100 == 0, &nodes);
+        }
+        assert!((0..blocks).all(|i| locator.spot(chain(i), &nodes) == Some(spot(i))));
+        let before = locator.heap_bytes();
+        for i in (0..blocks).filter(|i| i % 10 != 0) {
+            locator.remove(chain(i), spot(i));
+        }
+        locator.shrink(&nodes);
+        assert!(locator.heap_bytes() < before / 4, "memory given back");
+        for i in 0..blocks {
+            let expected = (i % 10 == 0).then(|| spot(i));
+            assert_eq!(locator.spot(chain(i), &nodes), expected, "block {i}");
+        }
+        assert_eq!(locator.flagged, 200);
+        // A hash no run keeps is not found, whatever slot its probe meets.
+        assert!((blocks..blocks * 2).all(|i| locator.spot(chain(i), &nodes).is_none()));
     }
 
     proptest::proptest! {
