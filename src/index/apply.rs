@@ -135,7 +135,8 @@ impl Index {
     /// [`Self::restore_block`] does each, parents before children (a checkpoint is read in
     /// no order): a chain block restored after its parent goes right after it, so restored
     /// chains are runs again, followed by a query without a probe per block. Returns the
-    /// number of blocks restored.
+    /// number of blocks restored: not those without a medium, nor any past the source's
+    /// cap of distinct models.
     ///
     /// # Errors
     /// [`IndexError::UnknownSource`] when `source` is not registered.
@@ -150,19 +151,24 @@ impl Index {
         let model = if *self.inner.models.name(source.base_model) == *model {
             Some(source.base_model)
         } else {
-            // Past the source's cap of distinct models the blocks are not restored (counted
-            // by the caller as not rebuilt); the engine stores them again if it holds them.
+            // Past the source's cap of distinct models the blocks are not restored (nor
+            // counted as restored); the engine stores them again if it holds them.
             source.lora_model(model).map(|(id, _)| id)
         };
+        let mut restored = 0;
         if let Some(model) = model {
             let (order, continued) = parents_first(blocks);
+            let mut sink = super::Discard;
+            // One mutation for the key (its counts merged once, the model's block map looked
+            // up once), each block with its own store time; the runs are locked per block,
+            // as per event when applying, so queries wait for one block at most.
+            let mut mutation = Mutation::new(self, &mut source, &mut sink, 0);
             for i in order {
                 let (hash, state) = &blocks[i];
                 if state.media.is_empty() {
                     continue;
                 }
-                let mut sink = super::Discard;
-                let mut mutation = Mutation::new(self, &mut source, &mut sink, state.stored_at);
+                mutation.now = state.stored_at;
                 // A block another one names as its parent goes with its continuation, in a
                 // run of its own; any other one without a parent here joins the open run,
                 // as a chain start stored alone does.
@@ -176,10 +182,12 @@ impl Index {
                     parent: state.parent,
                 };
                 mutation.store_block(model, hash, Some(block), state.media);
+                mutation.chains = None;
+                restored += 1;
             }
         }
         source.settle(false);
-        Ok(blocks.len())
+        Ok(restored)
     }
 
     /// Drops every block of `source` (engine restart, unfillable gap), keeping it registered.

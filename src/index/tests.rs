@@ -735,6 +735,15 @@ fn a_prompt_is_answered_from_a_chain_start_and_the_starts_follow_the_runs() {
         .restore_block(b, "m", &BlockHash::Int(7), restored)
         .unwrap();
     assert_eq!(starts(), [(true, true), (true, false), (true, true)]);
+    // An entry without a medium restores nothing, and is not counted as restored.
+    let empty = EngineState {
+        media: crate::medium::MediaSet::EMPTY,
+        chain: 78,
+        ..restored
+    };
+    let restored_none = index.restore_blocks(b, "m", &[(BlockHash::Int(8), empty)]);
+    assert_eq!(restored_none, Ok(0));
+    assert!(index.chain_parent(78) == 0 && index.chain_entries() == 3);
     // Blocks that leave the runs leave the starts.
     let gone = [removed(&[1, 2], "GPU")];
     index

@@ -199,15 +199,11 @@ fn count_matches<L: Lookup>(
             if t.matched == at {
                 t.matched = at + 1;
                 t.base = t.sum;
-                t.best = owner.weight;
-                t.sum = t.base + owner.weight;
-                t.fractional |= owner.weight != 1.0;
+                t.weigh(owner.weight);
                 matching.push(owner.candidate as u32);
             } else if t.matched == at + 1 && owner.weight > t.best {
                 // Matched earlier in this same block (another DP rank): keep the best.
-                t.best = owner.weight;
-                t.sum = t.base + owner.weight;
-                t.fractional |= owner.weight != 1.0;
+                t.weigh(owner.weight);
             }
         });
         match answer {
@@ -253,6 +249,13 @@ struct Fast {
 }
 
 impl Fast {
+    /// Counts the block matched last with weight `weight` (its best so far).
+    fn weigh(&mut self, weight: f64) {
+        self.best = weight;
+        self.sum = self.base + weight;
+        self.fractional |= weight != 1.0;
+    }
+
     /// Before block `at`: a pod that matched the block before a run of `repeats` repeated
     /// blocks matched the whole run, which is counted now.
     fn settle_run(&mut self, repeats: u32, at: u32) {
