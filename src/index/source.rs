@@ -104,10 +104,13 @@ pub(crate) fn twin_of(hash: &BlockHash) -> BlockHash {
 }
 
 /// A base-model block found through its spot in the chain runs, which keep its chain and
-/// std hashes: 8 bytes. Word 0 holds the node (31 bits) and the "sent as negative" flag,
-/// word 1 the position (8 bits) and the media (24 bits).
+/// std hashes: 8 bytes. Word 0 (the low half) holds the node (31 bits) and the "sent as
+/// negative" flag, word 1 the position (8 bits) and the media (24 bits). One `u64`, as is
+/// [`IntKey`], so a new bucket is written as two 8-byte stores of registers: as two
+/// `[u32; 2]` the pair was copied through the stack, and the 16-byte load of two 8-byte
+/// stores waited for them to reach the cache, behind the bucket's own cache miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct RunSlot([u32; 2]);
+struct RunSlot(u64);
 
 const RUN_NEG: u32 = 1 << 31;
 const _: () = assert!(MEDIA_SLOTS <= 24 && super::runs::MAX_RUN <= 256);
@@ -120,23 +123,35 @@ impl RunSlot {
             return None;
         }
         let sign = if negative { RUN_NEG } else { 0 };
-        Some(RunSlot([node | sign, pos | (media.bits() << 8)]))
+        Some(RunSlot::of_words(node | sign, pos | (media.bits() << 8)))
+    }
+
+    fn of_words(word0: u32, word1: u32) -> RunSlot {
+        RunSlot(u64::from(word0) | (u64::from(word1) << 32))
+    }
+
+    fn word0(self) -> u32 {
+        self.0 as u32
+    }
+
+    fn word1(self) -> u32 {
+        (self.0 >> 32) as u32
     }
 
     fn spot(self) -> Spot {
-        Spot::from_parts(self.0[0] & !RUN_NEG, self.0[1] & 0xff)
+        Spot::from_parts(self.word0() & !RUN_NEG, self.word1() & 0xff)
     }
 
     fn negative(self) -> bool {
-        self.0[0] & RUN_NEG != 0
+        self.word0() & RUN_NEG != 0
     }
 
     fn media(self) -> MediaSet {
-        MediaSet::from_bits(self.0[1] >> 8)
+        MediaSet::from_bits(self.word1() >> 8)
     }
 
     fn set_media(&mut self, media: MediaSet) {
-        self.0[1] = (self.0[1] & 0xff) | (media.bits() << 8);
+        *self = RunSlot::of_words(self.word0(), (self.word1() & 0xff) | (media.bits() << 8));
     }
 
     /// The whole slot, with the hashes the runs keep at its spot. `None` only if the runs
@@ -198,9 +213,9 @@ impl HeldSlot {
     }
 }
 
-/// An integer engine hash's 64 bits, split so map buckets pack to 4-byte alignment.
+/// An integer engine hash's 64 bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct IntKey([u32; 2]);
+struct IntKey(u64);
 
 /// Hashed as the one `u64` it is: a derived hash would hash an array (a length, then bytes),
 /// three times the hasher's work, and every stored or removed block probes its source's
@@ -213,11 +228,11 @@ impl Hash for IntKey {
 
 impl IntKey {
     fn new(bits: u64) -> IntKey {
-        IntKey([bits as u32, (bits >> 32) as u32])
+        IntKey(bits)
     }
 
     fn bits(&self) -> u64 {
-        (u64::from(self.0[1]) << 32) | u64::from(self.0[0])
+        self.0
     }
 }
 
@@ -349,7 +364,9 @@ impl<K: Hash + Eq> Slots<K> {
     /// Puts a run slot under `key` if it holds nothing (in either map), with `media` at the
     /// spot `place` gives, or whole when the spot is past what a run slot names: one probe
     /// finds whether the key is held and where its slot goes. Returns `place`'s answer, or
-    /// `None`, with nothing called or changed, when the key is held.
+    /// `None`, with nothing called or changed, when the key is held. Inlined, as
+    /// [`SourceState::put_new`] is, for `place`'s sake.
+    #[inline(always)]
     fn put_new<'q, Q>(
         &mut self,
         key: &'q Q,
@@ -707,7 +724,10 @@ impl SourceState {
     /// in the runs (and the std hash it keeps there), on `media`, if the source holds
     /// nothing under its key (either sign); gives `place`'s answer, or `None`, with
     /// nothing called or changed, when it holds the key. One probe of the source's map
-    /// where a lookup and then a [`Self::put`] would take two.
+    /// where a lookup and then a [`Self::put`] would take two. Inlined into its caller, so
+    /// `place` runs in the caller's frame: out of line, its captures went through a 16-byte
+    /// copy of two 8-byte stores, which stalled on every new block (perf, `profile-store8`).
+    #[inline(always)]
     pub(crate) fn put_new(
         &mut self,
         hash: &BlockHash,

@@ -21,13 +21,15 @@
 //! a conversation of system prompt B) the chain truth (what a pod can reuse) and the
 //! content-only truth (kthena's std hash semantics).
 //!
-//! Run: `cd benches/peers/dynamo && cargo run --release` (about a minute on 2 cores).
+//! Run: `cd benches/peers/dynamo && cargo run --release` (about a minute on 2 cores). The
+//! process keeps the pages glibc's malloc gets (see [`keep_pages`]); `PEER_MALLOC=default`
+//! measures with glibc's defaults instead.
 //!
 //! For a profiler (`perf record`, `valgrind --tool=callgrind`), one part of kvindex's
 //! `prefix`-only side alone: `profile` (every edit), `profile-store1`, `profile-store8`,
-//! `profile-remove` (each phase's best apply time is printed; with `PROFILE_STD=1`, on the
-//! default index with kthena's std layer; with `PROFILE_PEER=radix`, on Dynamo's RadixTree,
-//! the yardstick), or `profile-query-full`,
+//! `profile-remove` (each phase's best apply time and its page faults are printed; with
+//! `PROFILE_STD=1`, on the default index with kthena's std layer; with
+//! `PROFILE_PEER=radix`, on Dynamo's RadixTree, the yardstick), or `profile-query-full`,
 //! `-half`, `-miss`, `-mixed` (one query kind after the 8-block stores, its p50 and p99, and
 //! the p50 and p99 of each prompt's fastest of 30 queries in a row: the spread of the work
 //! itself, without the cache's).
@@ -941,7 +943,41 @@ fn mismatches(
     (wrong, checks)
 }
 
+/// Keeps the pages glibc's malloc has in the process (no trimming, no per-allocation maps
+/// below 32 MiB), unless `PEER_MALLOC=default`: each figure is the best of fresh builds in one
+/// process, and with glibc's defaults a peer that frees few large tables (kvindex's maps) gets
+/// them back from the kernel as new pages, faulted in again on every build (~4,000 faults a
+/// build of the 8-block stores, 15–20 % of its time), while one that frees many small nodes
+/// (the trees) keeps them in the heap and builds on them without a fault. Kept pages put the
+/// peers on one footing: what a daemon past its first minutes runs on.
+fn keep_pages() {
+    if std::env::var("PEER_MALLOC").is_ok_and(|m| m == "default") {
+        println!("malloc: glibc defaults (PEER_MALLOC=default)");
+        return;
+    }
+    // SAFETY: `mallopt` only sets malloc parameters; called before other threads start.
+    let kept = unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1
+            && libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX) == 1
+    };
+    if !kept {
+        println!("malloc: parameters refused, glibc defaults");
+    }
+}
+
+/// Minor page faults of the process so far.
+fn page_faults() -> i64 {
+    // SAFETY: `getrusage` fills the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    usage.ru_minflt
+}
+
 fn main() {
+    keep_pages();
     let mut rng = fastrand::Rng::with_seed(SEED);
     let mut w = Workload::new(&mut rng);
     let stores_8 = w.stores(&mut fastrand::Rng::with_seed(SEED + 1), 8);
@@ -1007,14 +1043,18 @@ fn main() {
         };
         let kinds = peer_kinds();
         let make = &kinds[kind];
-        let mut best = vec![Duration::MAX; phases.len()];
+        let mut best = vec![(Duration::MAX, 0); phases.len()];
         for _ in 0..RUNS {
             let mut peer = make();
             for (ops, best) in phases.iter().zip(&mut best) {
-                *best = (*best).min(peer.apply(ops, &w, true).1);
+                let faults = page_faults();
+                let took = peer.apply(ops, &w, true).1;
+                *best = (*best).min((took, page_faults() - faults));
             }
         }
-        let best: Vec<String> = best.iter().map(|d| format!("{d:.1?}")).collect();
+        let best: Vec<String> = (best.iter())
+            .map(|(took, faults)| format!("{took:.1?} ({faults} page faults)"))
+            .collect();
         println!(
             "{} apply, best of {RUNS} per phase: {}",
             make().name(),
