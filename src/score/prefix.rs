@@ -278,7 +278,7 @@ impl Fast {
             self.sum += f64::from(blocks);
             return;
         }
-        self.fractional |= self.best != 1.0;
+        // (`best` came in through `weigh`, which set `fractional` if it is not 1.0.)
         for _ in 0..blocks {
             self.base = self.sum;
             self.sum += self.best;
