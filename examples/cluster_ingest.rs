@@ -26,6 +26,10 @@ use kvindex::medium::{Medium, TierWeights};
 use kvindex::store::redis::{MirrorHandle, RedisConfig, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
+// The daemon's allocator (jemalloc by default), so the figures are the daemon's.
+#[global_allocator]
+static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+
 const BLOCK_SIZE: u32 = 16;
 
 /// A single node or a cluster node (`--cluster-enabled`), its files in `dir`.

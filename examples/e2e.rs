@@ -13,6 +13,10 @@ use kvindex::ingest::fixture;
 use kvindex::ingest::replay_client::ReplayLimits;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
+// The daemon's allocator (jemalloc by default), so the figures are the daemon's.
+#[global_allocator]
+static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+
 fn proc_figures() -> (f64, u64) {
     // (user+system CPU seconds, RSS KiB) of this process.
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();

@@ -16,6 +16,10 @@ use kvindex::medium::{Medium, TierWeights};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 use tokio_util::sync::CancellationToken;
 
+// The daemon's allocator (jemalloc by default), so the figures are the daemon's.
+#[global_allocator]
+static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+
 const PODS: u32 = 4;
 const BLOCK_SIZE: u32 = 16;
 const BLOCKS_PER_EVENT: u32 = 64;

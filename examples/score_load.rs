@@ -19,6 +19,10 @@ use kvindex::medium::{Medium, TierWeights};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 use tokio_util::sync::CancellationToken;
 
+// The daemon's allocator (jemalloc by default), so the figures are the daemon's.
+#[global_allocator]
+static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+
 const PODS: u32 = 64;
 const HOLDERS: u32 = 4;
 const BLOCK_SIZE: u32 = 16;

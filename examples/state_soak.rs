@@ -39,6 +39,10 @@ use measure::{messages_seen, rss_mib, strip};
 use redis_server::RedisServer;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
+// The daemon's allocator (jemalloc by default), so the figures are the daemon's.
+#[global_allocator]
+static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+
 const POD: &str = "soak.default";
 
 struct Args {

@@ -20,6 +20,10 @@ use kvindex::store::redis::checkpoint;
 use kvindex::store::redis::{MirrorHandle, RedisConfig, RedisConn, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
+// The daemon's allocator (jemalloc by default), so the figures are the daemon's.
+#[global_allocator]
+static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+
 const BLOCKS_PER_EVENT: u64 = 8;
 const MODEL: &str = "warm-model";
 const BLOCK_SIZE: u32 = 16;

@@ -1187,4 +1187,9 @@ fn print_table(c: &[Column], q: &QuerySets) {
         "events refused: RadixTree {}, CRTC {}, kvindex prefix-only {}, kvindex {}",
         radix.refused, crtc.refused, kv.refused, kv_std.refused
     );
+    println!(
+        "no hashing: Dynamo's events carry content hashes computed before the clock (its \
+         publisher hashes on the engine's side); kvindex's carry tokens, as vLLM and SGLang \
+         send them, and it computes chain hashes in both store rows"
+    );
 }
