@@ -151,7 +151,8 @@ async fn main() -> std::io::Result<()> {
     ];
     println!(
         "POST /v1/score, {PODS} candidate pods ({HOLDERS} hold the prompt), match {mode}, \
-         wrk -t2 -c32 -d{seconds}s"
+         wrk -t2 -c32 -d{seconds}s, allocator {}",
+        kvindex::allocator::NAME
     );
     let mut figures = Vec::new();
     for (name, body) in &cases {
