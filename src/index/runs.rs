@@ -1784,7 +1784,6 @@ mod tests {
         /// Runs hold exactly what a block map of the same edits holds, block by block, and
         /// answer every edit the same (the layer rules are shared; only the storage differs).
         #[test]
-    #[test]
         fn runs_hold_what_a_block_map_holds(ops in proptest::collection::vec(gen_op(), 1..120)) {
             let map = layer::LayerMap::<u64>::default();
             let mut runs = ChainRuns::default();
