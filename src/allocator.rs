@@ -1,6 +1,7 @@
 //! The global allocator the `kvindex` binary installs, chosen at build time by cargo feature
 //! (issue 14, item 5). It lives in the library so that the binary, the memory benches and the
-//! soak examples install the same one; the library itself installs none.
+//! examples that measure the daemon in process (soaks, load and warm-start figures) install
+//! the same one; the library itself installs none.
 //!
 //! - `jemalloc` (default): `tikv-jemallocator`, with [`JEMALLOC_CONF`] built in. In a churn
 //!   soak with Redis it kept RSS at 35–57 MiB over a 21–42 MiB live heap for ten minutes,
