@@ -207,28 +207,9 @@ impl HeldSlot {
     }
 }
 
-/// An integer engine hash's 64 bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An integer engine hash's 64 bits (hashed as the one `u64` it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct IntKey(u64);
-
-/// Hashed as the one `u64` it is: a derived hash would hash an array (a length, then bytes),
-/// three times the hasher's work, and every stored or removed block probes its source's
-/// map up to three times.
-impl Hash for IntKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.bits());
-    }
-}
-
-impl IntKey {
-    fn new(bits: u64) -> IntKey {
-        IntKey(bits)
-    }
-
-    fn bits(&self) -> u64 {
-        self.0
-    }
-}
 
 /// What a map inserting under a borrowed key needs (hashbrown's `entry_ref`).
 impl From<&IntKey> for IntKey {
@@ -245,8 +226,8 @@ enum Key<'a> {
 
 fn key_of(hash: &BlockHash) -> Key<'_> {
     match hash {
-        BlockHash::Int(v) => Key::Int(IntKey::new(*v), false),
-        BlockHash::Neg(v) => Key::Int(IntKey::new(*v as u64), true),
+        BlockHash::Int(v) => Key::Int(IntKey(*v), false),
+        BlockHash::Neg(v) => Key::Int(IntKey(*v as u64), true),
         BlockHash::Bytes(b) => Key::Bytes(b),
     }
 }
@@ -839,8 +820,8 @@ impl SourceState {
         keep_bytes: impl Fn(&[u8]) -> bool + Copy + 'a,
     ) -> impl Iterator<Item = (BlockHash, HeldSlot)> + 'a {
         let base = self.base_model;
-        let ints = (self.ints.iter(base, runs, move |key| keep_int(key.bits())))
-            .map(|(key, held)| (int_hash(key.bits(), held.negative()), held));
+        let ints = (self.ints.iter(base, runs, move |key| keep_int(key.0)))
+            .map(|(key, held)| (int_hash(key.0, held.negative()), held));
         let bytes = (self.bytes.iter(base, runs, move |key| keep_bytes(key)))
             .map(|(key, held)| (BlockHash::Bytes(key.clone()), held));
         ints.chain(bytes)
