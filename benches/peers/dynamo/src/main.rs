@@ -32,7 +32,10 @@
 //! `PROFILE_PEER=radix`, on Dynamo's RadixTree, the yardstick), or `profile-query-full`,
 //! `-half`, `-miss`, `-mixed` (one query kind after the 8-block stores, its p50 and p99, and
 //! the p50 and p99 of each prompt's fastest of 30 queries in a row: the spread of the work
-//! itself, without the cache's).
+//! itself, without the cache's; `PROFILE_PEER=crtc` or `radix` queries Dynamo's index
+//! instead: in callgrind, toggle `*find_matches_impl*` or `*RadixTree::find_matches*`).
+//! In callgrind, RadixTree's edits are `*apply_event_with_counters*` (`apply_event` only
+//! jumps there, and a toggle on it collects nothing).
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -729,14 +732,28 @@ const WARM_REPEATS: usize = 30;
 /// p50 and p99 over `prompts` of each prompt's fastest of [`WARM_REPEATS`] queries in a
 /// row: the query's own work with its data in cache, apart from what the cache costs.
 fn warm_latency(peer: &dyn Peer, prompts: &[Vec<usize>], w: &Workload) -> Latency {
-    let mut fastest: Vec<Duration> = (prompts.iter())
-        .filter_map(|p| (0..WARM_REPEATS).map(|_| peer.query_time(p, w)).min())
-        .collect();
-    fastest.sort();
-    Latency {
-        p50: percentile(&fastest, 0.5),
-        p99: percentile(&fastest, 0.99),
+    warm_latencies(&[peer], prompts, w).remove(0)
+}
+
+/// [`warm_latency`] of each peer, the peers taking turns prompt after prompt, so a drift of
+/// the machine's speed (a shared host's) weighs on each alike.
+fn warm_latencies(peers: &[&dyn Peer], prompts: &[Vec<usize>], w: &Workload) -> Vec<Latency> {
+    let mut fastest = vec![Vec::with_capacity(prompts.len()); peers.len()];
+    for p in prompts {
+        for (peer, fastest) in peers.iter().zip(&mut fastest) {
+            let best = (0..WARM_REPEATS).map(|_| peer.query_time(p, w)).min();
+            fastest.extend(best);
+        }
     }
+    (fastest.into_iter())
+        .map(|mut fastest| {
+            fastest.sort();
+            Latency {
+                p50: percentile(&fastest, 0.5),
+                p99: percentile(&fastest, 0.99),
+            }
+        })
+        .collect()
 }
 
 /// p50 and p99 of `prompts` queried `RUNS` times on each peer, the peers taking turns run
@@ -860,6 +877,9 @@ fn measure(makes: &[&MakePeer], w: &Workload, phases: &Phases, queries: &QuerySe
     let mut by_set: Vec<_> = (queries.sets.iter())
         .map(|set| latencies(&views, set, w).into_iter())
         .collect();
+    let mut warm_by_set: Vec<_> = (queries.sets.iter())
+        .map(|set| warm_latencies(&views, set, w).into_iter())
+        .collect();
     (0..makes.len())
         .map(|i| Column {
             store_1: store_1[i].0,
@@ -869,9 +889,7 @@ fn measure(makes: &[&MakePeer], w: &Workload, phases: &Phases, queries: &QuerySe
             clear: clear[i].0,
             bytes_per_entry: bytes_per_entry[i],
             queries: by_set.iter_mut().filter_map(Iterator::next).collect(),
-            warm: (queries.sets.iter())
-                .map(|set| warm_latency(views[i], set, w))
-                .collect(),
+            warm: warm_by_set.iter_mut().filter_map(Iterator::next).collect(),
             refused: store_1[i].1 + store_8[i].1 + remove[i].1 + clear[i].1,
         })
         .collect()
@@ -1012,15 +1030,23 @@ fn main() {
             .position(|n| n.starts_with(kind.as_str()))
     }) {
         // One query kind on kvindex's `prefix`-only index after the 8-block stores, for a
-        // profiler; prints the kind's latency.
-        let mut peer = Kvindex::prefix_only();
+        // profiler; prints the kind's latency. `PROFILE_PEER=crtc` (or `radix`) queries
+        // Dynamo's index instead.
+        let mut peer: Box<dyn Peer> = match std::env::var("PROFILE_PEER").as_deref() {
+            Ok("crtc") => Box::new(Crtc::new()),
+            Ok("radix") => Box::new(Dynamo {
+                tree: RadixTree::new(),
+            }),
+            _ => Box::new(Kvindex::prefix_only()),
+        };
         peer.apply(&stores_8, &w, true);
-        let l = latency(&peer, &queries.sets[set], &w);
+        let peer = &*peer;
+        let l = latency(peer, &queries.sets[set], &w);
         println!(
             "{}: p50 {:.3} µs, p99 {:.3} µs",
             queries.names[set], l.p50, l.p99
         );
-        let warm = warm_latency(&peer, &queries.sets[set], &w);
+        let warm = warm_latency(peer, &queries.sets[set], &w);
         println!(
             "each prompt's fastest of {WARM_REPEATS} in a row: p50 {:.3} µs, p99 {:.3} µs",
             warm.p50, warm.p99
@@ -1033,7 +1059,8 @@ fn main() {
         // Each phase's best apply time over the runs, for comparing builds.
         // `PROFILE_STD=1` profiles the default index, with the std layer, instead.
         // `PROFILE_PEER=radix` profiles Dynamo's RadixTree on the same phases (the yardstick:
-        // toggle `*RadixTree::apply_event` in callgrind; its hashing is done outside it).
+        // toggle `*apply_event_with_counters*` and `*compute_block_hash_for_seq*` in
+        // callgrind: its hashing is done outside its apply).
         let kind = if std::env::var("PROFILE_PEER").is_ok_and(|p| p == "radix") {
             RADIX
         } else if std::env::var_os("PROFILE_STD").is_some() {
