@@ -482,7 +482,12 @@ impl ChainRuns {
     }
 
     /// The spot of chain block `hash` and the std hash its run keeps, in one lookup; a new
-    /// block is placed as [`Self::place`] does, its std hash `content()`.
+    /// block is placed as [`Self::place`] does, its std hash `content()`. Inlined into the
+    /// store's loop (its one caller there): out of line, its prologue and epilogue were ~24
+    /// instructions a block and its spills a tenth of the store's data accesses (callgrind,
+    /// `profile-store8`: 2,077.6 M instructions → 1,942.2 M, data refs 816 M → 730 M,
+    /// simulated cache misses equal).
+    #[inline(always)]
     pub(crate) fn find_or_place(
         &mut self,
         hash: u64,
