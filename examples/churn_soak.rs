@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
 use kvindex::index::Index;
@@ -27,6 +28,8 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 #[path = "common/churn.rs"]
 mod churn;
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "../benches/common/counting_alloc.rs"]
 mod counting_alloc;
 // `swap_mib` serves the `index_scale` bench.
@@ -37,33 +40,27 @@ mod measure;
 use churn::{message, Rng};
 use measure::{messages_seen, rss_mib, strip};
 
+/// A bounded churn soak of `kvindex serve`: RSS against the index's heap, then the diff
+/// against an offline replay.
+#[derive(Parser)]
 struct Args {
+    /// Seconds the publisher sends for.
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = cli::secs)]
     duration: Duration,
+    /// Seconds between two samples.
+    #[arg(
+        long = "sample-secs",
+        value_name = "SECONDS",
+        default_value = "10",
+        value_parser = cli::secs,
+    )]
     sample: Duration,
+    /// A Redis URL: the mirror runs too.
+    #[arg(long)]
     redis: Option<String>,
     /// Set in the publisher child: where it records the stream it sends.
+    #[arg(long, hide = true)]
     publish_to: Option<std::path::PathBuf>,
-}
-
-fn args() -> Args {
-    let mut a = Args {
-        duration: Duration::from_secs(60),
-        sample: Duration::from_secs(10),
-        redis: None,
-        publish_to: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().unwrap_or_default();
-        match flag.as_str() {
-            "--duration" => a.duration = Duration::from_secs(value.parse().unwrap_or(60)),
-            "--sample-secs" => a.sample = Duration::from_secs(value.parse().unwrap_or(10)),
-            "--redis" => a.redis = Some(value),
-            "--publish-to" => a.publish_to = Some(value.into()),
-            _ => eprintln!("ignored argument {flag}"),
-        }
-    }
-    a
 }
 
 /// One row of the curve: messages sent and seen by the daemon (the difference waits in ZMQ),
@@ -87,7 +84,7 @@ fn sample(daemon: &Daemon, t: String, seq: u64) {
 
 #[tokio::main]
 async fn main() {
-    let a = args();
+    let a = Args::parse();
     if let Some(recording) = a.publish_to.clone() {
         publish(&a, &recording).await;
         return;

@@ -21,6 +21,7 @@ mod redis_server;
 
 use redis_server::{free_port, RedisServer};
 
+use clap::Parser;
 use kvindex::index::{Delta, Index, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::store::redis::{MirrorHandle, RedisConfig, RedisTarget};
@@ -100,11 +101,18 @@ fn event(first_hash: u64, blocks: u64) -> Event {
     ))
 }
 
-/// Blocks per second of `blocks` fresh blocks in `per_event`-block events through the mirror.
-async fn ingest(target: RedisTarget, blocks: u64, per_event: u64, salt: u64) -> f64 {
+/// Blocks per second of `blocks` fresh blocks in `per_event`-block events through the mirror;
+/// `flush_max` is `redis.flush_max_commands`.
+async fn ingest(
+    target: RedisTarget,
+    blocks: u64,
+    per_event: u64,
+    salt: u64,
+    flush_max: usize,
+) -> f64 {
     let config = RedisConfig {
         target,
-        flush_max_commands: arg("--flush-max", 1000) as usize,
+        flush_max_commands: flush_max,
         verify: false,
         anti_entropy_max_commands_per_s: 1,
         anti_entropy_interval: Duration::from_secs(86_400),
@@ -167,18 +175,24 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(default)
+/// Mirror throughput into a 3-master Redis Cluster against a single Redis.
+#[derive(Parser)]
+struct Args {
+    /// Fresh blocks per case and round.
+    #[arg(long, default_value_t = 200_000)]
+    blocks: u64,
+    /// Rounds (the median is printed).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
+    /// `redis.flush_max_commands`.
+    #[arg(long = "flush-max", default_value_t = 1000)]
+    flush_max: usize,
 }
 
 #[tokio::main]
 async fn main() {
-    let blocks = arg("--blocks", 200_000);
-    let rounds = arg("--rounds", 3);
+    let args = Args::parse();
+    let (blocks, rounds) = (args.blocks, args.rounds);
     let dir = tempfile::tempdir().expect("a temp dir");
     let single = server(dir.path(), false);
     let nodes = cluster(dir.path());
@@ -189,8 +203,9 @@ async fn main() {
     for per_event in [1u64, 8] {
         let (mut s, mut c) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
-            s.push(ingest(single_target.clone(), blocks, per_event, salt).await);
-            c.push(ingest(cluster_target.clone(), blocks, per_event, salt + 1).await);
+            let flush = args.flush_max;
+            s.push(ingest(single_target.clone(), blocks, per_event, salt, flush).await);
+            c.push(ingest(cluster_target.clone(), blocks, per_event, salt + 1, flush).await);
             salt += 2;
             for port in std::iter::once(single.port).chain(nodes.iter().map(|n| n.port)) {
                 cli(&["-p", &port.to_string(), "flushall"]);

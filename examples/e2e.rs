@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use clap::Parser;
 use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
 use kvindex::ingest::fixture;
@@ -137,12 +138,17 @@ async fn run(n: usize, per_pub: u64, payloads: &[Vec<u8>], events_per_msg: f64) 
     drop(keep);
 }
 
+/// End-to-end ingest throughput of the daemon from recorded vLLM frames.
+#[derive(Parser)]
+struct Args {
+    /// Messages each publisher sends.
+    #[arg(default_value_t = 20_000)]
+    messages_per_publisher: u64,
+}
+
 #[tokio::main]
 async fn main() {
-    let per_pub: u64 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(20_000);
+    let per_pub = Args::parse().messages_per_publisher;
     let file =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/vllm-e01-0.9.0.jsonl");
     let msgs: Vec<_> = fixture::read_file(&file)

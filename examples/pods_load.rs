@@ -7,6 +7,7 @@
 //! (defaults `127.0.0.1:18080`, 12000), then
 //! `wrk -t2 -c16 -d 10s --latency http://127.0.0.1:18080/v1/pods`.
 
+use clap::Parser;
 use kvindex::api::{router, serve, ApiState};
 use kvindex::config::{Target, TcpEndpoint};
 use kvindex::index::{Discard, Index, SourceSpec};
@@ -82,11 +83,23 @@ fn fill(index: &Index, n: u32, entries: u32) {
     }
 }
 
+/// Serves `/v1/pods` over a filled index, for an HTTP load tool.
+#[derive(Parser)]
+struct Args {
+    /// Address to listen on.
+    #[arg(default_value = "127.0.0.1:18080")]
+    addr: String,
+    /// Resident entries per pod.
+    #[arg(default_value_t = 12_000)]
+    entries_per_pod: u32,
+}
+
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let addr = args.next().unwrap_or_else(|| "127.0.0.1:18080".to_owned());
-    let entries: u32 = args.next().and_then(|v| v.parse().ok()).unwrap_or(12_000);
+    let Args {
+        addr,
+        entries_per_pod: entries,
+    } = Args::parse();
     let index = Index::new();
     for n in 0..PODS {
         fill(&index, n, entries);

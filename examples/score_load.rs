@@ -11,6 +11,7 @@
 
 use std::process::Command;
 
+use clap::Parser;
 use kvindex::api::{router, serve, ApiState};
 use kvindex::index::{Discard, Index, SourceSpec};
 use kvindex::ingest::replay_client::ReplayLimits;
@@ -124,11 +125,20 @@ fn run_wrk(url: &str, body: &str, seconds: u32) -> std::io::Result<WrkFigures> {
     })
 }
 
+/// `POST /v1/score` under `wrk`: a 2,048-token prompt against the one-block floor.
+#[derive(Parser)]
+struct Args {
+    /// Seconds of load per case.
+    #[arg(default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    seconds: u32,
+    /// Match mode of the requests.
+    #[arg(default_value = "prefix", value_parser = ["prefix", "kthena"])]
+    mode: String,
+}
+
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let seconds: u32 = args.next().and_then(|v| v.parse().ok()).unwrap_or(10);
-    let mode = args.next().unwrap_or_else(|| "prefix".to_owned());
+    let Args { seconds, mode } = Args::parse();
     let prompt: Vec<u32> = (0..PROMPT_BLOCKS * BLOCK_SIZE).collect();
     let index = filled_index(&prompt);
 

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use kvindex::ingest::fixture::format_line;
 use rmpv::Value as V;
 
@@ -73,22 +74,20 @@ fn run_writers(kvindex: &Path, fixture: &Path, url: &str, k: usize) -> Duration 
     started.elapsed()
 }
 
+/// Aggregate blocks/s of 1, 2 and 3 concurrent `kvindex replay --redis` writers against
+/// `redis-benchmark` on the same server.
+#[derive(Parser)]
+struct Args {
+    /// One-block events each writer replays.
+    #[arg(long, default_value_t = 200_000)]
+    events: u64,
+    /// The kvindex binary the writers run.
+    #[arg(long, default_value = "target/release/kvindex")]
+    kvindex: PathBuf,
+}
+
 fn main() {
-    let mut events = 200_000u64;
-    let mut kvindex = PathBuf::from("target/release/kvindex");
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--events" => {
-                events = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .expect("--events N")
-            }
-            "--kvindex" => kvindex = args.next().map(PathBuf::from).expect("--kvindex PATH"),
-            other => panic!("unknown argument {other}"),
-        }
-    }
+    let Args { events, kvindex } = Args::parse();
     let dir = tempfile::tempdir().expect("temp dir");
     let fixture = dir.path().join("one-block-events.jsonl");
     write_fixture(&fixture, events);

@@ -13,6 +13,8 @@
 
 #[path = "common/churn.rs"]
 mod churn;
+#[path = "common/cli.rs"]
+mod cli;
 // `swap_mib` serves the `index_scale` bench.
 #[allow(dead_code)]
 #[path = "common/measure.rs"]
@@ -26,6 +28,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use churn::{message, Rng};
+use clap::Parser;
 use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
 use kvindex::index::{DumpEntry, Index};
@@ -45,29 +48,24 @@ static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
 
 const POD: &str = "soak.default";
 
+/// A bounded soak of state that must never drift: Redis, kvindex and the engine restart
+/// under a churning stream; exits non-zero if Redis, the index and a replay differ.
+#[derive(Parser)]
 struct Args {
+    /// Seconds the stream runs for.
+    #[arg(long, value_name = "SECONDS", default_value = "120", value_parser = cli::secs)]
     duration: Duration,
+    /// Seconds between two samples.
+    #[arg(
+        long = "sample-secs",
+        value_name = "SECONDS",
+        default_value = "30",
+        value_parser = cli::secs,
+    )]
     sample: Duration,
+    /// Messages a second.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
     rate: u64,
-}
-
-fn args() -> Args {
-    let mut a = Args {
-        duration: Duration::from_secs(120),
-        sample: Duration::from_secs(30),
-        rate: 500,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().unwrap_or_default();
-        match flag.as_str() {
-            "--duration" => a.duration = Duration::from_secs(value.parse().unwrap_or(120)),
-            "--sample-secs" => a.sample = Duration::from_secs(value.parse().unwrap_or(30)),
-            "--rate" => a.rate = value.parse().unwrap_or(500).max(1),
-            _ => eprintln!("ignored argument {flag}"),
-        }
-    }
-    a
 }
 
 async fn start_daemon(text: &str) -> Daemon {
@@ -122,7 +120,7 @@ fn without_times(mut d: RedisDump) -> RedisDump {
 
 #[tokio::main]
 async fn main() {
-    let a = args();
+    let a = Args::parse();
     let mut redis = RedisServer::start();
     let redis_port = redis.port;
     let url = redis.url();

@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::score::{score_candidates, Candidates, MatchMode};
@@ -33,29 +34,18 @@ const PROMPT_BLOCKS: u64 = 128;
 const QUERIES: u64 = 2_000;
 const QUERY_ROUNDS: usize = 5;
 
+/// Warm start at scale: the checkpoint written through the real mirror, then restored.
+#[derive(Parser)]
 struct Args {
+    /// Resident entries to write and restore.
+    #[arg(long, default_value_t = 1_000_000)]
     entries: u64,
+    /// Sources they are spread over.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
     sources: u64,
+    /// The Redis db written to (emptied before and after).
+    #[arg(long, default_value = "redis://127.0.0.1:6379/14")]
     redis: String,
-}
-
-fn args() -> Args {
-    let mut args = Args {
-        entries: 1_000_000,
-        sources: 8,
-        redis: "redis://127.0.0.1:6379/14".to_owned(),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().unwrap_or_default();
-        match flag.as_str() {
-            "--entries" => args.entries = value.parse().expect("--entries N"),
-            "--sources" => args.sources = value.parse().expect("--sources N"),
-            "--redis" => args.redis = value,
-            other => panic!("unknown flag {other} (--entries, --sources, --redis)"),
-        }
-    }
-    args
 }
 
 async fn flushdb(url: &str) {
@@ -174,7 +164,7 @@ async fn fill(args: &Args, index: &Index) -> Duration {
 
 #[tokio::main]
 async fn main() {
-    let args = args();
+    let args = Args::parse();
     flushdb(&args.redis).await;
     let original = Index::new();
     let filled = fill(&args, &original).await;
