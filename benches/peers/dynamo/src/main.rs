@@ -722,6 +722,17 @@ struct Latency {
     p99: f64,
 }
 
+impl Latency {
+    /// The p50 and p99 of `times`.
+    fn of(mut times: Vec<Duration>) -> Latency {
+        times.sort();
+        Latency {
+            p50: percentile(&times, 0.5),
+            p99: percentile(&times, 0.99),
+        }
+    }
+}
+
 fn latency(peer: &dyn Peer, prompts: &[Vec<usize>], w: &Workload) -> Latency {
     latencies(&[peer], prompts, w).remove(0)
 }
@@ -745,15 +756,7 @@ fn warm_latencies(peers: &[&dyn Peer], prompts: &[Vec<usize>], w: &Workload) -> 
             fastest.extend(best);
         }
     }
-    (fastest.into_iter())
-        .map(|mut fastest| {
-            fastest.sort();
-            Latency {
-                p50: percentile(&fastest, 0.5),
-                p99: percentile(&fastest, 0.99),
-            }
-        })
-        .collect()
+    fastest.into_iter().map(Latency::of).collect()
 }
 
 /// p50 and p99 of `prompts` queried `RUNS` times on each peer, the peers taking turns run
@@ -765,15 +768,7 @@ fn latencies(peers: &[&dyn Peer], prompts: &[Vec<usize>], w: &Workload) -> Vec<L
             times.extend(prompts.iter().map(|p| peer.query_time(p, w)));
         }
     }
-    (times.into_iter())
-        .map(|mut times| {
-            times.sort();
-            Latency {
-                p50: percentile(&times, 0.5),
-                p99: percentile(&times, 0.99),
-            }
-        })
-        .collect()
+    times.into_iter().map(Latency::of).collect()
 }
 
 struct Column {
