@@ -784,10 +784,19 @@ impl ChainRuns {
             from: to + 1,
             ..tail
         });
+        // A piece left outside the stretch means the source still holds part of the run.
+        let keeps_some = left.is_some() || right.is_some();
         node.spans.splice(covering, left.into_iter().chain(right));
         self.hint = None;
-        if !node.has(who.pod, who.rank) {
+        if !keeps_some && !node.has(who.pod, who.rank) {
             held.forget(stretch.node);
+        }
+        // Every edit that takes residents off releases the run after it, so its last
+        // position is held unless nobody holds any: a stretch before the last position
+        // leaves it held, and there is nothing to give back (a scan of every span, most
+        // of an 8-block remove's release otherwise).
+        if usize::from(to) + 1 < node.chains.len() && !node.spans.is_empty() {
+            return;
         }
         self.release(stretch.node);
     }
@@ -1639,6 +1648,11 @@ mod tests {
                     here.map(|n| (n as u32, pos as u32)),
                     "{hash} misplaced"
                 );
+            }
+            // No run keeps a tail nobody holds (a remove before a run's last position
+            // relies on it, `drop_copies`).
+            if let Some(last) = node.chains.len().checked_sub(1) {
+                assert!(node.held(last as u16), "a tail nobody holds kept");
             }
             for pair in node.spans.windows(2) {
                 let [a, b] = pair else { continue };
