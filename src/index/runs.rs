@@ -796,6 +796,10 @@ impl ChainRuns {
         // leaves it held, and there is nothing to give back (a scan of every span, most
         // of an 8-block remove's release otherwise).
         if usize::from(to) + 1 < node.chains.len() && !node.spans.is_empty() {
+            debug_assert!(
+                node.held(node.chains.len() as u16 - 1),
+                "a tail nobody holds"
+            );
             return;
         }
         self.release(stretch.node);
