@@ -191,8 +191,11 @@ struct Args {
 
 #[tokio::main]
 async fn main() {
-    let args = Args::parse();
-    let (blocks, rounds) = (args.blocks, args.rounds);
+    let Args {
+        blocks,
+        rounds,
+        flush_max,
+    } = Args::parse();
     let dir = tempfile::tempdir().expect("a temp dir");
     let single = server(dir.path(), false);
     let nodes = cluster(dir.path());
@@ -203,9 +206,17 @@ async fn main() {
     for per_event in [1u64, 8] {
         let (mut s, mut c) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
-            let flush = args.flush_max;
-            s.push(ingest(single_target.clone(), blocks, per_event, salt, flush).await);
-            c.push(ingest(cluster_target.clone(), blocks, per_event, salt + 1, flush).await);
+            s.push(ingest(single_target.clone(), blocks, per_event, salt, flush_max).await);
+            c.push(
+                ingest(
+                    cluster_target.clone(),
+                    blocks,
+                    per_event,
+                    salt + 1,
+                    flush_max,
+                )
+                .await,
+            );
             salt += 2;
             for port in std::iter::once(single.port).chain(nodes.iter().map(|n| n.port)) {
                 cli(&["-p", &port.to_string(), "flushall"]);

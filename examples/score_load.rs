@@ -18,6 +18,7 @@ use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::ingest::supervisor::Supervisor;
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
+use kvindex::MatchMode;
 use tokio_util::sync::CancellationToken;
 
 // The daemon's allocator (jemalloc by default), so the figures are the daemon's.
@@ -68,8 +69,9 @@ fn filled_index(prompt: &[u32]) -> Index {
     index
 }
 
-fn body(tokens: &[u32], mode: &str) -> String {
+fn body(tokens: &[u32], mode: MatchMode) -> String {
     let pods: Vec<String> = (0..PODS).map(pod).collect();
+    let mode = mode.as_str();
     serde_json::json!({ "model": MODEL, "tokens": tokens, "pods": pods, "match": mode }).to_string()
 }
 
@@ -131,9 +133,9 @@ struct Args {
     /// Seconds of load per case.
     #[arg(default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     seconds: u32,
-    /// Match mode of the requests.
-    #[arg(default_value = "prefix", value_parser = ["prefix", "kthena"])]
-    mode: String,
+    /// Match mode of the requests: prefix or kthena.
+    #[arg(default_value = "prefix")]
+    mode: MatchMode,
 }
 
 #[tokio::main]
@@ -155,13 +157,14 @@ async fn main() -> std::io::Result<()> {
     let cases = [
         (
             "one block (16 tokens)",
-            body(&prompt[..BLOCK_SIZE as usize], &mode),
+            body(&prompt[..BLOCK_SIZE as usize], mode),
         ),
-        ("2,048 tokens (128 blocks)", body(&prompt, &mode)),
+        ("2,048 tokens (128 blocks)", body(&prompt, mode)),
     ];
     println!(
-        "POST /v1/score, {PODS} candidate pods ({HOLDERS} hold the prompt), match {mode}, \
+        "POST /v1/score, {PODS} candidate pods ({HOLDERS} hold the prompt), match {}, \
          wrk -t2 -c32 -d{seconds}s, allocator {}",
+        mode.as_str(),
         kvindex::allocator::NAME
     );
     let mut figures = Vec::new();

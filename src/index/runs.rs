@@ -642,10 +642,20 @@ impl ChainRuns {
         self.nodes.len() as u32 - 1
     }
 
-    /// Gives back what blocks of run `id` nobody holds any more kept: the run's tail nobody
-    /// holds, or the whole run when nobody holds any of it.
-    fn release(&mut self, id: u32) {
+    /// Gives back what blocks of run `id` nobody holds any more kept, after an edit that
+    /// took residents off positions up to `edited_to`: the run's tail nobody holds, or the
+    /// whole run when nobody holds any of it. Every such edit releases, so a run's last
+    /// position is held while anybody holds any: an edit that ends before it cannot have
+    /// made it unheld, and the scan of every span that finding the tail takes is skipped.
+    fn release(&mut self, id: u32, edited_to: u16) {
         let node = &mut self.nodes[id as usize];
+        if usize::from(edited_to) + 1 < node.chains.len() && !node.spans.is_empty() {
+            debug_assert!(
+                node.held(node.chains.len() as u16 - 1),
+                "a tail nobody holds"
+            );
+            return;
+        }
         if node.spans.is_empty() {
             for (pos, hash) in node.chains.drain(..).enumerate() {
                 self.locator.remove(hash, Spot::from_parts(id, pos as u32));
@@ -791,18 +801,7 @@ impl ChainRuns {
         if !keeps_some && !node.has(who.pod, who.rank) {
             held.forget(stretch.node);
         }
-        // Every edit that takes residents off releases the run after it, so its last
-        // position is held unless nobody holds any: a stretch before the last position
-        // leaves it held, and there is nothing to give back (a scan of every span, most
-        // of an 8-block remove's release otherwise).
-        if usize::from(to) + 1 < node.chains.len() && !node.spans.is_empty() {
-            debug_assert!(
-                node.held(node.chains.len() as u16 - 1),
-                "a tail nobody holds"
-            );
-            return;
-        }
-        self.release(stretch.node);
+        self.release(stretch.node, to);
     }
 
     /// Takes `removed` media off the editor's resident of chain block `key`, at `spot` when
@@ -827,7 +826,7 @@ impl ChainRuns {
             held.forget(spot.node);
         }
         if empty {
-            self.release(spot.node);
+            self.release(spot.node, spot.pos as u16);
         }
         Some(dropped)
     }
@@ -859,7 +858,7 @@ impl ChainRuns {
             gone.extend(node.spans.drain(from..to));
             let dropped = |others, own| who.values(others, own, None);
             node.count_values(&gone, (0, u16::MAX), who, dropped, &mut changed);
-            self.release(id);
+            self.release(id, u16::MAX);
         }
     }
 
@@ -1653,8 +1652,7 @@ mod tests {
                     "{hash} misplaced"
                 );
             }
-            // No run keeps a tail nobody holds (a remove before a run's last position
-            // relies on it, `drop_copies`).
+            // No run keeps a tail nobody holds (`ChainRuns::release` relies on it).
             if let Some(last) = node.chains.len().checked_sub(1) {
                 assert!(node.held(last as u16), "a tail nobody holds kept");
             }
