@@ -605,16 +605,25 @@ impl ChainRuns {
     /// The spot of `hash`: right after or before the block edited last without a probe (an
     /// engine stores and removes a chain's blocks in a row), else from the locator.
     fn find(&self, hash: u64) -> Option<Spot> {
-        let near = self.last.and_then(|(_, last)| {
-            [last.pos + 1, last.pos.wrapping_sub(1)]
-                .into_iter()
-                .map(|pos| Spot {
-                    node: last.node,
-                    pos,
-                })
-                .find(|spot| self.at(*spot) == Some(hash))
-        });
-        near.or_else(|| self.spot(hash))
+        self.near_last(hash).or_else(|| self.spot(hash))
+    }
+
+    /// The spot of `hash` when it sits right after or right before the block edited last.
+    /// The run is looked up once for both neighbours (every stored block asks, mostly for
+    /// the position after the last).
+    fn near_last(&self, hash: u64) -> Option<Spot> {
+        let (_, last) = self.last?;
+        let chains = &self.nodes.get(last.node as usize)?.chains;
+        let pos = last.pos as usize;
+        let at = |pos: usize| Spot {
+            node: last.node,
+            pos: pos as u32,
+        };
+        if chains.get(pos + 1) == Some(&hash) {
+            return Some(at(pos + 1));
+        }
+        let before = pos.checked_sub(1)?;
+        (chains.get(before) == Some(&hash)).then(|| at(before))
     }
 
     /// Puts `hash` at the end of node `id`'s run.
