@@ -126,13 +126,18 @@ pub fn score_prefix<L: Lookup>(
 /// A run of blocks with the same owners on the same media (the backend answers
 /// [`Owners::Repeat`], or counts them ahead with [`Lookup::repeats_after`]) is counted
 /// without visiting anyone: the pods that matched the block before the run match every
-/// block of it with the same weight. A pod's run is settled
-/// when the pod is next seen, or when it drops out or the prompt ends ([`Fast::extend`]).
+/// block of it with the same weight. Up to 64 candidates are counted as bits of a word
+/// ([`count_narrow`]); more keep a track each ([`count_matches`]), where a pod's run is
+/// settled when the pod is next seen, or when it drops out or the prompt ends
+/// ([`Fast::extend`]).
 fn score_without_freshness<L: Lookup>(
     lookup: &mut L,
     candidates: usize,
     total: usize,
 ) -> Vec<SlotScore> {
+    if candidates <= NARROW {
+        return count_narrow(lookup, candidates, total);
+    }
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut scratch) => {
             let scores = count_matches(lookup, candidates, total, &mut scratch);
@@ -144,7 +149,145 @@ fn score_without_freshness<L: Lookup>(
     })
 }
 
-/// The working lists of [`score_without_freshness`], kept per thread from query to query:
+/// Candidate lists this short are counted as the bits of one word ([`count_narrow`]).
+const NARROW: usize = 64;
+
+/// [`score_without_freshness`] for at most [`NARROW`] candidates, with the candidates
+/// still matching as the bits of one word. A visited block sets the bit of each candidate
+/// reported for it; the candidates that matched the block before and are not set stop
+/// there, found with one mask, and a run of repeated blocks changes nothing. A candidate
+/// whose weights were all 1.0 so far has matched as many blocks as its sum says, so only a
+/// candidate with another weight keeps a sum of its own ([`Weighted`]).
+fn count_narrow<L: Lookup>(lookup: &mut L, candidates: usize, total: usize) -> Vec<SlotScore> {
+    let all = match candidates {
+        NARROW => u64::MAX,
+        n => (1u64 << n) - 1,
+    };
+    let mut matched = [0u32; NARROW];
+    let mut weighted = [Weighted::default(); NARROW];
+    // Who holds block 0 (who scores); who matched every block so far; who has a sum.
+    let (mut first, mut matching, mut heavy) = (0u64, 0u64, 0u64);
+    let mut block = 0;
+    while block < total {
+        let at = block as u32;
+        let eligible = if at == 0 { all } else { matching };
+        let mut seen = 0u64;
+        let answer = lookup.for_each_owner_or_repeat(block, |owner| {
+            let Some(bit) = (owner.candidate < NARROW).then(|| 1u64 << owner.candidate) else {
+                return;
+            };
+            if eligible & bit == 0 {
+                return;
+            }
+            if owner.weight != 1.0 || heavy & bit != 0 {
+                let w = &mut weighted[owner.candidate];
+                if w.weigh(heavy & bit != 0, seen & bit != 0, at, owner.weight) {
+                    heavy |= bit;
+                }
+            }
+            seen |= bit;
+        });
+        if answer == Owners::Visited {
+            if at == 0 {
+                first = seen;
+            }
+            for c in bits(matching & !seen) {
+                matched[c] = at;
+                if heavy & (1 << c) != 0 {
+                    weighted[c].settle(at);
+                }
+            }
+            matching = seen;
+        }
+        if matching == 0 {
+            break;
+        }
+        // Still matching: the blocks the backend knows repeat this one change nobody.
+        block += lookup.repeats_after(block) + 1;
+    }
+    for c in bits(matching) {
+        matched[c] = block as u32;
+        if heavy & (1 << c) != 0 {
+            weighted[c].settle(block as u32);
+        }
+    }
+    let mut scores = Vec::with_capacity(first.count_ones() as usize);
+    for c in bits(first) {
+        let sum = if heavy & (1 << c) != 0 {
+            weighted[c].sum
+        } else {
+            f64::from(matched[c])
+        };
+        scores.push(SlotScore {
+            candidate: c,
+            score: kthena_score(sum, total),
+            matched_blocks: matched[c],
+            weighted_sum: sum,
+        });
+    }
+    scores
+}
+
+/// The set bits of `mask`, lowest first.
+fn bits(mut mask: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        let bit = (mask != 0).then(|| mask.trailing_zeros() as usize)?;
+        mask &= mask - 1;
+        Some(bit)
+    })
+}
+
+/// The sum of a candidate of [`count_narrow`] with a weight other than 1.0.
+#[derive(Debug, Clone, Copy, Default)]
+struct Weighted {
+    /// Σ weight of the blocks before `since`, added one block at a time in kthena's order.
+    sum: f64,
+    /// The candidate's best weight for block `since` and the repeats after it.
+    best: f64,
+    /// The visited block the candidate was last reported for.
+    since: u32,
+}
+
+impl Weighted {
+    /// A report of weight `weight` for block `at`, `again` when the candidate was reported
+    /// for it already; `kept` when this entry holds the candidate's sum. Whether it holds
+    /// it now.
+    fn weigh(&mut self, kept: bool, again: bool, at: u32, weight: f64) -> bool {
+        match (kept, again) {
+            // Another report of a block reported at 1.0: the best stays 1.0 (weights are
+            // at most 1.0).
+            (false, true) if weight.max(1.0) == 1.0 => return false,
+            // Every weight so far was 1.0: the sum before this block is its count.
+            (false, _) => {
+                *self = Weighted {
+                    sum: f64::from(at),
+                    best: weight,
+                    since: at,
+                }
+            }
+            (true, true) => {
+                if weight > self.best {
+                    self.best = weight;
+                }
+            }
+            (true, false) => {
+                self.settle(at);
+                self.best = weight;
+            }
+        }
+        true
+    }
+
+    /// Counts the blocks from `since` up to `to` (excluded) at weight `best`.
+    fn settle(&mut self, to: u32) {
+        for _ in self.since..to {
+            self.sum += self.best;
+        }
+        self.since = to;
+    }
+}
+
+/// The working lists of [`count_matches`], kept per thread from query to query:
 /// a query then allocates only its answer.
 #[derive(Debug, Default)]
 struct Scratch {
@@ -172,7 +315,7 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
-/// [`score_without_freshness`] with its working lists.
+/// [`score_without_freshness`] for more than [`NARROW`] candidates, with its working lists.
 fn count_matches<L: Lookup>(
     lookup: &mut L,
     candidates: usize,
@@ -531,6 +674,81 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn narrow_counting_scores_bit_for_bit_as_the_track_per_candidate() {
+        // One word of bits (up to 64 candidates) against a track per candidate (what more
+        // candidates take) and the freshness path with nobody stale (every block visited).
+        let weights = [1.0, 1.0, 1.0, 0.8, 0.5, 0.25, 0.0];
+        let mut seed = 11u64;
+        let mut below = |n: usize| {
+            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            (crate::hash::mix64(seed) % n as u64) as usize
+        };
+        for round in 0..3_000 {
+            let candidates = if round % 10 == 0 { 64 } else { 1 + below(12) };
+            let blocks = 1 + below(40);
+            let mut rows: Vec<Vec<(usize, f64, Option<u64>)>> = Vec::new();
+            for b in 0..blocks {
+                if b > 0 && below(3) != 0 {
+                    let mut row = rows[b - 1].clone();
+                    // Mostly the same owners; now and then one drops out.
+                    if !row.is_empty() && below(4) == 0 {
+                        row.remove(below(row.len()));
+                    }
+                    rows.push(row);
+                    continue;
+                }
+                let mut row = Vec::new();
+                for c in 0..candidates {
+                    // Most candidates hold a block once, some twice (two DP ranks).
+                    for _ in 0..[0, 1, 1, 1, 2][below(5)] {
+                        row.push((c, weights[below(weights.len())], Some(1)));
+                    }
+                }
+                rows.push(row);
+            }
+            let fresh = vec![Some(0); candidates];
+            let by_block = score_prefix(&mut Table(rows.clone()), candidates, &fresh);
+            let tracked = count_matches(
+                &mut Table(rows.clone()),
+                candidates,
+                blocks,
+                &mut Scratch::default(),
+            );
+            for ahead in [0, 2, usize::MAX] {
+                let mut table = RepeatingTable {
+                    table: Table(rows.clone()),
+                    ahead,
+                };
+                let narrow = score_prefix(&mut table, candidates, &[]);
+                for other in [&by_block, &tracked] {
+                    assert_eq!(narrow.len(), other.len(), "{rows:?}");
+                    for (n, o) in narrow.iter().zip(other.iter()) {
+                        assert_eq!(n.candidate, o.candidate, "{rows:?}");
+                        assert_eq!(n.matched_blocks, o.matched_blocks, "{ahead} {rows:?}");
+                        assert_eq!(
+                            n.weighted_sum.to_bits(),
+                            o.weighted_sum.to_bits(),
+                            "{ahead} {rows:?}"
+                        );
+                        assert_eq!(n.score, o.score);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn more_candidates_than_one_word_holds_are_scored_too() {
+        // 70 candidates: the track per candidate; candidate 69 holds every block.
+        let rows = vec![vec![(0, 1.0, None), (69, 0.8, None)], vec![(69, 0.8, None)]];
+        let s = score_prefix(&mut Table(rows), 70, &[]);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].candidate, s[0].matched_blocks), (0, 1));
+        assert_eq!((s[1].candidate, s[1].matched_blocks), (69, 2));
+        assert_eq!(s[1].weighted_sum, 0.8 + 0.8);
     }
 
     #[test]
