@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::RwLock;
@@ -297,10 +298,39 @@ pub enum WeightError {
 }
 
 /// Score weight per storage tier (DESIGN.md §7): keys are case-insensitive.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct TierWeights {
     by_canonical: BTreeMap<String, f64>,
     unknown: f64,
+    /// Each medium slot's weight once asked (f64 bits; [`UNSET`] before): a slot's name
+    /// never changes once interned, and a query asks for the media it meets, so the map
+    /// and the registry's lock are read once per slot, not once per query.
+    by_slot: [AtomicU64; MEDIA_SLOTS],
+}
+
+/// A slot of [`TierWeights::by_slot`] not asked yet (a NaN no weight can be).
+const UNSET: u64 = u64::MAX;
+
+impl TierWeights {
+    fn from_map(by_canonical: BTreeMap<String, f64>, unknown: f64) -> TierWeights {
+        TierWeights {
+            by_canonical,
+            unknown,
+            by_slot: std::array::from_fn(|_| AtomicU64::new(UNSET)),
+        }
+    }
+}
+
+impl Clone for TierWeights {
+    fn clone(&self) -> Self {
+        TierWeights::from_map(self.by_canonical.clone(), self.unknown)
+    }
+}
+
+impl PartialEq for TierWeights {
+    fn eq(&self, other: &Self) -> bool {
+        self.by_canonical == other.by_canonical && self.unknown == other.unknown
+    }
 }
 
 impl Default for TierWeights {
@@ -309,10 +339,7 @@ impl Default for TierWeights {
         by_canonical.insert("GPU".to_owned(), 1.0);
         by_canonical.insert("CPU".to_owned(), 0.8);
         by_canonical.insert("CPU_PINNED".to_owned(), 0.8);
-        TierWeights {
-            by_canonical,
-            unknown: 1.0,
-        }
+        TierWeights::from_map(by_canonical, 1.0)
     }
 }
 
@@ -361,7 +388,15 @@ impl TierWeights {
         if medium.is_none() {
             return 1.0;
         }
-        self.weight_of_name(medium.canonical())
+        let slot = &self.by_slot[usize::from(medium.slot()) % MEDIA_SLOTS];
+        match slot.load(Ordering::Relaxed) {
+            UNSET => {
+                let weight = self.weight_of_name(medium.canonical());
+                slot.store(weight.to_bits(), Ordering::Relaxed);
+                weight
+            }
+            bits => f64::from_bits(bits),
+        }
     }
 
     /// Weight of a medium given by name (as read back from Redis); empty means none reported.
