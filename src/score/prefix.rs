@@ -627,6 +627,21 @@ mod tests {
         }
     }
 
+    /// Asserts two scorings agree candidate by candidate, sums bit for bit.
+    fn assert_same_scores(a: &[SlotScore], b: &[SlotScore], context: &str) {
+        assert_eq!(a.len(), b.len(), "{context}");
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.candidate, y.candidate, "{context}");
+            assert_eq!(x.matched_blocks, y.matched_blocks, "{context}");
+            assert_eq!(
+                x.weighted_sum.to_bits(),
+                y.weighted_sum.to_bits(),
+                "{context}"
+            );
+            assert_eq!(x.score, y.score, "{context}");
+        }
+    }
+
     #[test]
     fn repeated_runs_score_bit_for_bit_as_visiting_every_block() {
         let weights = [1.0, 0.8, 0.5, 0.25, 0.1, 0.0];
@@ -662,16 +677,7 @@ mod tests {
                     ahead,
                 };
                 let runs = score_prefix(&mut table, candidates, &[]);
-                assert_eq!(plain.len(), runs.len(), "{rows:?}");
-                for (p, r) in plain.iter().zip(&runs) {
-                    assert_eq!(p.matched_blocks, r.matched_blocks, "{ahead} {rows:?}");
-                    assert_eq!(
-                        p.weighted_sum.to_bits(),
-                        r.weighted_sum.to_bits(),
-                        "{ahead} {rows:?}"
-                    );
-                    assert_eq!(p.score, r.score);
-                }
+                assert_same_scores(&plain, &runs, &format!("{ahead} {rows:?}"));
             }
         }
     }
@@ -724,17 +730,7 @@ mod tests {
                 };
                 let narrow = score_prefix(&mut table, candidates, &[]);
                 for other in [&by_block, &tracked] {
-                    assert_eq!(narrow.len(), other.len(), "{rows:?}");
-                    for (n, o) in narrow.iter().zip(other.iter()) {
-                        assert_eq!(n.candidate, o.candidate, "{rows:?}");
-                        assert_eq!(n.matched_blocks, o.matched_blocks, "{ahead} {rows:?}");
-                        assert_eq!(
-                            n.weighted_sum.to_bits(),
-                            o.weighted_sum.to_bits(),
-                            "{ahead} {rows:?}"
-                        );
-                        assert_eq!(n.score, o.score);
-                    }
+                    assert_same_scores(&narrow, other, &format!("{ahead} {rows:?}"));
                 }
             }
         }
