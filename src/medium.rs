@@ -298,7 +298,6 @@ pub enum WeightError {
 }
 
 /// Score weight per storage tier (DESIGN.md §7): keys are case-insensitive.
-#[derive(Debug)]
 pub struct TierWeights {
     by_canonical: BTreeMap<String, f64>,
     unknown: f64,
@@ -324,6 +323,16 @@ impl TierWeights {
 impl Clone for TierWeights {
     fn clone(&self) -> Self {
         TierWeights::from_map(self.by_canonical.clone(), self.unknown)
+    }
+}
+
+impl fmt::Debug for TierWeights {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The weights as configured; the per-slot cache is an implementation detail.
+        f.debug_struct("TierWeights")
+            .field("by_canonical", &self.by_canonical)
+            .field("unknown", &self.unknown)
+            .finish_non_exhaustive()
     }
 }
 
