@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use super::prompt::MatchMode;
 use crate::index::{Index, LayerReader, Visit};
-use crate::medium::{MediaSet, TierWeights, MEDIA_SLOTS};
+use crate::medium::{MediaSet, TierWeights};
 
 /// One holder of one block among the candidates, as a backend reports it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,11 +59,12 @@ pub enum Owners {
     Repeat,
 }
 
-/// Weights per medium slot, filled on first use so one call pays only for the media it sees.
+/// The best weight of a resident's media, remembered for the set asked last (residents of
+/// one prompt are mostly on the same media). Each medium's weight is kept by
+/// [`TierWeights::weight`] itself.
 #[derive(Debug, Clone)]
 pub(crate) struct SlotWeights<'w> {
     weights: &'w TierWeights,
-    slots: [f64; MEDIA_SLOTS],
     last: Option<(u32, f64)>,
 }
 
@@ -71,7 +72,6 @@ impl<'w> SlotWeights<'w> {
     pub(crate) fn new(weights: &'w TierWeights) -> SlotWeights<'w> {
         SlotWeights {
             weights,
-            slots: [f64::NAN; MEDIA_SLOTS],
             last: None,
         }
     }
@@ -92,13 +92,7 @@ impl<'w> SlotWeights<'w> {
         let bits = set.bits();
         let mut best = f64::NEG_INFINITY;
         for medium in set.iter() {
-            let slot = medium.slot() as usize;
-            let mut w = self.slots[slot];
-            if w.is_nan() {
-                w = self.weights.weight(medium);
-                self.slots[slot] = w;
-            }
-            best = best.max(w);
+            best = best.max(self.weights.weight(medium));
         }
         if best == f64::NEG_INFINITY {
             best = 1.0;

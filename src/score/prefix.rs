@@ -38,6 +38,18 @@ pub struct SlotScore {
     pub weighted_sum: f64,
 }
 
+impl SlotScore {
+    /// The score of `candidate` for `matched` blocks of weight `sum` out of `total`.
+    fn new(candidate: usize, matched: u32, sum: f64, total: usize) -> SlotScore {
+        SlotScore {
+            candidate,
+            score: kthena_score(sum, total),
+            matched_blocks: matched,
+            weighted_sum: sum,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Track {
     /// Blocks matched so far; the pod is still matching at block i iff `matched == i`.
@@ -191,12 +203,7 @@ fn count_narrow<L: Lookup>(lookup: &mut L, candidates: usize, total: usize) -> V
             if at == 0 {
                 first = seen;
             }
-            for c in bits(matching & !seen) {
-                matched[c] = at;
-                if heavy & (1 << c) != 0 {
-                    weighted[c].settle(at);
-                }
-            }
+            stop(matching & !seen, at, heavy, &mut matched, &mut weighted);
             matching = seen;
         }
         if matching == 0 {
@@ -205,27 +212,33 @@ fn count_narrow<L: Lookup>(lookup: &mut L, candidates: usize, total: usize) -> V
         // Still matching: the blocks the backend knows repeat this one change nobody.
         block += lookup.repeats_after(block) + 1;
     }
-    for c in bits(matching) {
-        matched[c] = block as u32;
-        if heavy & (1 << c) != 0 {
-            weighted[c].settle(block as u32);
-        }
-    }
+    stop(matching, block as u32, heavy, &mut matched, &mut weighted);
     let mut scores = Vec::with_capacity(first.count_ones() as usize);
     for c in bits(first) {
-        let sum = if heavy & (1 << c) != 0 {
-            weighted[c].sum
-        } else {
-            f64::from(matched[c])
+        let sum = match heavy & (1 << c) {
+            0 => f64::from(matched[c]),
+            _ => weighted[c].sum,
         };
-        scores.push(SlotScore {
-            candidate: c,
-            score: kthena_score(sum, total),
-            matched_blocks: matched[c],
-            weighted_sum: sum,
-        });
+        scores.push(SlotScore::new(c, matched[c], sum, total));
     }
     scores
+}
+
+/// The candidates of `who` in [`count_narrow`] matched the blocks before `at` and no more;
+/// those of them in `heavy` have their sums brought up to `at`.
+fn stop(
+    who: u64,
+    at: u32,
+    heavy: u64,
+    matched: &mut [u32; NARROW],
+    weighted: &mut [Weighted; NARROW],
+) {
+    for c in bits(who) {
+        matched[c] = at;
+        if heavy & (1 << c) != 0 {
+            weighted[c].settle(at);
+        }
+    }
 }
 
 /// The set bits of `mask`, lowest first.
@@ -436,12 +449,7 @@ fn slot_scores(tracks: impl Iterator<Item = (u32, f64)> + Clone, total: usize) -
     let mut scores = Vec::with_capacity(matched);
     let scored = (tracks.enumerate())
         .filter(|(_, (matched, _))| *matched > 0)
-        .map(|(candidate, (matched, sum))| SlotScore {
-            candidate,
-            score: kthena_score(sum, total),
-            matched_blocks: matched,
-            weighted_sum: sum,
-        });
+        .map(|(candidate, (matched, sum))| SlotScore::new(candidate, matched, sum, total));
     scores.extend(scored);
     scores
 }
