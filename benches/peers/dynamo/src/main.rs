@@ -2,16 +2,17 @@
 //! `RadixTree` and `ConcurrentRadixTreeCompressed`, "CRTC") on one seeded workload, in one
 //! process, so the ratios hold whatever else the machine is doing.
 //!
-//! Workload (fixed seed): 64 pods; 1,024 prompts of 128 blocks × 16 tokens, organised as
-//! 32 system prompts (32 blocks) → 8 conversations each (64 blocks) → 4 turns each (32
-//! blocks). Every pod stores 128 prompts, as an engine does: only the blocks it does not hold
-//! yet, with the parent hash of the block before. Then ~30 % of each pod's blocks are removed
-//! (chain tails, deepest first, and some single mid-chain blocks) and 4 pods clear.
+//! Workload (fixed seed): 64 pods (`PEER_PODS=256` for a wider cluster); 1,024 prompts of 128
+//! blocks × 16 tokens, organised as 32 system prompts (32 blocks) → 8 conversations each (64
+//! blocks) → 4 turns each (32 blocks). Every pod stores 128 prompts, as an engine does: only
+//! the blocks it does not hold yet, with the parent hash of the block before. Then ~30 % of
+//! each pod's blocks are removed (chain tails, deepest first, and some single mid-chain blocks)
+//! and 4 pods clear.
 //!
 //! Figures: throughput in M blocks/s from process CPU time (best of 5 runs, a fresh index
 //! each), live heap bytes per resident (block, pod) entry from a counting allocator, and
 //! per-query latency (p50/p99 of wall time over every query of 5 rounds) for a 128-block
-//! prompt against all 64 pods: full hit, half hit (a held conversation, then a new turn),
+//! prompt against all the pods: full hit, half hit (a held conversation, then a new turn),
 //! miss, and the three mixed; and the p50 of each prompt's fastest of 30 queries in a row,
 //! the query's own work with its data in cache. Queries take precomputed block hashes on
 //! both sides.
@@ -91,7 +92,15 @@ const SYS_BLOCKS: usize = 32;
 const CONV_BLOCKS: usize = 64;
 const TURN_BLOCKS: usize = 32;
 const PROMPT_BLOCKS: usize = SYS_BLOCKS + CONV_BLOCKS + TURN_BLOCKS;
-const PODS: usize = 64;
+/// Pods in the workload: 64, or `PEER_PODS` (every query scores all of them, so a wider
+/// cluster measures candidate lists longer than one 64-bit word).
+fn pods() -> usize {
+    static PODS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PODS.get_or_init(|| {
+        let pods = std::env::var("PEER_PODS").ok().and_then(|p| p.parse().ok());
+        pods.filter(|&p| p > CLEARED_PODS).unwrap_or(64)
+    })
+}
 const PROMPTS_PER_POD: usize = 128;
 const CLEARED_PODS: usize = 4;
 const QUERIES: usize = 200;
@@ -195,14 +204,14 @@ impl Workload {
         Workload {
             nodes,
             prompts,
-            held: vec![HashSet::new(); PODS],
+            held: vec![HashSet::new(); pods()],
         }
     }
 
     /// Every pod stores `PROMPTS_PER_POD` prompts, in rounds across pods, `per_event` blocks
     /// an event.
     fn stores(&mut self, rng: &mut fastrand::Rng, per_event: usize) -> Vec<Op> {
-        let picks: Vec<Vec<usize>> = (0..PODS)
+        let picks: Vec<Vec<usize>> = (0..pods())
             .map(|_| {
                 let mut all: Vec<usize> = (0..self.prompts.len()).collect();
                 rng.shuffle(&mut all);
@@ -210,7 +219,7 @@ impl Workload {
                 all
             })
             .collect();
-        let mut held = vec![HashSet::new(); PODS];
+        let mut held = vec![HashSet::new(); pods()];
         let mut ops = Vec::new();
         for round in 0..PROMPTS_PER_POD {
             for (pod, picked) in picks.iter().enumerate() {
@@ -239,7 +248,7 @@ impl Workload {
     /// message) and single mid-chain turn blocks of other prompts.
     fn removes(&self, rng: &mut fastrand::Rng) -> Vec<Op> {
         let mut ops = Vec::new();
-        for pod in 0..PODS {
+        for pod in 0..pods() {
             let mut prompts: Vec<&Vec<usize>> = self
                 .prompts
                 .iter()
@@ -407,7 +416,7 @@ fn locals(prompt: &[usize], w: &Workload) -> Vec<LocalBlockHash> {
 
 /// Dynamo's overlap scores as matched blocks per pod.
 fn per_pod(scores: OverlapScores) -> Vec<u32> {
-    let mut out = vec![0; PODS];
+    let mut out = vec![0; pods()];
     for (worker, score) in scores.scores {
         out[worker.worker_id as usize] = score;
     }
@@ -542,7 +551,7 @@ impl Kvindex {
 
     fn with_options(mode: MatchMode, options: IndexOptions) -> Kvindex {
         let index = Index::with_options(options);
-        let pods: Vec<String> = (0..PODS).map(pod_name).collect();
+        let pods: Vec<String> = (0..pods()).map(pod_name).collect();
         let sources = pods
             .iter()
             .map(|pod| {
@@ -553,7 +562,7 @@ impl Kvindex {
                         engine: Engine::Vllm,
                         dp_rank: 0,
                     })
-                    .expect("64 pods fit")
+                    .expect("the pods fit")
             })
             .collect();
         let candidates = Candidates::new(&index, &pods);
@@ -618,7 +627,7 @@ impl Peer for Kvindex {
     }
     fn matched(&self, prompt: &[usize], w: &Workload) -> Vec<u32> {
         let hashes = self.hashes(prompt, w);
-        let mut out = vec![0; PODS];
+        let mut out = vec![0; pods()];
         for s in self.scores(&hashes).scores {
             let pod: usize = s.pod["pod-".len()..s.pod.len() - ".bench".len()]
                 .parse()
@@ -950,7 +959,7 @@ fn mismatches(
     for p in prompts {
         let got = peer.matched(p, w);
         let want = truth(p);
-        checks += PODS;
+        checks += pods();
         wrong += got.iter().zip(&want).filter(|(g, t)| g != t).count();
     }
     (wrong, checks)
@@ -1085,7 +1094,8 @@ fn main() {
         return;
     }
     println!(
-        "workload: {PODS} pods, {} prompts × {PROMPT_BLOCKS} blocks × {BLOCK} tokens, {} resident (block, pod) entries, {} store events of 1 block / {} of 8, {} blocks removed, {} cleared",
+        "workload: {} pods, {} prompts × {PROMPT_BLOCKS} blocks × {BLOCK} tokens, {} resident (block, pod) entries, {} store events of 1 block / {} of 8, {} blocks removed, {} cleared",
+        pods(),
         w.prompts.len(),
         w.resident_entries(),
         stores_1.len(),
@@ -1187,7 +1197,10 @@ fn print_table(c: &[Column], q: &QuerySets) {
     );
     for (i, name) in q.names.iter().enumerate() {
         row(
-            &format!("query 128 blocks × 64 pods, {name}, p50 (µs; ratio: RadixTree ÷ kvindex)"),
+            &format!(
+                "query 128 blocks × {} pods, {name}, p50 (µs; ratio: RadixTree ÷ kvindex)",
+                pods()
+            ),
             &|c| c.queries[i].p50,
             true,
             false,
