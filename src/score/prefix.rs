@@ -135,108 +135,152 @@ pub fn score_prefix<L: Lookup>(
 /// The common path: no freshness rule, so a report can be counted the moment it is seen
 /// (a later report of the same pod for the same block can only raise the block's weight).
 ///
-/// A run of blocks with the same owners on the same media (the backend answers
-/// [`Owners::Repeat`], or counts them ahead with [`Lookup::repeats_after`]) is counted
-/// without visiting anyone: the pods that matched the block before the run match every
-/// block of it with the same weight. Up to 64 candidates are counted as bits of a word
-/// ([`count_narrow`]); more keep a track each ([`count_matches`]), where a pod's run is
-/// settled when the pod is next seen, or when it drops out or the prompt ends
-/// ([`Fast::extend`]).
+/// The candidates are counted as bits of words (candidate c is bit c % 64 of word c / 64):
+/// a visited block sets the bit of each candidate reported for it; the candidates that
+/// matched the block before and are not set stop there, found with one mask per word, and a
+/// run of blocks with the same owners on the same media (the backend answers
+/// [`Owners::Repeat`], or counts them ahead with [`Lookup::repeats_after`]) changes nobody.
+/// A candidate whose weights were all 1.0 so far has matched as many blocks as its sum
+/// says, so only a candidate with another weight keeps a sum of its own ([`Tally`]).
 fn score_without_freshness<L: Lookup>(
     lookup: &mut L,
     candidates: usize,
     total: usize,
 ) -> Vec<SlotScore> {
-    if candidates <= NARROW {
-        return count_narrow(lookup, candidates, total);
+    // The common candidate list (a model's pods) fits one word: a set is then one `u64`,
+    // its tallies on the stack, and no word index is checked against a length.
+    if candidates <= WORD {
+        let mut tallies = [Tally::default(); WORD];
+        return count_words(lookup, total, 0u64, candidates, &mut tallies);
     }
-    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut scratch) => {
-            let scores = count_matches(lookup, candidates, total, &mut scratch);
-            scratch.trim();
-            scores
-        }
-        // Only a lookup that scores another prompt from inside its visits gets here.
-        Err(_) => count_matches(lookup, candidates, total, &mut Scratch::default()),
-    })
+    let mut tallies = vec![Tally::default(); candidates];
+    let words = vec![0u64; candidates.div_ceil(WORD)].into_boxed_slice();
+    count_words(lookup, total, words, candidates, &mut tallies)
 }
 
-/// Candidate lists this short are counted as the bits of one word ([`count_narrow`]).
-const NARROW: usize = 64;
+/// Candidates per word of a [`CandidateSet`].
+const WORD: usize = 64;
 
-/// [`score_without_freshness`] for at most [`NARROW`] candidates, with the candidates
-/// still matching as the bits of one word. A visited block sets the bit of each candidate
-/// reported for it; the candidates that matched the block before and are not set stop
-/// there, found with one mask, and a run of repeated blocks changes nothing. A candidate
-/// whose weights were all 1.0 so far has matched as many blocks as its sum says, so only a
-/// candidate with another weight keeps a sum of its own ([`Weighted`]).
-fn count_narrow<L: Lookup>(lookup: &mut L, candidates: usize, total: usize) -> Vec<SlotScore> {
-    let all = match candidates {
-        NARROW => u64::MAX,
-        n => (1u64 << n) - 1,
-    };
-    let mut matched = [0u32; NARROW];
-    let mut weighted = [Weighted::default(); NARROW];
-    // Who holds block 0 (who scores); who matched every block so far; who has a sum.
-    let (mut first, mut matching, mut heavy) = (0u64, 0u64, 0u64);
+/// A set of candidates by their positions in the list: bit c % 64 of word c / 64.
+trait CandidateSet: Clone {
+    /// The word and bit of candidate `c`, if the set has room for it.
+    fn bit(&self, c: usize) -> Option<(usize, u64)>;
+    /// The words, lowest candidates first.
+    fn words(&self) -> &[u64];
+    /// The words, to change.
+    fn words_mut(&mut self) -> &mut [u64];
+}
+
+/// Up to 64 candidates.
+impl CandidateSet for u64 {
+    fn bit(&self, c: usize) -> Option<(usize, u64)> {
+        (c < WORD).then(|| (0, 1 << c))
+    }
+    fn words(&self) -> &[u64] {
+        std::slice::from_ref(self)
+    }
+    fn words_mut(&mut self) -> &mut [u64] {
+        std::slice::from_mut(self)
+    }
+}
+
+/// Any number of candidates.
+impl CandidateSet for Box<[u64]> {
+    fn bit(&self, c: usize) -> Option<(usize, u64)> {
+        (c / WORD < self.len()).then(|| (c / WORD, 1 << (c % WORD)))
+    }
+    fn words(&self) -> &[u64] {
+        self
+    }
+    fn words_mut(&mut self) -> &mut [u64] {
+        self
+    }
+}
+
+/// [`score_without_freshness`] over `candidates` candidates, with `none` the empty set of
+/// them and a tally for each.
+fn count_words<L: Lookup, S: CandidateSet>(
+    lookup: &mut L,
+    total: usize,
+    none: S,
+    candidates: usize,
+    tallies: &mut [Tally],
+) -> Vec<SlotScore> {
+    // Who holds block 0 (who scores); who matched every block so far; who has a sum; who
+    // was reported for the block being visited.
+    let (mut first, mut matching) = (none.clone(), none.clone());
+    let (mut heavy, mut seen) = (none.clone(), none);
+    // Before block 0, every candidate is still matching.
+    for (w, word) in matching.words_mut().iter_mut().enumerate() {
+        *word = match candidates - w * WORD {
+            n if n >= WORD => u64::MAX,
+            n => (1u64 << n) - 1,
+        };
+    }
     let mut block = 0;
     while block < total {
         let at = block as u32;
-        let eligible = if at == 0 { all } else { matching };
-        let mut seen = 0u64;
         let answer = lookup.for_each_owner_or_repeat(block, |owner| {
-            let Some(bit) = (owner.candidate < NARROW).then(|| 1u64 << owner.candidate) else {
+            let Some((w, bit)) = matching.bit(owner.candidate) else {
                 return;
             };
-            if eligible & bit == 0 {
+            if matching.words()[w] & bit == 0 {
                 return;
             }
-            if owner.weight != 1.0 || heavy & bit != 0 {
-                let w = &mut weighted[owner.candidate];
-                if w.weigh(heavy & bit != 0, seen & bit != 0, at, owner.weight) {
-                    heavy |= bit;
+            let kept = heavy.words()[w] & bit != 0;
+            if owner.weight != 1.0 || kept {
+                let again = seen.words()[w] & bit != 0;
+                if tallies[owner.candidate].weigh(kept, again, at, owner.weight) {
+                    heavy.words_mut()[w] |= bit;
                 }
             }
-            seen |= bit;
+            seen.words_mut()[w] |= bit;
         });
         if answer == Owners::Visited {
             if at == 0 {
-                first = seen;
+                first = seen.clone();
             }
-            stop(matching & !seen, at, heavy, &mut matched, &mut weighted);
-            matching = seen;
-        }
-        if matching == 0 {
-            break;
+            let mut any = 0;
+            let words = matching.words_mut().iter_mut().zip(seen.words_mut());
+            for (w, (matching, seen)) in words.enumerate() {
+                stop(w, *matching & !*seen, at, heavy.words()[w], tallies);
+                *matching = std::mem::take(seen);
+                any |= *matching;
+            }
+            if any == 0 {
+                break;
+            }
         }
         // Still matching: the blocks the backend knows repeat this one change nobody.
         block += lookup.repeats_after(block) + 1;
     }
-    stop(matching, block as u32, heavy, &mut matched, &mut weighted);
-    let mut scores = Vec::with_capacity(first.count_ones() as usize);
-    for c in bits(first) {
-        let sum = match heavy & (1 << c) {
-            0 => f64::from(matched[c]),
-            _ => weighted[c].sum,
-        };
-        scores.push(SlotScore::new(c, matched[c], sum, total));
+    let words = matching.words().iter().zip(heavy.words());
+    for (w, (&matching, &heavy)) in words.enumerate() {
+        stop(w, matching, block as u32, heavy, tallies);
+    }
+    let scored = first.words().iter().map(|w| w.count_ones() as usize).sum();
+    let mut scores = Vec::with_capacity(scored);
+    for (w, (&first, &heavy)) in first.words().iter().zip(heavy.words()).enumerate() {
+        for b in bits(first) {
+            let tally = &tallies[w * WORD + b];
+            let sum = match heavy & (1 << b) {
+                0 => f64::from(tally.matched),
+                _ => tally.sum,
+            };
+            scores.push(SlotScore::new(w * WORD + b, tally.matched, sum, total));
+        }
     }
     scores
 }
 
-/// The candidates of `who` in [`count_narrow`] matched the blocks before `at` and no more;
-/// those of them in `heavy` have their sums brought up to `at`.
-fn stop(
-    who: u64,
-    at: u32,
-    heavy: u64,
-    matched: &mut [u32; NARROW],
-    weighted: &mut [Weighted; NARROW],
-) {
-    for c in bits(who) {
-        matched[c] = at;
-        if heavy & (1 << c) != 0 {
-            weighted[c].settle(at);
+/// The candidates of bits `who` of word `w` in [`count_words`] matched the blocks before
+/// `at` and no more; those of them in `heavy` have their sums brought up to `at`.
+fn stop(w: usize, who: u64, at: u32, heavy: u64, tallies: &mut [Tally]) {
+    for b in bits(who) {
+        let tally = &mut tallies[w * WORD + b];
+        tally.matched = at;
+        if heavy & (1 << b) != 0 {
+            tally.settle(at);
         }
     }
 }
@@ -250,20 +294,23 @@ fn bits(mut mask: u64) -> impl Iterator<Item = usize> {
     })
 }
 
-/// The sum of a candidate of [`count_narrow`] with a weight other than 1.0.
+/// A candidate of [`count_words`]: the blocks it matched, once it stopped, and its sum
+/// while it has a weight other than 1.0.
 #[derive(Debug, Clone, Copy, Default)]
-struct Weighted {
+struct Tally {
     /// Σ weight of the blocks before `since`, added one block at a time in kthena's order.
     sum: f64,
     /// The candidate's best weight for block `since` and the repeats after it.
     best: f64,
     /// The visited block the candidate was last reported for.
     since: u32,
+    /// Blocks matched, set when the candidate stops (drops out or the prompt ends).
+    matched: u32,
 }
 
-impl Weighted {
+impl Tally {
     /// A report of weight `weight` for block `at`, `again` when the candidate was reported
-    /// for it already; `kept` when this entry holds the candidate's sum. Whether it holds
+    /// for it already; `kept` when this tally holds the candidate's sum. Whether it holds
     /// it now.
     fn weigh(&mut self, kept: bool, again: bool, at: u32, weight: f64) -> bool {
         match (kept, again) {
@@ -272,11 +319,9 @@ impl Weighted {
             (false, true) if weight.max(1.0) == 1.0 => return false,
             // Every weight so far was 1.0: the sum before this block is its count.
             (false, _) => {
-                *self = Weighted {
-                    sum: f64::from(at),
-                    best: weight,
-                    since: at,
-                }
+                self.sum = f64::from(at);
+                self.best = weight;
+                self.since = at;
             }
             (true, true) => {
                 if weight > self.best {
@@ -297,148 +342,6 @@ impl Weighted {
             self.sum += self.best;
         }
         self.since = to;
-    }
-}
-
-/// The working lists of [`count_matches`], kept per thread from query to query:
-/// a query then allocates only its answer.
-#[derive(Debug, Default)]
-struct Scratch {
-    /// Each candidate's track, filled at the first owner seen (a prompt nobody holds pays
-    /// nothing for them).
-    tracks: Vec<Fast>,
-    /// Candidates that matched the last visited block (the first `hit` of them), then those
-    /// matching the current one: one list for both.
-    matching: Vec<u32>,
-}
-
-/// Candidates whose lists a thread keeps after a query; longer ones are given back.
-const KEPT_CANDIDATES: usize = 4096;
-
-impl Scratch {
-    /// Gives the lists back when a long candidate list grew them past what is kept.
-    fn trim(&mut self) {
-        if self.tracks.capacity() > KEPT_CANDIDATES {
-            *self = Scratch::default();
-        }
-    }
-}
-
-thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
-}
-
-/// [`score_without_freshness`] for more than [`NARROW`] candidates, with its working lists.
-fn count_matches<L: Lookup>(
-    lookup: &mut L,
-    candidates: usize,
-    total: usize,
-    scratch: &mut Scratch,
-) -> Vec<SlotScore> {
-    let Scratch { tracks, matching } = scratch;
-    tracks.clear();
-    matching.clear();
-    let mut hit = 0;
-    let mut repeats = 0u32;
-    let mut block = 0;
-    while block < total {
-        let at = block as u32;
-        let answer = lookup.for_each_owner_or_repeat(block, |owner| {
-            if tracks.is_empty() {
-                tracks.resize(candidates, Fast::default());
-                matching.reserve(2 * candidates);
-            }
-            let Some(t) = tracks.get_mut(owner.candidate) else {
-                return;
-            };
-            t.settle_run(repeats, at);
-            if t.matched == at {
-                t.matched = at + 1;
-                t.base = t.sum;
-                t.weigh(owner.weight);
-                matching.push(owner.candidate as u32);
-            } else if t.matched == at + 1 && owner.weight > t.best {
-                // Matched earlier in this same block (another DP rank): keep the best.
-                t.weigh(owner.weight);
-            }
-        });
-        match answer {
-            Owners::Repeat if hit == 0 => break,
-            Owners::Repeat => repeats += 1,
-            Owners::Visited => {
-                // Pods of the last visited block not seen in this one stop after the run.
-                for &c in &matching[..hit] {
-                    tracks[c as usize].settle_run(repeats, at);
-                }
-                repeats = 0;
-                matching.drain(..hit);
-                hit = matching.len();
-                if hit == 0 {
-                    break;
-                }
-            }
-        }
-        // Still matching: the blocks the backend knows repeat this one are counted at once.
-        let more = lookup.repeats_after(block);
-        repeats += more as u32;
-        block += more + 1;
-    }
-    for &c in &matching[..hit] {
-        tracks[c as usize].extend(repeats);
-    }
-    slot_scores(tracks.iter().map(|t| (t.matched, t.sum)), total)
-}
-
-/// A candidate's state on the common path.
-#[derive(Debug, Clone, Copy, Default)]
-struct Fast {
-    /// Blocks matched so far (counted up to the last visited block).
-    matched: u32,
-    /// Σ weight before the last matched block.
-    base: f64,
-    /// The pod's best weight for the last matched block.
-    best: f64,
-    sum: f64,
-    /// A weight other than 1.0 went into `sum`, which may then not be a whole number; while
-    /// none did, it is one (a count of blocks), without checking it per [`Self::extend`].
-    fractional: bool,
-}
-
-impl Fast {
-    /// Counts the block matched last with weight `weight` (its best so far).
-    fn weigh(&mut self, weight: f64) {
-        self.best = weight;
-        self.sum = self.base + weight;
-        self.fractional |= weight != 1.0;
-    }
-
-    /// Before block `at`: a pod that matched the block before a run of `repeats` repeated
-    /// blocks matched the whole run, which is counted now.
-    fn settle_run(&mut self, repeats: u32, at: u32) {
-        if repeats > 0 && self.matched + repeats == at {
-            self.extend(repeats);
-        }
-    }
-
-    /// Counts `blocks` more matched blocks of weight `best`, adding in kthena's order (one
-    /// block at a time), so the float sum is bit-identical to visiting each block.
-    fn extend(&mut self, blocks: u32) {
-        if blocks == 0 {
-            return;
-        }
-        self.matched += blocks;
-        // Whole numbers below 2^53 add exactly: n additions of 1.0 are one addition of n.
-        const EXACT: f64 = (1u64 << 53) as f64;
-        if self.best == 1.0 && !self.fractional && self.sum + f64::from(blocks) < EXACT {
-            self.base = self.sum + f64::from(blocks - 1);
-            self.sum += f64::from(blocks);
-            return;
-        }
-        // (`best` came in through `weigh`, which set `fractional` if it is not 1.0.)
-        for _ in 0..blocks {
-            self.base = self.sum;
-            self.sum += self.best;
-        }
     }
 }
 
@@ -691,9 +594,9 @@ mod tests {
     }
 
     #[test]
-    fn narrow_counting_scores_bit_for_bit_as_the_track_per_candidate() {
-        // One word of bits (up to 64 candidates) against a track per candidate (what more
-        // candidates take) and the freshness path with nobody stale (every block visited).
+    fn word_counting_scores_bit_for_bit_as_visiting_every_block() {
+        // Words of bits against the freshness path with nobody stale, which visits every
+        // block and keeps a track per candidate: one word, a word and a bit, several words.
         let weights = [1.0, 1.0, 1.0, 0.8, 0.5, 0.25, 0.0];
         let mut seed = 11u64;
         let mut below = |n: usize| {
@@ -701,7 +604,12 @@ mod tests {
             (crate::hash::mix64(seed) % n as u64) as usize
         };
         for round in 0..3_000 {
-            let candidates = if round % 10 == 0 { 64 } else { 1 + below(12) };
+            let candidates = match round % 10 {
+                0 => 64,
+                1 => 65,
+                2 => 129 + below(100),
+                _ => 1 + below(12),
+            };
             let blocks = 1 + below(40);
             let mut rows: Vec<Vec<(usize, f64, Option<u64>)>> = Vec::new();
             for b in 0..blocks {
@@ -725,34 +633,44 @@ mod tests {
             }
             let fresh = vec![Some(0); candidates];
             let by_block = score_prefix(&mut Table(rows.clone()), candidates, &fresh);
-            let tracked = count_matches(
-                &mut Table(rows.clone()),
-                candidates,
-                blocks,
-                &mut Scratch::default(),
-            );
             for ahead in [0, 2, usize::MAX] {
                 let mut table = RepeatingTable {
                     table: Table(rows.clone()),
                     ahead,
                 };
-                let narrow = score_prefix(&mut table, candidates, &[]);
-                for other in [&by_block, &tracked] {
-                    assert_same_scores(&narrow, other, &format!("{ahead} {rows:?}"));
-                }
+                let words = score_prefix(&mut table, candidates, &[]);
+                assert_same_scores(&words, &by_block, &format!("{ahead} {rows:?}"));
             }
         }
     }
 
     #[test]
     fn more_candidates_than_one_word_holds_are_scored_too() {
-        // 70 candidates: the track per candidate; candidate 69 holds every block.
-        let rows = vec![vec![(0, 1.0, None), (69, 0.8, None)], vec![(69, 0.8, None)]];
-        let s = score_prefix(&mut Table(rows), 70, &[]);
-        assert_eq!(s.len(), 2);
-        assert_eq!((s[0].candidate, s[0].matched_blocks), (0, 1));
-        assert_eq!((s[1].candidate, s[1].matched_blocks), (69, 2));
-        assert_eq!(s[1].weighted_sum, 0.8 + 0.8);
+        // 130 candidates: three words; 63, 64 and 129 sit on the words' edges; a report of
+        // a candidate past the list is nobody's.
+        let rows = vec![
+            vec![
+                (0, 1.0, None),
+                (63, 1.0, None),
+                (64, 0.5, None),
+                (129, 0.8, None),
+            ],
+            vec![(64, 0.5, None), (129, 0.8, None), (130, 1.0, None)],
+            vec![(129, 1.0, None), (63, 1.0, None)],
+        ];
+        let s = score_prefix(&mut Table(rows), 130, &[]);
+        let got: Vec<(usize, u32, f64)> = (s.iter())
+            .map(|s| (s.candidate, s.matched_blocks, s.weighted_sum))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0, 1, 1.0),
+                (63, 1, 1.0),
+                (64, 2, 1.0),
+                (129, 3, 0.8 + 0.8 + 1.0)
+            ]
+        );
     }
 
     #[test]
