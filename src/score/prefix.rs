@@ -147,72 +147,54 @@ fn score_without_freshness<L: Lookup>(
     candidates: usize,
     total: usize,
 ) -> Vec<SlotScore> {
-    // The common candidate list (a model's pods) fits one word: a set is then one `u64`,
-    // its tallies on the stack, and no word index is checked against a length.
+    // The common candidate list (a model's pods) fits one word: its bits and tallies are
+    // then on the stack, and no word index is checked against a length.
     if candidates <= WORD {
-        let mut tallies = [Tally::default(); WORD];
-        return count_words(lookup, total, 0u64, candidates, &mut tallies);
+        let tallies = [Tally::default(); WORD];
+        return count_words(lookup, total, [Word::default()], candidates, tallies);
     }
-    let mut tallies = vec![Tally::default(); candidates];
-    let words = vec![0u64; candidates.div_ceil(WORD)].into_boxed_slice();
-    count_words(lookup, total, words, candidates, &mut tallies)
+    let words = vec![Word::default(); candidates.div_ceil(WORD)];
+    count_words(
+        lookup,
+        total,
+        words,
+        candidates,
+        vec![Tally::default(); candidates],
+    )
 }
 
-/// Candidates per word of a [`CandidateSet`].
+/// Candidates per [`Word`].
 const WORD: usize = 64;
 
-/// A set of candidates by their positions in the list: bit c % 64 of word c / 64.
-trait CandidateSet: Clone {
-    /// The word and bit of candidate `c`, if the set has room for it.
-    fn bit(&self, c: usize) -> Option<(usize, u64)>;
-    /// The words, lowest candidates first.
-    fn words(&self) -> &[u64];
-    /// The words, to change.
-    fn words_mut(&mut self) -> &mut [u64];
+/// The sets of [`count_words`] for 64 candidates: candidate c is bit c % 64 of word c / 64.
+#[derive(Debug, Clone, Copy, Default)]
+struct Word {
+    /// Held block 0: these are scored.
+    first: u64,
+    /// Matched every block so far.
+    matching: u64,
+    /// Keep a sum of their own in their [`Tally`] (a weight other than 1.0 so far).
+    heavy: u64,
+    /// Reported for the block being visited.
+    seen: u64,
 }
 
-/// Up to 64 candidates.
-impl CandidateSet for u64 {
-    fn bit(&self, c: usize) -> Option<(usize, u64)> {
-        (c < WORD).then(|| (0, 1 << c))
-    }
-    fn words(&self) -> &[u64] {
-        std::slice::from_ref(self)
-    }
-    fn words_mut(&mut self) -> &mut [u64] {
-        std::slice::from_mut(self)
-    }
-}
-
-/// Any number of candidates.
-impl CandidateSet for Box<[u64]> {
-    fn bit(&self, c: usize) -> Option<(usize, u64)> {
-        (c / WORD < self.len()).then(|| (c / WORD, 1 << (c % WORD)))
-    }
-    fn words(&self) -> &[u64] {
-        self
-    }
-    fn words_mut(&mut self) -> &mut [u64] {
-        self
-    }
-}
-
-/// [`score_without_freshness`] over `candidates` candidates, with `none` the empty set of
+/// [`score_without_freshness`] over `candidates` candidates, with `words` (all empty) for
 /// them and a tally for each.
-fn count_words<L: Lookup, S: CandidateSet>(
+///
+/// The sets and tallies stay behind their own types up to where they are used: the visits'
+/// closure is a function of its own, and a `[Word; 1]` there is one word whose index needs
+/// no check, where a slice would carry a length to check against.
+fn count_words<L: Lookup, W: AsMut<[Word]>, T: AsMut<[Tally]>>(
     lookup: &mut L,
     total: usize,
-    none: S,
+    mut words: W,
     candidates: usize,
-    tallies: &mut [Tally],
+    mut tallies: T,
 ) -> Vec<SlotScore> {
-    // Who holds block 0 (who scores); who matched every block so far; who has a sum; who
-    // was reported for the block being visited.
-    let (mut first, mut matching) = (none.clone(), none.clone());
-    let (mut heavy, mut seen) = (none.clone(), none);
     // Before block 0, every candidate is still matching.
-    for (w, word) in matching.words_mut().iter_mut().enumerate() {
-        *word = match candidates - w * WORD {
+    for (w, word) in words.as_mut().iter_mut().enumerate() {
+        word.matching = match candidates - w * WORD {
             n if n >= WORD => u64::MAX,
             n => (1u64 << n) - 1,
         };
@@ -221,31 +203,32 @@ fn count_words<L: Lookup, S: CandidateSet>(
     while block < total {
         let at = block as u32;
         let answer = lookup.for_each_owner_or_repeat(block, |owner| {
-            let Some((w, bit)) = matching.bit(owner.candidate) else {
+            let c = owner.candidate;
+            let Some(word) = words.as_mut().get_mut(c / WORD) else {
                 return;
             };
-            if matching.words()[w] & bit == 0 {
+            let bit = 1u64 << (c % WORD);
+            if word.matching & bit == 0 {
                 return;
             }
-            let kept = heavy.words()[w] & bit != 0;
+            let kept = word.heavy & bit != 0;
             if owner.weight != 1.0 || kept {
-                let again = seen.words()[w] & bit != 0;
-                if tallies[owner.candidate].weigh(kept, again, at, owner.weight) {
-                    heavy.words_mut()[w] |= bit;
+                let tally = &mut tallies.as_mut()[c];
+                if tally.weigh(kept, word.seen & bit != 0, at, owner.weight) {
+                    word.heavy |= bit;
                 }
             }
-            seen.words_mut()[w] |= bit;
+            word.seen |= bit;
         });
         if answer == Owners::Visited {
-            if at == 0 {
-                first = seen.clone();
-            }
-            let mut any = 0;
-            let words = matching.words_mut().iter_mut().zip(seen.words_mut());
-            for (w, (matching, seen)) in words.enumerate() {
-                stop(w, *matching & !*seen, at, heavy.words()[w], tallies);
-                *matching = std::mem::take(seen);
-                any |= *matching;
+            let (mut any, tallies) = (0, tallies.as_mut());
+            for (w, word) in words.as_mut().iter_mut().enumerate() {
+                if at == 0 {
+                    word.first = word.seen;
+                }
+                stop(w, word.matching & !word.seen, at, word.heavy, tallies);
+                word.matching = std::mem::take(&mut word.seen);
+                any |= word.matching;
             }
             if any == 0 {
                 break;
@@ -254,16 +237,16 @@ fn count_words<L: Lookup, S: CandidateSet>(
         // Still matching: the blocks the backend knows repeat this one change nobody.
         block += lookup.repeats_after(block) + 1;
     }
-    let words = matching.words().iter().zip(heavy.words());
-    for (w, (&matching, &heavy)) in words.enumerate() {
-        stop(w, matching, block as u32, heavy, tallies);
+    let (words, tallies) = (words.as_mut(), tallies.as_mut());
+    for (w, word) in words.iter().enumerate() {
+        stop(w, word.matching, block as u32, word.heavy, tallies);
     }
-    let scored = first.words().iter().map(|w| w.count_ones() as usize).sum();
+    let scored = words.iter().map(|w| w.first.count_ones() as usize).sum();
     let mut scores = Vec::with_capacity(scored);
-    for (w, (&first, &heavy)) in first.words().iter().zip(heavy.words()).enumerate() {
-        for b in bits(first) {
+    for (w, word) in words.iter().enumerate() {
+        for b in bits(word.first) {
             let tally = &tallies[w * WORD + b];
-            let sum = match heavy & (1 << b) {
+            let sum = match word.heavy & (1 << b) {
                 0 => f64::from(tally.matched),
                 _ => tally.sum,
             };
