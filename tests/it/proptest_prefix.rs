@@ -307,7 +307,8 @@ enum Ask {
     /// By pod names ([`score_index_with`]).
     ByNames,
     /// Through a router's resolved candidate list ([`score_candidates`], which answers a
-    /// prompt whose first block nobody holds without scoring it).
+    /// prompt whose first block nobody holds without scoring it), [`wide_candidates`]: more
+    /// candidates than one 64-bit word of the scorer holds.
     ByCandidates,
 }
 
@@ -339,22 +340,26 @@ fn asked_scores(
                 .collect()
         }
         Ask::ByCandidates => {
-            let candidates = Candidates::new(index, &PODS);
+            let names = wide_candidates();
+            let candidates = Candidates::new(index, &names);
             let scores = score_candidates(index, model, &blocks, &candidates, &weights, &[], mode);
             (scores.into_iter())
-                .map(|s| {
-                    (
-                        PODS[s.candidate].to_string(),
-                        s.matched_blocks,
-                        s.weighted_sum,
-                    )
-                })
+                .map(|s| (names[s.candidate].clone(), s.matched_blocks, s.weighted_sum))
                 .collect()
         }
     };
     (scored.into_iter())
         .map(|(pod, matched, sum)| (pod, (matched, sum)))
         .collect()
+}
+
+/// A router's list of 70 candidates: the two pods at 3 and 66 (either side of the scorer's
+/// first 64-bit word), the others pods the index never heard of.
+fn wide_candidates() -> Vec<String> {
+    let mut names: Vec<String> = (0..70).map(|i| format!("idle-{i}.ns")).collect();
+    names[3] = PODS[0].to_owned();
+    names[66] = PODS[1].to_owned();
+    names
 }
 
 /// The first (batch, prompt, mode) where index and model disagree, if any.
