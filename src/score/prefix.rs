@@ -154,13 +154,8 @@ fn score_without_freshness<L: Lookup>(
         return count_words(lookup, total, [Word::default()], candidates, tallies);
     }
     let words = vec![Word::default(); candidates.div_ceil(WORD)];
-    count_words(
-        lookup,
-        total,
-        words,
-        candidates,
-        vec![Tally::default(); candidates],
-    )
+    let tallies = vec![Tally::default(); candidates];
+    count_words(lookup, total, words, candidates, tallies)
 }
 
 /// Candidates per [`Word`].
