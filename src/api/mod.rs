@@ -2,7 +2,7 @@
 //!
 //! | file | job |
 //! | --- | --- |
-//! | `router.rs` | [`router`]: the app with its protective layers; [`serve`] with graceful shutdown |
+//! | `router.rs` | [`router()`]: the app with its protective layers; [`serve`] with graceful shutdown |
 //! | `state.rs` | [`ApiState`] (what handlers share) and [`ApiLimits`] |
 //! | `error.rs` | [`ApiError`]: JSON error bodies `{"error", "field"}`; internals never shown |
 //! | `body.rs` | body parsing and the checks both scoring routes share |
