@@ -19,6 +19,9 @@
 //!   the hash is the run's at the spot). A query follows a run
 //!   without probing it, and counts the positions up to where the residents change in one
 //!   comparison of chain hashes, with no span scan ([`Cursor`], [`ChainRuns::repeats`]).
+//! - Each position keeps a **fingerprint** of its residents (pods, ranks, media; XORed as
+//!   spans are edited): a query tells a block whose residents are the previous block's,
+//!   in this run or another, by one comparison, and where they change within a run.
 //!   It also knows the chain starts, a prompt's possible first blocks, so a new prompt's
 //!   miss is answered from a small table ([`Locator`]).
 //!
@@ -128,6 +131,10 @@ struct Node {
     /// keep a spot rather than both hashes, [`super::source`]). Apart from the chain hashes,
     /// so a query's walk of a run reads half the memory.
     stds: Vec<u64>,
+    /// Each position's fingerprint: the XOR of [`owner_key`] over its residents (0 when
+    /// nobody holds it), kept as the spans are edited, so a query tells a block whose
+    /// residents are the previous block's without a scan of the spans or any mixing.
+    fps: Vec<u64>,
     /// Spans of one source never overlap.
     spans: Vec<Span>,
     /// The chain hash of the parent of the run's first block when the run is a fork (its
@@ -137,6 +144,19 @@ struct Node {
 }
 
 impl Node {
+    /// XORs `resident`'s owner key into the fingerprints of positions `from..=to`: once as it
+    /// comes, once as it goes.
+    fn flip(&mut self, resident: &Resident, from: u16, to: u16) {
+        let key = owner_key(resident);
+        let Some(fps) = self.fps.get_mut(usize::from(from)..=usize::from(to)) else {
+            debug_assert!(false, "a span past its run");
+            return;
+        };
+        for fp in fps {
+            *fp ^= key;
+        }
+    }
+
     fn held(&self, pos: u16) -> bool {
         self.spans.iter().any(|s| s.covers(pos))
     }
@@ -371,12 +391,12 @@ impl HeldRuns {
     }
 }
 
-/// A query's place in a run: the spot it read last and, while the residents there are known,
-/// their fingerprint and the last position they stay the same up to.
+/// A query's place in a run: the spot it read last and, when somebody holds it, the
+/// fingerprint of its residents (nonzero).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Cursor {
     spot: Spot,
-    same: Option<(u64, u16)>,
+    same: Option<u64>,
 }
 
 /// Positions `from..=to` of one run: the stretch of it an event stores or removes block
@@ -631,6 +651,7 @@ impl ChainRuns {
         let node = &mut self.nodes[id as usize];
         node.chains.push(hash);
         node.stds.push(std);
+        node.fps.push(0);
         Spot {
             node: id,
             pos: node.chains.len() as u32 - 1,
@@ -682,6 +703,7 @@ impl ChainRuns {
             }
             node.chains.pop();
             node.stds.pop();
+            node.fps.pop();
             let pos = node.chains.len() as u32;
             self.locator.remove(last, Spot::from_parts(id, pos));
         }
@@ -750,6 +772,7 @@ impl ChainRuns {
         let Some(joined) = node.add_span(span, held.span_in(stretch.node)) else {
             return false;
         };
+        node.flip(&resident, stretch.from, stretch.to);
         // The source's spans in the run moved: a hint may name another one now.
         self.hint = None;
         held.note(stretch.node);
@@ -792,6 +815,10 @@ impl ChainRuns {
             dropped,
             &mut changed,
         );
+        for i in covering.clone() {
+            let s = node.spans[i];
+            node.flip(&s.resident, s.from.max(from), s.to.min(to));
+        }
         // What is left of the first and the last span outside the stretch stays.
         let head = node.spans[covering.start];
         let tail = node.spans[covering.end - 1];
@@ -865,6 +892,9 @@ impl ChainRuns {
             }
             gone.clear();
             gone.extend(node.spans.drain(from..to));
+            for s in &gone {
+                node.flip(&s.resident, s.from, s.to);
+            }
             let dropped = |others, own| who.values(others, own, None);
             node.count_values(&gone, (0, u16::MAX), who, dropped, &mut changed);
             self.release(id, u16::MAX);
@@ -907,37 +937,38 @@ impl ChainRuns {
         };
         let node = &self.nodes[spot.node as usize];
         let pos = spot.pos as u16;
-        // With nothing to compare against, the residents are visited in the pass that
-        // fingerprints them: one scan of the spans instead of two.
-        let (fingerprint, stable_to) = match unless {
-            None => fingerprint_at(node, pos, |r| visit(PodId(r.pod()), r.media(), r.stored_at)),
-            Some(_) => fingerprint_at(node, pos, |_| {}),
-        };
-        let same = fingerprint.map(|fingerprint| (fingerprint, stable_to));
+        let fingerprint = node.fps.get(usize::from(pos)).copied().unwrap_or(0);
+        // A fingerprint of 0 is mostly nobody (and by a 2^-64 chance somebody): it is never
+        // taken for the same residents, and the spans tell.
+        let same = (fingerprint != 0).then_some(fingerprint);
         cursor.set(Some(Cursor { spot, same }));
-        let Some(fingerprint) = fingerprint else {
-            return Visit::Absent;
-        };
-        match unless {
-            None => {}
-            Some(known) if known == fingerprint => return Visit::Unchanged,
-            Some(_) => {
-                for r in node.residents_at(pos) {
-                    visit(PodId(r.pod()), r.media(), r.stored_at);
-                }
-            }
+        if same.is_some() && unless == same {
+            return Visit::Unchanged;
         }
-        Visit::Visited(fingerprint)
+        let mut held = false;
+        for r in node.residents_at(pos) {
+            held = true;
+            visit(PodId(r.pod()), r.media(), r.stored_at);
+        }
+        debug_assert_eq!(
+            fingerprint,
+            fingerprint_at(node, pos),
+            "a fingerprint out of step"
+        );
+        match held {
+            true => Visit::Visited(fingerprint),
+            false => Visit::Absent,
+        }
     }
 
     /// How many of `next` continue the run from `cursor` at positions whose residents are
-    /// the cursor's (up to where they stay the same): the blocks a visit of each would
-    /// answer unchanged. One comparison of slices rather than a visit per block; the cursor
-    /// moves to the last of them.
+    /// the cursor's (their fingerprint is): the blocks a visit of each would answer
+    /// unchanged. Comparisons of slices rather than a visit per block; the cursor moves to
+    /// the last of them.
     pub(crate) fn repeats(&self, next: &[u64], cursor: &Cell<Option<Cursor>>) -> usize {
         let Some(Cursor {
             spot,
-            same: same @ Some((_, to)),
+            same: same @ Some(fingerprint),
         }) = cursor.get()
         else {
             return 0;
@@ -945,7 +976,13 @@ impl ChainRuns {
         let Some(node) = self.nodes.get(spot.node as usize) else {
             return 0;
         };
-        let Some(run) = (node.chains).get(spot.pos as usize + 1..=usize::from(to)) else {
+        // The positions after the cursor's with its residents (its fingerprint), then those
+        // of them that are `next`'s blocks.
+        let after = spot.pos as usize + 1;
+        let fps = node.fps.get(after..).unwrap_or_default();
+        let fps = &fps[..fps.len().min(next.len())];
+        let stable = fps.iter().take_while(|fp| **fp == fingerprint).count();
+        let Some(run) = (node.chains).get(after..after + stable) else {
             return 0;
         };
         let repeats = common_prefix(run, next);
@@ -988,7 +1025,7 @@ impl ChainRuns {
         let nodes = self.nodes.capacity() * std::mem::size_of::<Node>();
         let runs: usize = (self.nodes.iter())
             .map(|n| {
-                (n.chains.capacity() + n.stds.capacity()) * 8
+                (n.chains.capacity() + n.stds.capacity() + n.fps.capacity()) * 8
                     + n.spans.capacity() * std::mem::size_of::<Span>()
             })
             .sum();
@@ -1048,21 +1085,10 @@ fn common_prefix(a: &[u64], b: &[u64]) -> usize {
     wide + narrow
 }
 
-/// The fingerprint of the residents at `pos` (`None` when nobody holds it) and the last
-/// position up to which they stay the same; `each` is called with every resident there.
-fn fingerprint_at(node: &Node, pos: u16, mut each: impl FnMut(&Resident)) -> (Option<u64>, u16) {
-    let mut fingerprint = None;
-    let mut stable_to = node.chains.len().saturating_sub(1) as u16;
-    for s in &node.spans {
-        if s.covers(pos) {
-            each(&s.resident);
-            fingerprint = Some(fingerprint.unwrap_or(0) ^ owner_key(&s.resident));
-            stable_to = stable_to.min(s.to);
-        } else if s.from > pos {
-            stable_to = stable_to.min(s.from - 1);
-        }
-    }
-    (fingerprint, stable_to)
+/// The fingerprint of the residents at `pos` from the spans (0 when nobody holds it): what
+/// [`Node::fps`] keeps, as the debug check after a visit recomputes it.
+fn fingerprint_at(node: &Node, pos: u16) -> u64 {
+    node.residents_at(pos).fold(0, |fp, r| fp ^ owner_key(r))
 }
 
 impl BlockMut<'_> {
@@ -1393,6 +1419,9 @@ impl ResidentSet for BlockMut<'_> {
             let out = edit(&mut new);
             if new != old {
                 self.looked = None;
+                let pos = self.pos;
+                self.node.flip(&old, pos, pos);
+                self.node.flip(&new, pos, pos);
                 let held = self.set(i, new);
                 self.held_at(pod, rank, held);
             }
@@ -1404,6 +1433,7 @@ impl ResidentSet for BlockMut<'_> {
     fn push(&mut self, resident: Resident) {
         let pos = self.pos;
         let (pod, rank) = (resident.pod(), resident.rank());
+        self.node.flip(&resident, pos, pos);
         // The source holds nothing here: `after` is where its span for the position goes.
         let (at, _) = self.looked_up(pod, rank);
         // A source storing a run block after block: its span before grows by one, with no
@@ -1425,6 +1455,8 @@ impl ResidentSet for BlockMut<'_> {
     fn remove(&mut self, pod: u32, rank: u8) -> bool {
         let pos = self.pos;
         if let (_, Some(at)) = self.looked_up(pod, rank) {
+            let gone = self.node.spans[at].resident;
+            self.node.flip(&gone, pos, pos);
             let spans = &mut self.node.spans;
             // The span shrinks from its end or its start (a run removed block after block,
             // either way), splits around the position, or goes.
@@ -1649,6 +1681,11 @@ mod tests {
                 node.stds.len(),
                 "a position without its std"
             );
+            // Every position's fingerprint is its residents' now.
+            let fps: Vec<u64> = (0..node.chains.len() as u16)
+                .map(|pos| fingerprint_at(node, pos))
+                .collect();
+            assert_eq!(node.fps, fps, "fingerprints out of step with the spans");
             for (pos, hash) in node.chains.iter().enumerate() {
                 let spot = runs
                     .locator
