@@ -146,6 +146,7 @@ struct Node {
 impl Node {
     /// XORs `resident`'s owner key into the fingerprints of positions `from..=to`: once as it
     /// comes, once as it goes.
+    #[inline]
     fn flip(&mut self, resident: &Resident, from: u16, to: u16) {
         let key = owner_key(resident);
         let Some(fps) = self.fps.get_mut(usize::from(from)..=usize::from(to)) else {
