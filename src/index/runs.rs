@@ -17,13 +17,14 @@
 //!   edit of the source's spans ([`ChainRuns::add_first_copies`], [`ChainRuns::drop_copies`]).
 //! - The **locator** maps a chain hash to its node and position (keeping the spot alone:
 //!   the hash is the run's at the spot). A query follows a run
-//!   without probing it, and counts the positions up to where the residents change in one
-//!   comparison of chain hashes, with no span scan ([`Cursor`], [`ChainRuns::repeats`]).
+//!   without probing it, and counts the positions up to where the residents change by
+//!   comparing chain hashes and fingerprints (below), with no span scan ([`Cursor`],
+//!   [`ChainRuns::repeats`]).
+//!   It also knows the chain starts, a prompt's possible first blocks, so a new prompt's
+//!   miss is answered from a small table ([`Locator`]).
 //! - Each position keeps a **fingerprint** of its residents (pods, ranks, media; XORed as
 //!   spans are edited): a query tells a block whose residents are the previous block's,
 //!   in this run or another, by one comparison, and where they change within a run.
-//!   It also knows the chain starts, a prompt's possible first blocks, so a new prompt's
-//!   miss is answered from a small table ([`Locator`]).
 //!
 //! Positions nobody holds stay in their run while a later position is held (positions are
 //! stable); a run's tail that nobody holds is trimmed and a run nobody holds is freed. Each

@@ -531,14 +531,36 @@ mod tests {
         }
     }
 
+    /// `below(n)`, a seeded number in `0..n`, for the random tables.
+    fn seeded(mut seed: u64) -> impl FnMut(usize) -> usize {
+        move |n| {
+            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            (crate::hash::mix64(seed) % n as u64) as usize
+        }
+    }
+
+    /// Asserts `rows` score as `want` (bit for bit) when the table answers repeated blocks
+    /// and tells, from each answered block, up to each of `aheads` blocks that repeat it.
+    fn assert_repeats_score_as(
+        rows: &[Vec<(usize, f64, Option<u64>)>],
+        candidates: usize,
+        want: &[SlotScore],
+        aheads: &[usize],
+    ) {
+        for &ahead in aheads {
+            let mut table = RepeatingTable {
+                table: Table(rows.to_vec()),
+                ahead,
+            };
+            let runs = score_prefix(&mut table, candidates, &[]);
+            assert_same_scores(&runs, want, &format!("{ahead} {rows:?}"));
+        }
+    }
+
     #[test]
     fn repeated_runs_score_bit_for_bit_as_visiting_every_block() {
         let weights = [1.0, 0.8, 0.5, 0.25, 0.1, 0.0];
-        let mut seed = 7u64;
-        let mut below = |n: usize| {
-            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            (crate::hash::mix64(seed) % n as u64) as usize
-        };
+        let mut below = seeded(7);
         for _ in 0..2_000 {
             let candidates = 1 + below(5);
             let blocks = 1 + below(39);
@@ -560,14 +582,7 @@ mod tests {
                 rows.push(row);
             }
             let plain = score_prefix(&mut Table(rows.clone()), candidates, &[]);
-            for ahead in [0, 1, 3, usize::MAX] {
-                let mut table = RepeatingTable {
-                    table: Table(rows.clone()),
-                    ahead,
-                };
-                let runs = score_prefix(&mut table, candidates, &[]);
-                assert_same_scores(&plain, &runs, &format!("{ahead} {rows:?}"));
-            }
+            assert_repeats_score_as(&rows, candidates, &plain, &[0, 1, 3, usize::MAX]);
         }
     }
 
@@ -576,11 +591,7 @@ mod tests {
         // Words of bits against the freshness path with nobody stale, which visits every
         // block and keeps a track per candidate: one word, a word and a bit, several words.
         let weights = [1.0, 1.0, 1.0, 0.8, 0.5, 0.25, 0.0];
-        let mut seed = 11u64;
-        let mut below = |n: usize| {
-            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            (crate::hash::mix64(seed) % n as u64) as usize
-        };
+        let mut below = seeded(11);
         for round in 0..3_000 {
             let candidates = match round % 10 {
                 0 => 64,
@@ -611,14 +622,7 @@ mod tests {
             }
             let fresh = vec![Some(0); candidates];
             let by_block = score_prefix(&mut Table(rows.clone()), candidates, &fresh);
-            for ahead in [0, 2, usize::MAX] {
-                let mut table = RepeatingTable {
-                    table: Table(rows.clone()),
-                    ahead,
-                };
-                let words = score_prefix(&mut table, candidates, &[]);
-                assert_same_scores(&words, &by_block, &format!("{ahead} {rows:?}"));
-            }
+            assert_repeats_score_as(&rows, candidates, &by_block, &[0, 2, usize::MAX]);
         }
     }
 

@@ -92,8 +92,9 @@ const SYS_BLOCKS: usize = 32;
 const CONV_BLOCKS: usize = 64;
 const TURN_BLOCKS: usize = 32;
 const PROMPT_BLOCKS: usize = SYS_BLOCKS + CONV_BLOCKS + TURN_BLOCKS;
-/// Pods in the workload: 64, or `PEER_PODS` (every query scores all of them, so a wider
-/// cluster measures candidate lists longer than one 64-bit word).
+/// Pods in the workload: 64, or `PEER_PODS` when it is more than the `CLEARED_PODS` that
+/// clear (every query scores all of them, so a wider cluster measures candidate lists
+/// longer than one 64-bit word).
 fn pods() -> usize {
     static PODS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *PODS.get_or_init(|| {
