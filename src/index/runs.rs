@@ -159,6 +159,21 @@ impl Node {
         }
     }
 
+    /// Whether every position's fingerprint is the XOR of its residents' keys, as the spans
+    /// give them (one pass over the spans, not one per position).
+    fn fingerprints_in_step(&self) -> bool {
+        let mut fps = vec![0u64; self.fps.len()];
+        for span in &self.spans {
+            let key = owner_key(&span.resident);
+            let range = usize::from(span.from)..=usize::from(span.to);
+            let Some(fps) = fps.get_mut(range) else {
+                return false;
+            };
+            fps.iter_mut().for_each(|fp| *fp ^= key);
+        }
+        fps == self.fps
+    }
+
     fn held(&self, pos: u16) -> bool {
         self.spans.iter().any(|s| s.covers(pos))
     }
@@ -1022,8 +1037,14 @@ impl ChainRuns {
         self.locator.spots.capacity()
     }
 
-    /// Estimated heap bytes.
+    /// Estimated heap bytes. With debug assertions it also checks every position's
+    /// fingerprint against its spans: `stats()` walks every node anyway, and the fuzz target
+    /// and the tests call it after their edits.
     pub(crate) fn heap_bytes(&self) -> usize {
+        debug_assert!(
+            self.nodes.iter().all(Node::fingerprints_in_step),
+            "fingerprints out of step with the spans"
+        );
         let nodes = self.nodes.capacity() * std::mem::size_of::<Node>();
         let runs: usize = (self.nodes.iter())
             .map(|n| {
