@@ -149,29 +149,23 @@ impl Node {
     /// comes, once as it goes.
     #[inline]
     fn flip(&mut self, resident: &Resident, from: u16, to: u16) {
-        let key = owner_key(resident);
-        let Some(fps) = self.fps.get_mut(usize::from(from)..=usize::from(to)) else {
-            debug_assert!(false, "a span past its run");
-            return;
-        };
-        for fp in fps {
-            *fp ^= key;
-        }
+        let flipped = xor_key(&mut self.fps, resident, from, to);
+        debug_assert!(flipped, "a span past its run");
     }
 
-    /// Whether every position's fingerprint is the XOR of its residents' keys, as the spans
-    /// give them (one pass over the spans, not one per position).
-    fn fingerprints_in_step(&self) -> bool {
+    /// Every position's fingerprint as the spans give it (the XOR of its residents' keys),
+    /// in one pass over the spans: what [`Self::fps`] must equal. `None` when a span reaches
+    /// past the run.
+    fn fingerprints_from_spans(&self) -> Option<Vec<u64>> {
         let mut fps = vec![0u64; self.fps.len()];
-        for span in &self.spans {
-            let key = owner_key(&span.resident);
-            let range = usize::from(span.from)..=usize::from(span.to);
-            let Some(fps) = fps.get_mut(range) else {
-                return false;
-            };
-            fps.iter_mut().for_each(|fp| *fp ^= key);
-        }
-        fps == self.fps
+        (self.spans.iter())
+            .all(|s| xor_key(&mut fps, &s.resident, s.from, s.to))
+            .then_some(fps)
+    }
+
+    /// Whether [`Self::fps`] is what the spans give.
+    fn fingerprints_in_step(&self) -> bool {
+        self.fingerprints_from_spans().as_ref() == Some(&self.fps)
     }
 
     fn held(&self, pos: u16) -> bool {
@@ -1108,6 +1102,20 @@ fn common_prefix(a: &[u64], b: &[u64]) -> usize {
     wide + narrow
 }
 
+/// XORs `resident`'s owner key into `fps[from..=to]`; `false`, with nothing changed, when
+/// the positions are past `fps`.
+#[inline]
+fn xor_key(fps: &mut [u64], resident: &Resident, from: u16, to: u16) -> bool {
+    let key = owner_key(resident);
+    let Some(fps) = fps.get_mut(usize::from(from)..=usize::from(to)) else {
+        return false;
+    };
+    for fp in fps {
+        *fp ^= key;
+    }
+    true
+}
+
 /// The fingerprint of the residents at `pos` from the spans (0 when nobody holds it): what
 /// [`Node::fps`] keeps, as the debug check after a visit recomputes it.
 fn fingerprint_at(node: &Node, pos: u16) -> u64 {
@@ -1705,10 +1713,11 @@ mod tests {
                 "a position without its std"
             );
             // Every position's fingerprint is its residents' now.
-            let fps: Vec<u64> = (0..node.chains.len() as u16)
-                .map(|pos| fingerprint_at(node, pos))
-                .collect();
-            assert_eq!(node.fps, fps, "fingerprints out of step with the spans");
+            assert_eq!(
+                node.fingerprints_from_spans().as_ref(),
+                Some(&node.fps),
+                "fingerprints out of step with the spans"
+            );
             for (pos, hash) in node.chains.iter().enumerate() {
                 let spot = runs
                     .locator

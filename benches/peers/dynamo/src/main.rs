@@ -33,11 +33,11 @@
 //! `profile-remove` (each phase's best apply time and its page faults are printed; with
 //! `PROFILE_STD=1`, on the default index with kthena's std layer; with
 //! `PROFILE_PEER=radix`, on Dynamo's RadixTree, the yardstick), or `profile-query-full`,
-//! `-half`, `-miss`, `-mixed` (one query kind after the 8-block stores, its p50 and p99 steady
-//! and in the first pass, and
-//! the p50 and p99 of each prompt's fastest of 30 queries in a row: the spread of the work
-//! itself, without the cache's; `PROFILE_PEER=crtc` or `radix` queries Dynamo's index
-//! instead: in callgrind, toggle `*find_matches_impl*` or `*RadixTree::find_matches*`).
+//! `-half`, `-miss`, `-mixed` (one query kind after the 8-block stores, its p50 and p99
+//! steady and in the first pass, and the p50 and p99 of each prompt's fastest of 30 queries
+//! in a row: the spread of the work itself, without the cache's; `PROFILE_PEER=crtc` or
+//! `radix` queries Dynamo's index instead: in callgrind, toggle `*find_matches_impl*` or
+//! `*RadixTree::find_matches*`).
 //! In callgrind, RadixTree's edits are `*apply_event_with_counters*` (`apply_event` only
 //! jumps there, and a toggle on it collects nothing).
 
@@ -801,6 +801,9 @@ struct Passes {
     steady: Latency,
 }
 
+/// One figure of a peer's [`Passes`], as the table prints it.
+type PassFigure = fn(&Passes) -> f64;
+
 struct Column {
     store_1: f64,
     store_8: f64,
@@ -1227,24 +1230,15 @@ fn print_table(c: &[Column], q: &QuerySets) {
             true,
             false,
         );
-        row(
-            &format!("same, {name}, p99 (µs)"),
-            &|c| c.queries[i].steady.p99,
-            true,
-            false,
-        );
-        row(
-            &format!("same, {name}, first pass after the build, p50 (µs)"),
-            &|c| c.queries[i].first.p50,
-            true,
-            false,
-        );
-        row(
-            &format!("same, {name}, first pass after the build, p99 (µs)"),
-            &|c| c.queries[i].first.p99,
-            true,
-            false,
-        );
+        let views: [(&str, PassFigure); 3] = [
+            ("p99", |p| p.steady.p99),
+            ("first pass after the build, p50", |p| p.first.p50),
+            ("first pass after the build, p99", |p| p.first.p99),
+        ];
+        for (view, value) in views {
+            let label = format!("same, {name}, {view} (µs)");
+            row(&label, &|c| value(&c.queries[i]), true, false);
+        }
         row(
             &format!("same, {name}, each prompt's fastest of {WARM_REPEATS} in a row, p50 (µs)"),
             &|c| c.warm[i].p50,
