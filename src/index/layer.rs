@@ -63,6 +63,8 @@ impl Editor {
 
     /// The pod's value before and after an edit of its resident from `old` to `new`, given
     /// what its other DP ranks hold (`others`); nothing for a layer whose values nobody reads.
+    /// Inlined: every span and block edit asks, from other modules (codegen units).
+    #[inline]
     pub(crate) fn values(
         &self,
         others: Option<FieldValue>,

@@ -138,6 +138,7 @@ pub(crate) fn own_value(r: &Resident) -> Option<FieldValue> {
 }
 
 /// Two contributions to one pod's value combined: media united, the latest store time.
+#[inline]
 pub(crate) fn merge(a: Option<FieldValue>, b: Option<FieldValue>) -> Option<FieldValue> {
     match (a, b) {
         (Some(a), Some(b)) => Some(FieldValue {

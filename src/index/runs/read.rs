@@ -1,0 +1,140 @@
+//! What a query reads: whether a block is held, and a run followed position after position.
+
+use std::cell::Cell;
+
+use super::node::fingerprint_at;
+use super::{ChainRuns, Spot};
+use crate::index::query::Visit;
+use crate::index::residents::Resident;
+use crate::index::PodId;
+use crate::medium::MediaSet;
+
+/// A query's place in a run: the spot it read last and, when somebody holds it, the
+/// fingerprint of its residents (nonzero).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cursor {
+    spot: Spot,
+    same: Option<u64>,
+}
+
+impl ChainRuns {
+    /// Whether anybody holds chain block `key`.
+    pub(crate) fn contains(&self, key: u64) -> bool {
+        self.held_spot(key).is_some()
+    }
+
+    /// Whether anybody holds chain block `key` when it is a chain start: a prompt's first
+    /// block always is one, and a block that is no chain block here is answered by the
+    /// small table of starts alone.
+    pub(crate) fn starts_held(&self, key: u64) -> bool {
+        (self.locator.start_spot(key, &self.nodes))
+            .is_some_and(|spot| self.nodes[spot.node as usize].held(spot.pos as u16))
+    }
+
+    /// [`LayerReader::visit`](crate::index::LayerReader::visit) on chain block `key`,
+    /// following the run `cursor` is in without a probe. The blocks after it whose residents
+    /// stay the same are for [`Self::repeats`] to count, all at once.
+    pub(crate) fn visit(
+        &self,
+        key: u64,
+        unless: Option<u64>,
+        cursor: &Cell<Option<Cursor>>,
+        mut visit: impl FnMut(PodId, MediaSet, u32),
+    ) -> Visit {
+        let next = cursor.get().and_then(|c| {
+            let spot = Spot {
+                node: c.spot.node,
+                pos: c.spot.pos + 1,
+            };
+            (self.at(spot) == Some(key)).then_some(spot)
+        });
+        let Some(spot) = next.or_else(|| self.spot(key)) else {
+            cursor.set(None);
+            return Visit::Absent;
+        };
+        let node = &self.nodes[spot.node as usize];
+        let pos = spot.pos as u16;
+        let fingerprint = node.fps.get(usize::from(pos)).copied().unwrap_or(0);
+        // A fingerprint of 0 is mostly nobody (and by a 2^-64 chance somebody): it is never
+        // taken for the same residents, and the spans tell.
+        let same = (fingerprint != 0).then_some(fingerprint);
+        cursor.set(Some(Cursor { spot, same }));
+        if same.is_some() && unless == same {
+            return Visit::Unchanged;
+        }
+        let mut held = false;
+        for r in node.residents_at(pos) {
+            held = true;
+            visit(PodId(r.pod()), r.media(), r.stored_at);
+        }
+        debug_assert_eq!(
+            fingerprint,
+            fingerprint_at(node, pos),
+            "a fingerprint out of step"
+        );
+        match held {
+            true => Visit::Visited(fingerprint),
+            false => Visit::Absent,
+        }
+    }
+
+    /// How many of `next` continue the run from `cursor` at positions whose residents are
+    /// the cursor's (their fingerprint is): the blocks a visit of each would answer
+    /// unchanged. Comparisons of slices rather than a visit per block; the cursor moves to
+    /// the last of them.
+    pub(crate) fn repeats(&self, next: &[u64], cursor: &Cell<Option<Cursor>>) -> usize {
+        let Some(Cursor {
+            spot,
+            same: same @ Some(fingerprint),
+        }) = cursor.get()
+        else {
+            return 0;
+        };
+        let Some(node) = self.nodes.get(spot.node as usize) else {
+            return 0;
+        };
+        // The positions after the cursor's with its residents (its fingerprint), then those
+        // of them that are `next`'s blocks.
+        let after = spot.pos as usize + 1;
+        let fps = node.fps.get(after..).unwrap_or_default();
+        let fps = &fps[..fps.len().min(next.len())];
+        let stable = fps.iter().take_while(|fp| **fp == fingerprint).count();
+        let Some(run) = (node.chains).get(after..after + stable) else {
+            return 0;
+        };
+        let repeats = common_prefix(run, next);
+        let spot = Spot {
+            pos: spot.pos + repeats as u32,
+            ..spot
+        };
+        cursor.set(Some(Cursor { spot, same }));
+        repeats
+    }
+
+    /// Calls `visit` with the residents of every held chain block, in no order.
+    pub(crate) fn for_each_block(&self, mut visit: impl FnMut(&[Resident])) {
+        let mut residents = Vec::new();
+        for node in &self.nodes {
+            for pos in 0..node.chains.len() as u16 {
+                residents.clear();
+                residents.extend(node.residents_at(pos).copied());
+                if !residents.is_empty() {
+                    visit(&residents);
+                }
+            }
+        }
+    }
+}
+
+/// How many leading hashes `a` and `b` have in common: four at a time (compared without a
+/// branch each) while they agree, then one by one.
+pub(super) fn common_prefix(a: &[u64], b: &[u64]) -> usize {
+    let wide = (a.chunks_exact(4).zip(b.chunks_exact(4)))
+        .take_while(|(a, b)| a == b)
+        .count()
+        * 4;
+    let narrow = (a[wide..].iter().zip(&b[wide..]))
+        .take_while(|(a, b)| a == b)
+        .count();
+    wide + narrow
+}
