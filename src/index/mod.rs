@@ -9,7 +9,7 @@
 //! | `source.rs` | per (pod, DP rank) engine-hash map, the set of blocks a source holds |
 //! | `residents.rs` | compact per-block list of resident sources |
 //! | `layer.rs` | one residency layer's edits (std blocks, chain blocks), shared by both |
-//! | `runs.rs` | the chain blocks, kept in runs with residents as spans of positions |
+//! | `runs/` | the chain blocks, kept in runs with residents as spans of positions (node, locator, edits, reads) |
 //! | `delta.rs` | [`Delta`]s for mirrors, [`DeltaSink`] |
 //! | `intern.rs` | pod name interning; model names and block maps, freed when unreferenced |
 //! | `walk.rs` | chunked walks, point lookups and refreshes for the mirror's background passes |
@@ -18,7 +18,7 @@
 //! content-only std hash: what the Redis mirror writes and `kthena` matching reads) and the
 //! **chain blocks** of `prefix` matching (every model's, identified by the chain hash of the
 //! block's whole prefix, so a pod matches block i only if it holds that exact prefix; kept
-//! in runs with residents as spans, see `runs.rs`).
+//! in runs with residents as spans, see `runs/`).
 //! A block whose parent the source does not know has no chain hash and is in the std layer
 //! only (it can never be a false hit).
 //!
