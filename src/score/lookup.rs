@@ -292,19 +292,26 @@ impl<'a> IndexLookup<'a> {
         // Borrowed out of the `Cow` once, not once per resident.
         let candidates: &Slots = &self.candidates;
         let weights = &mut self.weights;
-        layer.visit(*hash, unless, |pod, media: MediaSet, stored_at| {
-            let Some(candidate) = candidates.slot(pod.0) else {
-                return;
-            };
-            if media.is_empty() {
-                return;
-            }
-            visit(Owner {
-                candidate,
-                weight: weights.best(media),
-                written_at: Some(u64::from(stored_at)),
-            });
-        })
+        // Called once per resident: inlined into the index's loop over them, whatever the
+        // codegen units (out of line it was a call per resident, ~10 % of a full-hit query).
+        layer.visit(
+            *hash,
+            unless,
+            #[inline(always)]
+            |pod, media: MediaSet, stored_at| {
+                let Some(candidate) = candidates.slot(pod.0) else {
+                    return;
+                };
+                if media.is_empty() {
+                    return;
+                }
+                visit(Owner {
+                    candidate,
+                    weight: weights.best(media),
+                    written_at: Some(u64::from(stored_at)),
+                });
+            },
+        )
     }
 }
 

@@ -33,7 +33,11 @@ impl ChainRuns {
 
     /// [`LayerReader::visit`](crate::index::LayerReader::visit) on chain block `key`,
     /// following the run `cursor` is in without a probe. The blocks after it whose residents
-    /// stay the same are for [`Self::repeats`] to count, all at once.
+    /// stay the same are for [`Self::repeats`] to count, all at once. Never inlined: one
+    /// function per caller's closure, with the closure (called per resident) inlined into
+    /// the loop over the residents, is leaner than this inlined into its callers
+    /// (`profile-query-full` 73.3 M instructions against 74.9 M with one codegen unit).
+    #[inline(never)]
     pub(crate) fn visit(
         &self,
         key: u64,
