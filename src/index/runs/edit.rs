@@ -24,7 +24,7 @@ pub(super) struct SpanHint {
 }
 
 /// One chain block opened for an edit: a position of a node, seen as a [`ResidentSet`].
-pub(crate) struct BlockMut<'a> {
+struct BlockMut<'a> {
     node: &'a mut Node,
     id: u32,
     hint: &'a mut Option<SpanHint>,
@@ -38,7 +38,7 @@ pub(crate) struct BlockMut<'a> {
 
 impl ChainRuns {
     /// Chain block `spot` opened for an edit.
-    pub(super) fn open(&mut self, spot: Spot) -> BlockMut<'_> {
+    fn open(&mut self, spot: Spot) -> BlockMut<'_> {
         BlockMut {
             node: &mut self.nodes[spot.node as usize],
             id: spot.node,
