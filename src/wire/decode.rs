@@ -7,7 +7,7 @@
 use super::error::{DecodeError, EventError};
 use super::event::{
     BlockHash, BlockRemoved, BlockStored, EngineBatch, Event, SkipReason, SkippedEvent,
-    StoredExtras,
+    StoredExtras, TokenHashes,
 };
 use super::msgpack::{Int, Kind, Reader};
 use crate::medium::Medium;
@@ -491,6 +491,7 @@ impl Fields {
                     locality: self.locality,
                     // Only ever created to hold a value, so never empty.
                     extras: self.extras,
+                    token_hashes: TokenHashes::default(),
                 };
                 validate_stored(&stored).map_err(SkipReason::Invalid)?;
                 Ok(Event::BlockStored(stored))

@@ -293,3 +293,45 @@ fn index_options_drop_display_only_fields() {
     let b = decode_batch(&payload, DecodeOptions::INDEX).unwrap();
     assert!(only_stored(&b).extras.is_none());
 }
+
+#[test]
+fn token_hashes_are_each_blocks_and_only_used_while_fresh() {
+    use crate::hash::token_hash;
+    let tokens: Vec<u32> = (0..10).collect();
+    let hashes = (0..3).map(BlockHash::Int).collect();
+    let mut stored = BlockStored::new(hashes, tokens.clone(), 4, Medium::GPU);
+    let unhashed = stored.clone();
+    assert_eq!(stored.token_hashes(), None);
+    stored.hash_tokens();
+    // The last block is partial, as `block_tokens` cuts it.
+    let expected: Vec<u64> = [&tokens[0..4], &tokens[4..8], &tokens[8..]]
+        .iter()
+        .map(|t| token_hash(t))
+        .collect();
+    assert_eq!(stored.token_hashes(), Some(&expected[..]));
+    // A cache, not part of the event's value.
+    assert_eq!(stored, unhashed);
+    // Stale once the tokens or the blocks change.
+    let mut edited = stored.clone();
+    edited.token_ids.push(10);
+    assert_eq!(edited.token_hashes(), None);
+    let mut edited = stored.clone();
+    edited.block_hashes.push(BlockHash::Int(3));
+    assert_eq!(edited.token_hashes(), None);
+    // Blocks past the tokens hash as empty ones; a tokenless store has none.
+    let mut short = BlockStored::new(
+        vec![BlockHash::Int(0); 4],
+        tokens[..4].to_vec(),
+        4,
+        Medium::GPU,
+    );
+    short.hash_tokens();
+    let empty = token_hash(&[]);
+    assert_eq!(
+        short.token_hashes().map(|h| h[1..].to_vec()),
+        Some(vec![empty; 3])
+    );
+    let mut tokenless = BlockStored::new(vec![BlockHash::Int(0)], Vec::new(), 4, Medium::GPU);
+    tokenless.hash_tokens();
+    assert_eq!(tokenless.token_hashes(), None);
+}
