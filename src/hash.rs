@@ -11,7 +11,7 @@
 //!   finalizer, a bijection; the first block's parent is its model's seed). It names the
 //!   whole prefix up to and including the block, so a spliced prompt never matches a pod
 //!   that holds the same blocks after another prefix. Two steps so that the tokens are
-//!   hashed where they arrive (an event's decoding,
+//!   hashed where they arrive (as an event is decoded,
 //!   [`crate::wire::BlockStored::hash_tokens`]), outside the index's locks, leaving the
 //!   index the cheap step on its own path.
 

@@ -427,10 +427,8 @@ impl SourcePipeline {
                 obs.observe(Happening::Rejected(&err));
                 Ok(Outcome::DecodeError(err))
             }
-            Ok((seq, mut batch)) => {
+            Ok((seq, batch)) => {
                 obs.observe(Happening::Decoded(&batch));
-                // Here, not in the index: its locks are held for the chain step alone.
-                batch.hash_tokens();
                 self.sequence(index, seq, batch, now, sink, obs)
             }
         }
@@ -573,9 +571,8 @@ impl SourcePipeline {
                 obs.observe(Happening::Duplicate(seq));
                 Ok(())
             }
-            Ok((seq, mut batch)) => {
+            Ok((seq, batch)) => {
                 obs.observe(Happening::Decoded(&batch));
-                batch.hash_tokens();
                 self.apply(index, seq, &batch, now, sink, obs)
             }
             Err(err) => {

@@ -203,8 +203,9 @@ impl BlockStored {
     }
 
     /// Hashes every block's tokens ([`crate::hash::token_hash`]) once, keeping the hashes
-    /// with the event: where an event arrives (the ingest pipeline, after decoding), so that
-    /// [`crate::index::Index::apply`] finds them instead of hashing under its locks.
+    /// with the event: where an event arrives (the decoder does with
+    /// [`crate::wire::DecodeOptions::INDEX`]), so that [`crate::index::Index::apply`] finds
+    /// them instead of hashing under its locks.
     pub fn hash_tokens(&mut self) {
         let hashes = match self.effective_block_size() {
             // Blocks past the tokens are empty, as `block_tokens` gives them.

@@ -292,6 +292,12 @@ fn index_options_drop_display_only_fields() {
     let payload = encode(&V::Array(vec![V::F64(0.0), V::Array(vec![ev])]));
     let b = decode_batch(&payload, DecodeOptions::INDEX).unwrap();
     assert!(only_stored(&b).extras.is_none());
+    // The index's decoding hashes the tokens; the display's does not.
+    let tokens: Vec<u32> = (0..16).collect();
+    let hashes = [crate::hash::token_hash(&tokens)];
+    assert_eq!(only_stored(&b).token_hashes(), Some(&hashes[..]));
+    let full = decode_batch(&payload, DecodeOptions::FULL).unwrap();
+    assert_eq!(only_stored(&full).token_hashes(), None);
 }
 
 #[test]

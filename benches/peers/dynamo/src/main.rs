@@ -32,7 +32,8 @@
 //! `prefix`-only side alone: `profile` (every edit), `profile-store1`, `profile-store8`,
 //! `profile-remove` (each phase's best apply time and its page faults are printed; with
 //! `PROFILE_STD=1`, on the default index with kthena's std layer; with
-//! `PROFILE_PEER=radix`, on Dynamo's RadixTree, the yardstick), or `profile-query-full`,
+//! `PROFILE_PEER=radix`, on Dynamo's RadixTree, the yardstick; with `PROFILE_PREHASHED=1`,
+//! the tokens hashed before the clock, as in the no-hashing row), or `profile-query-full`,
 //! `-half`, `-miss`, `-mixed` (one query kind after the 8-block stores, its p50 and p99
 //! steady and in the first pass, and the p50 and p99 of each prompt's fastest of 30 queries
 //! in a row: the spread of the work itself, without the cache's; `PROFILE_PEER=crtc` or
@@ -1261,8 +1262,9 @@ fn print_table(c: &[Column], q: &QuerySets) {
         radix.refused, crtc.refused, kv.refused, kv_std.refused
     );
     println!(
-        "no hashing: Dynamo's events carry content hashes computed before the clock (its \
-         publisher hashes on the engine's side); kvindex's carry tokens, as vLLM and SGLang \
-         send them, and it computes chain hashes in both store rows"
+        "no hashing: both indexes' events carry their blocks' content hashes computed before \
+         the clock (Dynamo's publisher hashes on the engine's side; kvindex's decoder hashes \
+         the tokens vLLM and SGLang send as it decodes them); with hashing, each hashes the \
+         tokens inside the clock"
     );
 }
