@@ -437,11 +437,12 @@ macro_rules! on_std_block {
     };
 }
 
-/// One stored block's tokens and their token hash (hashed where the event arrived, or by
-/// [`Mutation::stored`]).
+/// Block `i` of a store and its token hash (hashed where the event arrived, or by
+/// [`Mutation::stored`]); its tokens are cut from the event only if SHA-256 needs them.
 #[derive(Clone, Copy)]
 struct Content<'e> {
-    tokens: &'e [u32],
+    stored: &'e BlockStored,
+    i: usize,
     token: TokenHash,
 }
 
@@ -451,11 +452,19 @@ impl Content<'_> {
     /// hash reused for other content.
     fn fresh(self, std_layer: bool) -> u64 {
         if std_layer {
-            std_hash(self.tokens)
+            std_hash(self.stored.block_tokens(self.i))
         } else {
             content_hash(self.token)
         }
     }
+}
+
+/// The token hash of block `i` of a store that came without its token hashes. Out of line:
+/// the store loop of [`Mutation::stored`] keeps its registers for the common event, which
+/// carries them.
+#[inline(never)]
+fn hash_block(stored: &BlockStored, i: usize) -> TokenHash {
+    token_hash(stored.block_tokens(i))
 }
 
 /// The runs `slot` keeps locked, locked if they are not yet. Inlined: stores and removes ask
@@ -561,12 +570,11 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let starts = stored.parent_block_hash.is_none();
         let hashed = stored.token_hashes();
         for (i, hash) in stored.block_hashes.iter().enumerate() {
-            let tokens = stored.block_tokens(i);
             let token = match hashed.and_then(|h| h.get(i)) {
                 Some(&token) => token,
-                None => token_hash(tokens),
+                None => hash_block(stored, i),
             };
-            let content = Content { tokens, token };
+            let content = Content { stored, i, token };
             // The parent block's chain hash: the seed a chain starts at is no block.
             let above = if i == 0 && starts { 0 } else { parent };
             let chain = if parent == 0 {
