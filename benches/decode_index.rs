@@ -8,8 +8,7 @@
 //!   (`[ts, [["BlockStored", hashes, parent, tokens, 16, nil, "GPU"], …], 0]`), `map` =
 //!   0.24+ tagged maps with omit_defaults.
 //! - `decode_index_deltas/…`: the same with a `Vec<Delta>` sink (the Redis mirror's path).
-//! - `decode_only/…`: decoding alone (as the index decodes: with each block's token hash,
-//!   `DecodeOptions::INDEX`).
+//! - `decode_only/…`: decoding alone.
 //! - `std_hash/…`: `kvindex::hash::std_hash` over the same blocks' tokens: the floor that
 //!   decode + index is compared with (goal: decode+index ≤ 2 × hashing).
 //!

@@ -220,17 +220,10 @@ impl Daemon {
             sources = restored.sources.len(),
             engine_blocks = restored.engine_blocks,
             bad_entries = restored.bad_entries,
-            stale_chains = restored.stale_chains,
             other_shards = restored.other_shards,
             took_ms = restored.took_ms,
             "Warm start: rebuilt the index from the Redis checkpoint."
         );
-        if restored.stale_chains > 0 {
-            warn!(
-                blocks = restored.stale_chains,
-                "Warm start: restored blocks without their chain hashes, written by a kvindex that computed them another way; prefix matching finds them again as engines store them anew."
-            );
-        }
         crate::metrics::restored(restored.engine_blocks, restored.took_ms);
         let sources = restored
             .sources

@@ -14,7 +14,7 @@ use super::layer::{self, Change, DupCounts, Editor};
 use super::runs::{ChainRuns, HeldRuns, Spot, Stretch};
 use super::source::{twin_of, HeldSlot, SourceState, TakenBlocks};
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
-use crate::hash::{chain_step, content_hash, model_seed, std_hash, token_hash, TokenHash};
+use crate::hash::{chain_hash, content_hash, model_seed, std_hash};
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
 use crate::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 
@@ -437,34 +437,15 @@ macro_rules! on_std_block {
     };
 }
 
-/// Block `i` of a store and its token hash (hashed where the event arrived, or by
-/// [`Mutation::stored`]); its tokens are cut from the event only if SHA-256 needs them.
-#[derive(Clone, Copy)]
-struct Content<'e> {
-    stored: &'e BlockStored,
-    i: usize,
-    token: TokenHash,
-}
-
-impl Content<'_> {
-    /// The hash a block new to the runs is kept under: kthena's std hash (SHA-256) with the
-    /// std layer; without it nothing reads that, and the token hash still tells an engine
-    /// hash reused for other content.
-    fn fresh(self, std_layer: bool) -> u64 {
-        if std_layer {
-            std_hash(self.stored.block_tokens(self.i))
-        } else {
-            content_hash(self.token)
-        }
+/// The hash a block of `tokens` new to the runs is kept under: kthena's std hash (SHA-256)
+/// with the std layer; without it nothing reads that, and a cheap content hash still tells
+/// an engine hash reused for other content.
+fn fresh_content(std_layer: bool, tokens: &[u32]) -> u64 {
+    if std_layer {
+        std_hash(tokens)
+    } else {
+        content_hash(tokens)
     }
-}
-
-/// The token hash of block `i` of a store that came without its token hashes. Out of line:
-/// the store loop of [`Mutation::stored`] keeps its registers for the common event, which
-/// carries them.
-#[inline(never)]
-fn hash_block(stored: &BlockStored, i: usize) -> TokenHash {
-    token_hash(stored.block_tokens(i))
 }
 
 /// The runs `slot` keeps locked, locked if they are not yet. Inlined: stores and removes ask
@@ -568,22 +549,17 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let std_layer = self.std_layer();
         let mut stretch = None;
         let starts = stored.parent_block_hash.is_none();
-        let hashed = stored.token_hashes();
         for (i, hash) in stored.block_hashes.iter().enumerate() {
-            let token = match hashed.and_then(|h| h.get(i)) {
-                Some(&token) => token,
-                None => hash_block(stored, i),
-            };
-            let content = Content { stored, i, token };
+            let tokens = stored.block_tokens(i);
             // The parent block's chain hash: the seed a chain starts at is no block.
             let above = if i == 0 && starts { 0 } else { parent };
             let chain = if parent == 0 {
                 0
             } else {
-                chain_step(parent, token)
+                chain_hash(parent, tokens)
             };
             if first_copies && chain != 0 {
-                let placed = self.place_new_copy(hash, (chain, above), content, media);
+                let placed = self.place_new_copy(hash, (chain, above), tokens, media);
                 if let Some((spot, std)) = placed {
                     if !(stretch.as_mut()).is_some_and(|s: &mut Stretch| s.grow(spot)) {
                         self.add_stretch(stretch.replace(Stretch::at(spot)), media);
@@ -598,7 +574,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 }
             }
             self.add_stretch(stretch.take(), media);
-            let std = self.content_of(chain, content);
+            let std = self.content_of(chain, tokens);
             let block = Some(StoreHashes {
                 std,
                 chain,
@@ -654,23 +630,23 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         }
     }
 
-    /// Places chain block `chain` (after `parent`, of `content`) for an engine block `hash`
+    /// Places chain block `chain` (after `parent`, of `tokens`) for an engine block `hash`
     /// the source does not hold under any sign, and keeps `hash` on `media` by its spot
     /// there; gives the spot and the std hash its run keeps, or `None`, with nothing
-    /// changed, when the source holds `hash`. The std hash is computed only for a chain
-    /// block new to the runs (see `content_of`).
+    /// changed, when the source holds `hash`. The tokens are hashed only for a chain block
+    /// new to the runs (see `content_of`).
     fn place_new_copy(
         &mut self,
         hash: &BlockHash,
         (chain, parent): (u64, u64),
-        content: Content<'_>,
+        tokens: &[u32],
         media: MediaSet,
     ) -> Option<(Spot, u64)> {
         let place = (parent, self.alone);
         let std_layer = self.std_layer();
         let (chains, state) = self.chain_edit();
         state.put_new(hash, chain, media, || {
-            chains.find_or_place(chain, place, || content.fresh(std_layer))
+            chains.find_or_place(chain, place, || fresh_content(std_layer, tokens))
         })
     }
 
@@ -700,18 +676,18 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         }
     }
 
-    /// The std hash (without the std layer, the content hash) of a block of `content` with
+    /// The std hash (without the std layer, the content hash) of a block of `tokens` with
     /// chain hash `chain`: the one its run keeps when another source stored the chain block
     /// already (a chain hash names the tokens with their whole prefix), without hashing
     /// them again; most stores of a shared prefix are of such a block, so kthena's SHA-256
     /// is computed once per chain block, not once per copy. A 64-bit chain-hash collision
     /// of two contents then gives the second the first's hash: as unlikely as the std or
     /// content hashes colliding themselves.
-    fn content_of(&mut self, chain: u64, content: Content<'_>) -> u64 {
+    fn content_of(&mut self, chain: u64, tokens: &[u32]) -> u64 {
         let std_layer = self.std_layer();
         let (chains, _) = self.chain_edit();
         let known = (chain != 0).then(|| chains.std_of(chain)).flatten();
-        known.unwrap_or_else(|| content.fresh(std_layer))
+        known.unwrap_or_else(|| fresh_content(std_layer, tokens))
     }
 
     /// Stores one engine block; `block` is `None` for a tokenless tier copy. Returns the

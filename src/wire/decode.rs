@@ -7,33 +7,23 @@
 use super::error::{DecodeError, EventError};
 use super::event::{
     BlockHash, BlockRemoved, BlockStored, EngineBatch, Event, SkipReason, SkippedEvent,
-    StoredExtras, TokenHashes,
+    StoredExtras,
 };
 use super::msgpack::{Int, Kind, Reader};
 use crate::medium::Medium;
 
-/// What the decoder keeps beyond the events, and what it computes for the index.
+/// What the decoder keeps beyond what the index needs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DecodeOptions {
     /// Keep display-only fields (`extra_keys`, `session_id`, …) in [`StoredExtras`].
     pub keep_extras: bool,
-    /// Hash each stored block's tokens as they are decoded
-    /// ([`BlockStored::hash_tokens`]), while they are in cache, so that applying the event
-    /// hashes nothing under the index's locks.
-    pub hash_tokens: bool,
 }
 
 impl DecodeOptions {
     /// Everything, for `decode` output.
-    pub const FULL: DecodeOptions = DecodeOptions {
-        keep_extras: true,
-        hash_tokens: false,
-    };
-    /// Only what the index uses, and the token hashes it needs (the ingest hot path).
-    pub const INDEX: DecodeOptions = DecodeOptions {
-        keep_extras: false,
-        hash_tokens: true,
-    };
+    pub const FULL: DecodeOptions = DecodeOptions { keep_extras: true };
+    /// Only what the index uses (the ingest hot path).
+    pub const INDEX: DecodeOptions = DecodeOptions { keep_extras: false };
 }
 
 /// Decodes one payload into a normalized batch.
@@ -487,7 +477,7 @@ impl Fields {
                 }))
             }
             Some(Tag::Stored) => {
-                let mut stored = BlockStored {
+                let stored = BlockStored {
                     block_hashes: self.block_hashes.unwrap_or_default(),
                     parent_block_hash: self.parent_block_hash,
                     token_ids: self.token_ids,
@@ -501,12 +491,8 @@ impl Fields {
                     locality: self.locality,
                     // Only ever created to hold a value, so never empty.
                     extras: self.extras,
-                    token_hashes: TokenHashes::default(),
                 };
                 validate_stored(&stored).map_err(SkipReason::Invalid)?;
-                if self.options.hash_tokens {
-                    stored.hash_tokens();
-                }
                 Ok(Event::BlockStored(stored))
             }
         }

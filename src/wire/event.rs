@@ -2,7 +2,6 @@
 
 use std::fmt;
 
-use crate::hash::{token_hash, TokenHash};
 use crate::medium::Medium;
 
 /// Which engine family produced a stream; decides map-form field names (and, in
@@ -148,32 +147,6 @@ pub struct BlockStored {
     pub locality: Option<String>,
     /// Fields kept only for display (present only when the decoder was asked to keep them).
     pub extras: Option<Box<StoredExtras>>,
-    /// The blocks' token hashes, once [`BlockStored::hash_tokens`] computed them.
-    pub token_hashes: TokenHashes,
-}
-
-/// The token hashes of a store's blocks ([`crate::hash::token_hash`]), computed where the
-/// event arrives so that applying it hashes nothing under the index's locks. Only
-/// [`BlockStored::hash_tokens`] fills them, from the event's own tokens; they are a cache of
-/// `token_ids`, not part of the event's value, so events compare equal whatever they hold.
-#[derive(Clone, Default)]
-pub struct TokenHashes {
-    hashes: Vec<TokenHash>,
-    /// The length of `token_ids` they were computed from: a later edit of the tokens makes
-    /// them stale, and stale ones are not used.
-    tokens: usize,
-}
-
-impl PartialEq for TokenHashes {
-    fn eq(&self, _: &TokenHashes) -> bool {
-        true
-    }
-}
-
-impl fmt::Debug for TokenHashes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TokenHashes({} blocks)", self.hashes.len())
-    }
 }
 
 impl BlockStored {
@@ -198,38 +171,7 @@ impl BlockStored {
             kv_cache_spec_sliding_window: None,
             locality: None,
             extras: None,
-            token_hashes: TokenHashes::default(),
         }
-    }
-
-    /// Hashes every block's tokens ([`crate::hash::token_hash`]) once, keeping the hashes
-    /// with the event: where an event arrives (the decoder does with
-    /// [`crate::wire::DecodeOptions::INDEX`]), so that [`crate::index::Index::apply`] finds
-    /// them instead of hashing under its locks.
-    pub fn hash_tokens(&mut self) {
-        let hashes = match self.effective_block_size() {
-            // Blocks past the tokens are empty, as `block_tokens` gives them.
-            Some(size) if size > 0 => (self.token_ids.chunks(size))
-                .chain(std::iter::repeat(&[][..]))
-                .take(self.block_hashes.len())
-                .map(token_hash)
-                .collect(),
-            _ => Vec::new(),
-        };
-        self.token_hashes = TokenHashes {
-            hashes,
-            tokens: self.token_ids.len(),
-        };
-    }
-
-    /// The token hashes [`Self::hash_tokens`] computed, one per block; `None` when it was
-    /// not called or the event changed since.
-    pub fn token_hashes(&self) -> Option<&[TokenHash]> {
-        let cached = &self.token_hashes;
-        let fresh = cached.tokens == self.token_ids.len()
-            && cached.hashes.len() == self.block_hashes.len()
-            && !self.token_ids.is_empty();
-        fresh.then_some(cached.hashes.as_slice())
     }
 
     /// Tokens per block: the sent `block_size`, else tokens ÷ blocks when that divides.
@@ -368,15 +310,6 @@ impl EngineBatch {
             dp_rank: None,
             events,
             skipped: Vec::new(),
-        }
-    }
-
-    /// [`BlockStored::hash_tokens`] for every store of the batch.
-    pub fn hash_tokens(&mut self) {
-        for event in &mut self.events {
-            if let Event::BlockStored(stored) = event {
-                stored.hash_tokens();
-            }
         }
     }
 }

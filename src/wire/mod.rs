@@ -20,7 +20,7 @@ pub use decode::{decode_batch, DecodeOptions};
 pub use error::{DecodeError, EventError, FrameError, MessageError, MessageErrorKind};
 pub use event::{
     BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event, EventKind, Passthrough,
-    SkipReason, SkippedEvent, StoredExtras, TokenHashes,
+    SkipReason, SkippedEvent, StoredExtras,
 };
 pub use frames::{read_seq, split_message, split_replay_reply, Message, END_MARKER_SEQ};
 pub use text::{batch_to_json, error_to_json, hash_to_json};

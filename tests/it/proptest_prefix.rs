@@ -108,19 +108,12 @@ fn to_event(op: &Op) -> Event {
                 .flatten()
                 .flat_map(|c| tokens_of(*c))
                 .collect();
-            let prehash = hashes[0] % 2 == 0;
             let hashes = hashes.iter().map(|h| BlockHash::Int(*h)).collect();
-            let mut stored = BlockStored {
+            Event::BlockStored(BlockStored {
                 lora_name: lora.then(|| ADAPTER.to_owned()),
                 parent_block_hash: parent.map(BlockHash::Int),
                 ..BlockStored::new(hashes, tokens, BLOCK_SIZE as u32, Medium::intern(medium))
-            };
-            // Half the stores come with their token hashes, as the ingest pipeline hands them
-            // over; the index hashes the others itself. Both must build the same index.
-            if prehash {
-                stored.hash_tokens();
-            }
-            Event::BlockStored(stored)
+            })
         }
         Op::Remove { hashes, medium } => Event::BlockRemoved(BlockRemoved::new(
             hashes.iter().map(|h| BlockHash::Int(*h)).collect(),

@@ -11,7 +11,7 @@ use rmpv::Value as V;
 use kvindex::medium::Medium;
 use kvindex::wire::{
     decode_batch, decode_message, BlockHash, BlockRemoved, BlockStored, DecodeOptions, EngineBatch,
-    Event, SkipReason, SkippedEvent, StoredExtras, TokenHashes,
+    Event, SkipReason, SkippedEvent, StoredExtras,
 };
 
 /// Media spellings seen in the wild, plus one no engine sends.
@@ -474,7 +474,6 @@ fn expected_event(event: &GenEvent) -> Result<Event, SkipReason> {
                 kv_cache_spec_sliding_window: s.sliding_window,
                 locality: s.locality.map(str::to_owned),
                 extras: (!extras.is_empty()).then(|| Box::new(extras)),
-                token_hashes: TokenHashes::default(),
             }))
         }
         GenEvent::Removed(r) => Ok(Event::BlockRemoved(BlockRemoved {

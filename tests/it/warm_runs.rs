@@ -10,7 +10,6 @@ use std::time::Duration;
 use kvindex::index::{Checkpoint, Delta, Index, SourceId, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::score::{score_candidates, Candidates, MatchMode};
-use kvindex::store::redis::checkpoint::RestoreSummary;
 use kvindex::store::redis::{MirrorHandle, RedisConfig, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 use util::own_redis::OwnRedis;
@@ -119,9 +118,12 @@ fn scores(index: &Index, s: u64, prompt: u64) -> Vec<(usize, u32)> {
         .collect()
 }
 
-/// The two pods' sources in `index`, registered.
-fn register(index: &Index) -> Vec<SourceId> {
-    (PODS.iter())
+#[tokio::test]
+async fn a_warm_start_rebuilds_the_chains_in_as_many_runs_with_the_same_checkpoint() {
+    let server = OwnRedis::start(None, &[]);
+    let url = server.url();
+    let live = Index::new();
+    let sources: Vec<SourceId> = (PODS.iter())
         .map(|pod| {
             let spec = SourceSpec {
                 pod: (*pod).to_owned(),
@@ -129,29 +131,15 @@ fn register(index: &Index) -> Vec<SourceId> {
                 engine: Engine::Vllm,
                 dp_rank: 0,
             };
-            index.register_source(&spec).unwrap()
+            live.register_source(&spec).unwrap()
         })
-        .collect()
-}
-
-/// What every pod stores ([`events`]: 4 system prompts, 6 conversations each).
-fn all_events() -> Vec<Vec<Event>> {
-    (0..PODS.len())
-        .map(|pod| events(pod as u64, 4, 6))
-        .collect()
-}
-
-/// An index fed [`all_events`] through a mirror with a checkpoint in Redis at `url`,
-/// flushed and shut down.
-async fn live_with_checkpoint(url: &str) -> Index {
-    let live = Index::new();
-    let sources = register(&live);
-    let mirror = MirrorHandle::start(config(url), live.clone(), TierWeights::default())
+        .collect();
+    let mirror = MirrorHandle::start(config(&url), live.clone(), TierWeights::default())
         .await
         .unwrap();
     let sender = mirror.sender();
-    for (source, events) in sources.iter().zip(all_events()) {
-        for (seq, event) in events.into_iter().enumerate() {
+    for (pod, source) in sources.iter().enumerate() {
+        for (seq, event) in events(pod as u64, 4, 6).into_iter().enumerate() {
             let mut deltas: Vec<Delta> = Vec::new();
             let batch = EngineBatch::of(vec![event]);
             live.apply(*source, &batch, 1_767_225_600, &mut deltas)
@@ -168,32 +156,18 @@ async fn live_with_checkpoint(url: &str) -> Index {
         .unwrap()
         .unwrap();
     mirror.shutdown(WAIT).await;
-    live
-}
-
-/// A fresh index warm-started from the checkpoint at `url`, and what the restore found.
-async fn restarted(url: &str) -> (Index, RestoreSummary) {
-    let restarted = Index::new();
-    let mirror = MirrorHandle::start(config(url), restarted.clone(), TierWeights::default())
-        .await
-        .unwrap();
-    let summary = mirror.restored().cloned().unwrap();
-    mirror.shutdown(WAIT).await;
-    (restarted, summary)
-}
-
-#[tokio::test]
-async fn a_warm_start_rebuilds_the_chains_in_as_many_runs_with_the_same_checkpoint() {
-    let server = OwnRedis::start(None, &[]);
-    let url = server.url();
-    let live = live_with_checkpoint(&url).await;
     let live_runs = live.stats().chain_runs;
     // A run per system prompt, which its first conversation extends, and one per other
     // conversation (3 both pods store, 3 of each pod's own).
     assert_eq!(live_runs, 4 * 9, "{:?}", live.stats());
 
-    let (restarted, summary) = restarted(&url).await;
-    assert_eq!((summary.bad_entries, summary.stale_chains), (0, 0));
+    let restarted = Index::new();
+    let mirror = MirrorHandle::start(config(&url), restarted.clone(), TierWeights::default())
+        .await
+        .unwrap();
+    let summary = mirror.restored().cloned().unwrap();
+    mirror.shutdown(WAIT).await;
+    assert_eq!(summary.bad_entries, 0);
     assert_eq!(summary.engine_blocks as usize, entries(&live).len());
     let (now, then) = (entries(&restarted), entries(&live));
     assert_eq!(now.len(), then.len());
@@ -208,85 +182,6 @@ async fn a_warm_start_rebuilds_the_chains_in_as_many_runs_with_the_same_checkpoi
                 scores(&live, s, prompt),
                 "system prompt {s}, conversation {prompt}"
             );
-        }
-    }
-}
-
-/// Every `kvindex:src:*` value as the first chain hash definition wrote it: the chain a bare
-/// number. Returns how many entries had a chain.
-fn rewrite_as_first_version(url: &str) -> usize {
-    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("kvindex:src:*")
-        .query(&mut conn)
-        .unwrap();
-    let mut chains = 0;
-    for key in keys {
-        let values: Vec<(String, String)> =
-            redis::cmd("HGETALL").arg(&key).query(&mut conn).unwrap();
-        for (field, value) in values {
-            let Some((head, chain)) = value.split_once("|v2:") else {
-                continue;
-            };
-            chains += 1;
-            let old = format!("{head}|{chain}");
-            let _: () = redis::cmd("HSET")
-                .arg(&key)
-                .arg(field)
-                .arg(old)
-                .query(&mut conn)
-                .unwrap();
-        }
-    }
-    chains
-}
-
-#[tokio::test]
-async fn chains_of_an_earlier_definition_restore_as_none_until_stored_again() {
-    let server = OwnRedis::start(None, &[]);
-    let url = server.url();
-    let live = live_with_checkpoint(&url).await;
-    let written = rewrite_as_first_version(&url);
-    assert_eq!(
-        written,
-        entries(&live).len(),
-        "every stored block has a chain"
-    );
-
-    let (restarted, summary) = restarted(&url).await;
-    // Every block is back, for `kthena` matching and the mirror, but no chain: those hashes
-    // name nothing this build computes.
-    assert_eq!(summary.bad_entries, 0);
-    assert_eq!(summary.stale_chains as usize, written);
-    assert_eq!(summary.engine_blocks as usize, written);
-    let (now, then) = (entries(&restarted), entries(&live));
-    for (now, then) in now.iter().zip(&then) {
-        assert_eq!((&now.0, now.1, &now.2), (&then.0, then.1, &then.2));
-        assert_eq!(
-            (now.3.std_hash, now.3.media),
-            (then.3.std_hash, then.3.media)
-        );
-        assert_eq!((now.3.chain, now.3.parent), (0, 0));
-    }
-    let prompts = |s: u64| [100 + s * 100, 100 + s * 100 + 5, 100 + s * 100 + 55];
-    for s in 0..4 {
-        for prompt in prompts(s) {
-            assert!(scores(&live, s, prompt).iter().any(|&(_, m)| m > 0));
-            assert!(scores(&restarted, s, prompt).iter().all(|&(_, m)| m == 0));
-        }
-    }
-    // The engines store the blocks anew: `prefix` matching finds them as before.
-    for (source, events) in register(&restarted).into_iter().zip(all_events()) {
-        for event in events {
-            let batch = EngineBatch::of(vec![event]);
-            restarted
-                .apply(source, &batch, 1_767_225_600, &mut kvindex::index::Discard)
-                .unwrap();
-        }
-    }
-    for s in 0..4 {
-        for prompt in prompts(s) {
-            assert_eq!(scores(&restarted, s, prompt), scores(&live, s, prompt));
         }
     }
 }

@@ -5,7 +5,7 @@
 //! | key | type | content |
 //! | --- | --- | --- |
 //! | `kvindex:wm` | hash | field `{pod}#{rank}` → [`Watermark`] as JSON: the last seq whose effects are in Redis, the engine, the base model and the models the source holds blocks of |
-//! | `kvindex:src:{pod}#{rank}@{model}` | hash | field = engine hash (decimal, `-` for negative, `x{hex}` for byte strings) → `{std}\|{stored_at}\|{media,…}`, then `\|v{version}:{chain}` and `\|{parent chain}` for a block with a chain (`version`: [`CHAIN_HASH_VERSION`]) |
+//! | `kvindex:src:{pod}#{rank}@{model}` | hash | field = engine hash (decimal, `-` for negative, `x{hex}` for byte strings) → `{std}\|{stored_at}\|{media,…}`, then `\|{chain}` and `\|{parent chain}` for a block with a chain |
 //!
 //! The kthena field holds only a pod's best medium and its mapping keys have no DP rank or
 //! model, so they cannot rebuild the index; this checkpoint can. Within one flush the data
@@ -20,7 +20,6 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use super::MirrorError;
-use crate::hash::CHAIN_HASH_VERSION;
 use crate::index::{EngineState, Index, SourceId, SourceSpec};
 use crate::medium::{MediaSet, Medium};
 use crate::redis_conn::{RedisConn, RedisTarget};
@@ -119,13 +118,10 @@ pub fn parse_engine_field(field: &str) -> Option<BlockHash> {
 }
 
 /// `{std}|{stored_at}|{media spellings joined by ','}` (the empty spelling = no medium),
-/// then `|v{version}:{chain}` when the block has a chain hash (entries without one read as
-/// chain 0, so checkpoints written before chains existed still restore), and `|{parent}`
-/// after it when the block's parent is known (entries without one read as parent 0:
-/// restored as chain starts, as before parents were kept). `version` is the
-/// [`CHAIN_HASH_VERSION`] the chain was computed with: a chain of another version (or of
-/// the first, written as a bare number) names nothing this build computes, so its block is
-/// restored without a chain rather than under a hash no prompt matches.
+/// then `|{chain}` when the block has a chain hash (entries without one read as chain 0, so
+/// checkpoints written before chains existed still restore), and `|{parent}` after it when
+/// the block's parent is known (entries without one read as parent 0: restored as chain
+/// starts, as before parents were kept).
 pub fn engine_value(state: &EngineState) -> String {
     let mut out = String::with_capacity(40);
     push_engine_value(&mut out, state);
@@ -143,21 +139,15 @@ pub fn push_engine_value(out: &mut String, state: &EngineState) {
         out.push_str(medium.spelling());
     }
     if state.chain != 0 {
-        let _ = write!(out, "|v{CHAIN_HASH_VERSION}:{}", state.chain);
+        let _ = write!(out, "|{}", state.chain);
         if state.parent != 0 {
             let _ = write!(out, "|{}", state.parent);
         }
     }
 }
 
-/// The inverse of [`engine_value`]; a chain of another [`CHAIN_HASH_VERSION`] reads as
-/// none (chain and parent 0).
+/// The inverse of [`engine_value`].
 pub fn parse_engine_value(value: &str) -> Option<EngineState> {
-    parse_value(value).map(|(state, _)| state)
-}
-
-/// [`parse_engine_value`], and whether the entry's chain was dropped for its version.
-fn parse_value(value: &str) -> Option<(EngineState, bool)> {
     let mut parts = value.splitn(5, '|');
     let std_hash = parts.next()?.parse().ok()?;
     let stored_at = parts.next()?.parse().ok()?;
@@ -165,36 +155,19 @@ fn parse_value(value: &str) -> Option<(EngineState, bool)> {
     for spelling in parts.next()?.split(',') {
         media.insert(Medium::intern(spelling));
     }
-    let (chain, version) = match parts.next() {
-        None => (0, CHAIN_HASH_VERSION),
-        Some(part) => parse_chain(part)?,
+    let mut hash_part = || match parts.next() {
+        Some(hash) => hash.parse().ok(),
+        None => Some(0),
     };
-    let parent = match parts.next() {
-        Some(hash) => hash.parse().ok()?,
-        None => 0,
-    };
-    let mut state = EngineState {
+    let chain = hash_part()?;
+    let parent = hash_part()?;
+    Some(EngineState {
         std_hash,
         media,
         stored_at,
         chain,
         parent,
-    };
-    let stale = version != CHAIN_HASH_VERSION;
-    if stale {
-        state.chain = 0;
-        state.parent = 0;
-    }
-    Some((state, stale))
-}
-
-/// A chain part, `v{version}:{chain}` or, as the first version wrote it, `{chain}`.
-fn parse_chain(part: &str) -> Option<(u64, u32)> {
-    let Some(versioned) = part.strip_prefix('v') else {
-        return Some((part.parse().ok()?, 1));
-    };
-    let (version, chain) = versioned.split_once(':')?;
-    Some((chain.parse().ok()?, version.parse().ok()?))
+    })
 }
 
 /// What a warm start found and rebuilt.
@@ -206,10 +179,6 @@ pub struct RestoreSummary {
     pub engine_blocks: u64,
     /// Checkpoint entries that did not parse (skipped, logged).
     pub bad_entries: u64,
-    /// Engine blocks restored without their chain: it was computed by a kvindex with
-    /// another [`CHAIN_HASH_VERSION`]. `prefix` matching finds them again once the engine
-    /// stores them anew; `kthena` matching and the mirror are unaffected.
-    pub stale_chains: u64,
     /// Sources left alone because another shard owns their pod.
     pub other_shards: u64,
     /// Wall time of the restore, milliseconds.
@@ -308,11 +277,8 @@ async fn restore_state_key(
             .query_async(conn)
             .await?;
         for (field, value) in page {
-            match parse_engine_field(&field).zip(parse_value(&value)) {
-                Some((hash, (state, stale))) => {
-                    summary.stale_chains += u64::from(stale);
-                    blocks.push((hash, state));
-                }
+            match parse_engine_field(&field).zip(parse_engine_value(&value)) {
+                Some(block) => blocks.push(block),
                 None => summary.bad_entries += 1,
             }
         }
@@ -374,38 +340,13 @@ mod tests {
             parent: 0,
         };
         let value = engine_value(&state);
-        assert_eq!(value, format!("7|9|GPU|v2:{}", u64::MAX));
+        assert_eq!(value, format!("7|9|GPU|{}", u64::MAX));
         assert_eq!(parse_engine_value(&value), Some(state));
         // A chainless block keeps the layout of checkpoints written before chains existed.
         let old = EngineState { chain: 0, ..state };
         assert_eq!(engine_value(&old), "7|9|GPU");
         assert_eq!(parse_engine_value("7|9|GPU"), Some(old));
         assert_eq!(parse_engine_value("7|9|GPU|x"), None);
-        assert_eq!(parse_engine_value("7|9|GPU|v2:x"), None);
-        assert_eq!(parse_engine_value("7|9|GPU|vx:1"), None);
-    }
-
-    #[test]
-    fn chains_of_another_version_are_restored_as_none() {
-        let chainless = EngineState {
-            std_hash: 7,
-            media: MediaSet::single(Medium::GPU),
-            stored_at: 9,
-            chain: 0,
-            parent: 0,
-        };
-        // The first version wrote bare numbers; a later one another `v{n}:`.
-        for value in ["7|9|GPU|11", "7|9|GPU|11|12", "7|9|GPU|v3:11|12"] {
-            assert_eq!(parse_value(value), Some((chainless, true)), "{value}");
-        }
-        let current = parse_value("7|9|GPU|v2:11|12");
-        let state = EngineState {
-            chain: 11,
-            parent: 12,
-            ..chainless
-        };
-        assert_eq!(current, Some((state, false)));
-        assert_eq!(parse_value("7|9|GPU"), Some((chainless, false)));
     }
 
     #[test]
@@ -418,17 +359,17 @@ mod tests {
             parent: u64::MAX,
         };
         let value = engine_value(&state);
-        assert_eq!(value, format!("7|9|GPU|v2:11|{}", u64::MAX));
+        assert_eq!(value, format!("7|9|GPU|11|{}", u64::MAX));
         assert_eq!(parse_engine_value(&value), Some(state));
-        // A chain start has no parent.
+        // Written before parents were kept: a chain start.
         let start = EngineState { parent: 0, ..state };
-        assert_eq!(engine_value(&start), "7|9|GPU|v2:11");
-        assert_eq!(parse_engine_value("7|9|GPU|v2:11"), Some(start));
+        assert_eq!(engine_value(&start), "7|9|GPU|11");
+        assert_eq!(parse_engine_value("7|9|GPU|11"), Some(start));
         // A parent goes only with a chain.
         let chainless = EngineState { chain: 0, ..state };
         assert_eq!(engine_value(&chainless), "7|9|GPU");
-        assert_eq!(parse_engine_value("7|9|GPU|v2:11|x"), None);
-        assert_eq!(parse_engine_value("7|9|GPU|v2:11|12|13"), None);
+        assert_eq!(parse_engine_value("7|9|GPU|11|x"), None);
+        assert_eq!(parse_engine_value("7|9|GPU|11|12|13"), None);
     }
 
     #[test]

@@ -32,8 +32,7 @@
 //! `prefix`-only side alone: `profile` (every edit), `profile-store1`, `profile-store8`,
 //! `profile-remove` (each phase's best apply time and its page faults are printed; with
 //! `PROFILE_STD=1`, on the default index with kthena's std layer; with
-//! `PROFILE_PEER=radix`, on Dynamo's RadixTree, the yardstick; with `PROFILE_PREHASHED=1`,
-//! the tokens hashed before the clock, as in the no-hashing row), or `profile-query-full`,
+//! `PROFILE_PEER=radix`, on Dynamo's RadixTree, the yardstick), or `profile-query-full`,
 //! `-half`, `-miss`, `-mixed` (one query kind after the 8-block stores, its p50 and p99
 //! steady and in the first pass, and the p50 and p99 of each prompt's fastest of 30 queries
 //! in a row: the spread of the work itself, without the cache's; `PROFILE_PEER=crtc` or
@@ -402,8 +401,7 @@ trait Peer {
     fn name(&self) -> &'static str;
     /// Applies `ops`; returns how many events were refused and the CPU time of applying
     /// them. Events are built before the clock starts; with `hashed`, the clock also covers
-    /// hashing each block's tokens (Dynamo's XXH3 content hash, kvindex's XXH3 token hash;
-    /// kvindex's std layer hashes with SHA-256 inside its apply either way).
+    /// hashing each block's tokens (Dynamo's XXH3 content hash, kvindex's std hash).
     fn apply(&mut self, ops: &[Op], w: &Workload, hashed: bool) -> (usize, Duration);
     /// Matched blocks per pod for one prompt.
     fn matched(&self, prompt: &[usize], w: &Workload) -> Vec<u32>;
@@ -616,17 +614,10 @@ impl Peer for Kvindex {
             (MatchMode::Kthena, _) => "kvindex kthena",
         }
     }
-    fn apply(&mut self, ops: &[Op], w: &Workload, hashed: bool) -> (usize, Duration) {
-        // With `hashed`, `apply` hashes each block's tokens itself; without, the token
-        // hashes are computed before the clock, where the daemon computes them (after
-        // decoding, `EngineBatch::hash_tokens`) and as Dynamo's publisher computes its
-        // content hashes. The std hash (SHA-256, with the std layer) is computed inside
-        // `apply` either way.
-        let mut batches: Vec<(usize, EngineBatch)> =
+    fn apply(&mut self, ops: &[Op], w: &Workload, _hashed: bool) -> (usize, Duration) {
+        // kvindex hashes inside `apply` (the std hash of each block's tokens) either way.
+        let batches: Vec<(usize, EngineBatch)> =
             ops.iter().map(|op| kvindex_batch(w, op)).collect();
-        if !hashed {
-            batches.iter_mut().for_each(|(_, batch)| batch.hash_tokens());
-        }
         let start = cpu_now();
         let mut refused = 0;
         for (pod, batch) in &batches {
@@ -1108,14 +1099,12 @@ fn main() {
         };
         let kinds = peer_kinds();
         let make = &kinds[kind];
-        // `PROFILE_PREHASHED=1`: the tokens hashed before the clock (the precomputed row).
-        let hashed = std::env::var_os("PROFILE_PREHASHED").is_none();
         let mut best = vec![(Duration::MAX, 0); phases.len()];
         for _ in 0..RUNS {
             let mut peer = make();
             for (ops, best) in phases.iter().zip(&mut best) {
                 let faults = page_faults();
-                let took = peer.apply(ops, &w, hashed).1;
+                let took = peer.apply(ops, &w, true).1;
                 *best = (*best).min((took, page_faults() - faults));
             }
         }
@@ -1262,9 +1251,8 @@ fn print_table(c: &[Column], q: &QuerySets) {
         radix.refused, crtc.refused, kv.refused, kv_std.refused
     );
     println!(
-        "no hashing: both indexes' events carry their blocks' content hashes computed before \
-         the clock (Dynamo's publisher hashes on the engine's side; kvindex's decoder hashes \
-         the tokens vLLM and SGLang send as it decodes them); with hashing, each hashes the \
-         tokens inside the clock"
+        "no hashing: Dynamo's events carry content hashes computed before the clock (its \
+         publisher hashes on the engine's side); kvindex's carry tokens, as vLLM and SGLang \
+         send them, and it computes chain hashes in both store rows"
     );
 }
