@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Env, Issues, MAX_DP_RANKS};
+use super::validate::Issues;
+use super::{Env, MAX_DP_RANKS};
 use crate::wire::Engine;
 
 pub use crate::ingest::discovery::settings::{

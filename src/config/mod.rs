@@ -30,7 +30,6 @@ pub use raw::{RawApi, RawConfig, RawIngest, RawMetrics, RawRedis, RawShard, RawT
 pub use validate::validate;
 
 use kubernetes::KubernetesConfig;
-use validate::Issues;
 
 /// The validated config.
 #[derive(Debug, Clone, PartialEq)]

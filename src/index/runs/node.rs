@@ -248,7 +248,7 @@ impl Node {
 /// XORs `resident`'s owner key into `fps[from..=to]`; `false`, with nothing changed, when
 /// the positions are past `fps`.
 #[inline]
-pub(super) fn xor_key(fps: &mut [u64], resident: &Resident, from: u16, to: u16) -> bool {
+fn xor_key(fps: &mut [u64], resident: &Resident, from: u16, to: u16) -> bool {
     let key = owner_key(resident);
     let Some(fps) = fps.get_mut(usize::from(from)..=usize::from(to)) else {
         return false;
