@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! kvindex: a KV-cache event ingester and prefix index for LLM serving clusters.
 //!
 //! Engines (vLLM, SGLang, TensorRT-LLM) publish `BlockStored` / `BlockRemoved` /

@@ -3,11 +3,11 @@
 //! | file | job |
 //! | --- | --- |
 //! | `mod.rs` | the public surface: [`RedisConfig`], [`MirrorHandle`], [`MirrorSender`] |
-//! | `mirror.rs` | the writer task: coalescing, one bounded pipeline per flush, outage handling |
+//! | `mirror/` | the writer task: coalescing, command encoding, one bounded pipeline per flush, outage handling |
 //! | `inflight.rs` | several pipelines in flight in order on one connection; the write-latency histogram |
 //! | `reconcile.rs` | bringing Redis back in line with the index after an outage |
 //! | `checkpoint.rs` | kvindex's own `kvindex:` keys: watermarks and engine-block state for warm starts |
-//! | `anti_entropy.rs` | background passes: reconcile rewrite, anti-entropy, refresh, watchdog |
+//! | `anti_entropy/` | background passes: reconcile rewrite, anti-entropy, refresh, watchdog (`scan.rs`: the SCAN phase) |
 //! | `watchdog.rs` | noticing a Redis restart or FLUSHALL while idle (`run_id`, sentinel key) |
 //! | `adopt.rs` | removes of unknown engine hashes resolved through Redis's mapping keys |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |

@@ -22,7 +22,7 @@
 //!
 //! Why a SCAN and not per-pod bookkeeping: fields another writer (or an earlier process, or
 //! a Redis restored from an old snapshot) left behind are known to no index; only Redis can
-//! name them. The SCAN is rate-bounded like the rest of the pass.
+//! name them. The SCAN is rate-bounded like the rest of the pass; it lives in `scan.rs`.
 //!
 //! Rates: a reconcile, and the repair after Redis lost keys, run unthrottled in chunks of
 //! [`FAST_CHUNK`] commands with a pause between chunks so ingest keeps flowing. Periodic
@@ -31,25 +31,21 @@
 //! would pass `refresh_after` before the next pass, so no resident field gets older than
 //! `refresh_after` plus one pass.
 
+mod scan;
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Value;
 use tokio::time::Instant;
 
 use super::mirror::{Key, Writer};
-use crate::index::{
-    Delta, EngineState, FieldValue, Index, ModelId, OwnedPods, PodId, WalkCursor, WalkEntry,
-};
+use crate::index::{Delta, EngineState, FieldValue, Index, ModelId, PodId, WalkCursor, WalkEntry};
 use crate::metrics::{self, RepairDirection};
-use crate::redis_conn::Master;
-use crate::redis_layout::{
-    block_key, field_value, mapping_key, mapping_prefix, mapping_value, split_block_key,
-    MAPPING_TTL_SECS,
-};
+use crate::redis_layout::{block_key, field_value, mapping_key, mapping_value, MAPPING_TTL_SECS};
 use crate::wire::{BlockHash, Engine};
+use scan::{ScanCursor, Suspect};
 
 /// Pause between steps of a rate-bounded pass. Each step costs the writer a round trip or
 /// two it cannot flush in, so steps are few and large (a second's budget each) rather than
@@ -57,10 +53,6 @@ use crate::wire::{BlockHash, Engine};
 const TICK: Duration = Duration::from_secs(1);
 /// Pause between chunks of an unthrottled pass: queued deltas are absorbed in between.
 const FAST_TICK: Duration = Duration::from_millis(1);
-/// How long a key the SCAN found to delete waits before it is checked again and deleted:
-/// ingest removes a block from the index before it hands the delta over, so for that long a
-/// key can be gone from the index while its delete is still on its way, not drift.
-const SUSPECT_GRACE: Duration = Duration::from_secs(1);
 /// Commands per chunk of an unthrottled pass.
 const FAST_CHUNK: usize = 10_000;
 /// How often Redis is asked for its `run_id` and the sentinel key.
@@ -68,10 +60,6 @@ pub(super) const WATCHDOG_PERIOD: Duration = Duration::from_secs(1);
 /// Keys recorded during an outage at most; past it the record is dropped and the reconcile
 /// is followed by a full, unthrottled anti-entropy pass instead.
 pub(super) const TOUCHED_CAP: usize = 100_000;
-/// Keys asked of one SCAN call at most.
-const SCAN_COUNT_MAX: usize = 1000;
-/// Keys asked of one SCAN call at least (a SCAN is one command however many it returns).
-const SCAN_COUNT_MIN: usize = 10;
 /// Burst of the token bucket, in seconds of the configured rate.
 const BURST_SECS: f64 = 1.0;
 
@@ -104,18 +92,6 @@ enum Phase {
     Scan(ScanCursor),
 }
 
-/// Where the SCAN phase stands: every master is scanned in turn (one master for a single
-/// Redis; every master of a cluster, each holding its own share of the keys).
-#[derive(Debug, Clone, Default)]
-struct ScanCursor {
-    /// The masters, read when the phase starts (empty until then).
-    masters: Vec<Master>,
-    /// The master being scanned.
-    at: usize,
-    /// Its SCAN cursor.
-    cursor: u64,
-}
-
 struct Pass {
     mode: Mode,
     phase: Phase,
@@ -123,7 +99,7 @@ struct Pass {
     buffer: Vec<WalkEntry>,
     started: Instant,
     started_unix: u32,
-    /// Keys the SCAN found that the index does not hold, waiting out [`SUSPECT_GRACE`]
+    /// Keys the SCAN found that the index does not hold, waiting out [`scan::SUSPECT_GRACE`]
     /// before they are checked again and deleted (oldest first).
     suspects: Vec<Suspect>,
     /// Counts of this pass, for its closing log line.
@@ -151,42 +127,6 @@ impl Pass {
             written: 0,
             refreshed: 0,
         }
-    }
-}
-
-/// A key the SCAN would delete: a field of an owned pod the index does not hold, or a
-/// stale mapping key.
-struct Suspect {
-    found: Instant,
-    key: String,
-    /// The field, for a block key; `None` for a mapping key.
-    field: Option<(PodId, Arc<str>)>,
-}
-
-impl Suspect {
-    /// A suspect found now.
-    fn new(key: String, field: Option<(PodId, Arc<str>)>) -> Suspect {
-        Suspect {
-            found: Instant::now(),
-            key,
-            field,
-        }
-    }
-
-    /// Asks Redis whether it still holds the field or key.
-    fn ask(&self, pipe: &mut redis::Pipeline) {
-        match &self.field {
-            Some((_, name)) => pipe.hexists(&self.key, &**name),
-            None => pipe.exists(&self.key),
-        };
-    }
-
-    /// Deletes the field or key.
-    fn delete(&self, pipe: &mut redis::Pipeline) {
-        match &self.field {
-            Some((_, name)) => pipe.hdel(&self.key, &**name).ignore(),
-            None => pipe.del(&self.key).ignore(),
-        };
     }
 }
 
@@ -715,195 +655,6 @@ impl Writer {
         }
     }
 
-    /// One SCAN call on one master and the repairs of what it returned.
-    async fn scan_step(
-        &mut self,
-        pass: &mut Pass,
-        budget: usize,
-    ) -> Result<(usize, bool), redis::RedisError> {
-        let Phase::Scan(scan) = &pass.phase else {
-            return Ok((1, true));
-        };
-        let mut scan = scan.clone();
-        let mut spent = self.confirm_suspects(pass).await?;
-        if scan.masters.is_empty() {
-            scan.masters = self.conn.masters().await?;
-            spent += 1;
-        }
-        let Some(master) = scan.masters.get(scan.at).cloned() else {
-            // The scan is over; the pass ends once its last suspects are settled.
-            return Ok((spent.max(1), pass.suspects.is_empty()));
-        };
-        let count = budget.clamp(SCAN_COUNT_MIN, SCAN_COUNT_MAX);
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(scan.cursor)
-            .arg("MATCH")
-            .arg("*:kv:block:*")
-            .arg("COUNT")
-            .arg(count);
-        let (next, keys): (u64, Vec<String>) = self.conn.query_on(&master, &cmd).await?;
-        let owned = self.index.owned_pods();
-        let mut names: Vec<(PodId, Arc<str>)> = Vec::new();
-        self.owned_names(&owned, &mut names);
-        let mut writes = redis::pipe();
-        let mut writes_n = 0;
-        let mut blocks: Vec<(&str, Option<ModelId>, u64)> = Vec::new();
-        for key in &keys {
-            if let Some((model, std)) = split_block_key(key) {
-                if let Some((model, std)) = self.parse_block(model, std) {
-                    blocks.push((key, model, std));
-                }
-            } else if self.stale_mapping_key(&owned, key) {
-                pass.suspects.push(Suspect::new(key.clone(), None));
-            }
-        }
-        if !blocks.is_empty() && !names.is_empty() {
-            let mut reads = redis::pipe();
-            for (key, _, _) in &blocks {
-                let mut cmd = redis::cmd("HMGET");
-                cmd.arg(*key);
-                for (_, name) in &names {
-                    cmd.arg(&**name);
-                }
-                reads.add_command(cmd);
-            }
-            let values: Vec<Vec<Option<String>>> = reads.query_async(&mut self.conn).await?;
-            spent += values.len();
-            for (block, fields) in blocks.iter().zip(values) {
-                writes_n += self.repair_block(pass, block, &names, fields, &mut writes);
-            }
-        }
-        if writes_n > 0 {
-            self.send_background(&writes).await?;
-        }
-        if next == 0 {
-            scan.at += 1;
-        }
-        scan.cursor = next;
-        let done = scan.at >= scan.masters.len() && pass.suspects.is_empty();
-        self.count_suspects(pass);
-        pass.phase = Phase::Scan(scan);
-        Ok((spent + writes_n, done))
-    }
-
-    /// Deletes the suspects past [`SUSPECT_GRACE`] that Redis still holds and the index still
-    /// does not (read again now); returns the commands spent.
-    async fn confirm_suspects(&mut self, pass: &mut Pass) -> Result<usize, redis::RedisError> {
-        let ripe = (pass.suspects.iter())
-            .take_while(|s| s.found.elapsed() >= SUSPECT_GRACE)
-            .count();
-        if ripe == 0 {
-            return Ok(0);
-        }
-        let mut reads = redis::pipe();
-        for suspect in &pass.suspects[..ripe] {
-            suspect.ask(&mut reads);
-        }
-        let present: Vec<bool> = reads.query_async(&mut self.conn).await?;
-        let suspects: Vec<Suspect> = pass.suspects.drain(..ripe).collect();
-        let owned = self.index.owned_pods();
-        let mut writes = redis::pipe();
-        let mut writes_n = 0;
-        for (suspect, present) in suspects.iter().zip(present) {
-            let gone = present
-                && match &suspect.field {
-                    Some((pod, _)) => self.field_gone(&owned, &suspect.key, *pod),
-                    None => self.stale_mapping_key(&owned, &suspect.key),
-                };
-            if !gone {
-                continue;
-            }
-            suspect.delete(&mut writes);
-            writes_n += 1;
-            pass.deleted += 1;
-            self.repaired(RepairDirection::Deleted);
-        }
-        self.count_suspects(pass);
-        if writes_n > 0 {
-            self.send_background(&writes).await?;
-        }
-        Ok(ripe + writes_n)
-    }
-
-    /// Publishes how many suspects wait.
-    fn count_suspects(&self, pass: &Pass) {
-        let n = pass.suspects.len() as u64;
-        self.shared.entropy.suspects.store(n, Ordering::Relaxed);
-    }
-
-    /// The model id (when the model is live in the index) and std hash of a block key's
-    /// parts; `None` when the hash is not a number.
-    fn parse_block(&self, model: &str, std: &str) -> Option<(Option<ModelId>, u64)> {
-        let std = std.parse::<u64>().ok()?;
-        Some((self.index.model_id(model), std))
-    }
-
-    /// Whether owned `pod` holds no field of block key `key` in the index now.
-    fn field_gone(&self, owned: &OwnedPods, key: &str, pod: PodId) -> bool {
-        let parsed = split_block_key(key).and_then(|(model, std)| self.parse_block(model, std));
-        let Some((model, std)) = parsed else {
-            return false;
-        };
-        owned.contains(pod)
-            && model
-                .and_then(|m| self.index.field_value(m, std, pod))
-                .is_none()
-    }
-
-    /// Whether `key` is a mapping key of an owned pod whose engine hash no source of the pod
-    /// holds.
-    fn stale_mapping_key(&self, owned: &OwnedPods, key: &str) -> bool {
-        let Some((pod, hash)) = split_mapping_key(key) else {
-            return false;
-        };
-        let Some(pod) = self.index.pod_id(pod) else {
-            return false;
-        };
-        owned.contains(pod)
-            && hash_candidates(hash).all(|h| owned.engine_hash_std(pod, &h).is_none())
-    }
-
-    /// Repairs the owned pods' fields of one block key as read back (`fields` in the order
-    /// of `names`); returns the commands added to `writes`.
-    fn repair_block(
-        &self,
-        pass: &mut Pass,
-        (key, model, std): &(&str, Option<ModelId>, u64),
-        names: &[(PodId, Arc<str>)],
-        fields: Vec<Option<String>>,
-        writes: &mut redis::Pipeline,
-    ) -> usize {
-        let mut n = 0;
-        for ((pod, name), got) in names.iter().zip(fields) {
-            let Some(got) = got else { continue };
-            match model.and_then(|m| self.index.field_value(m, *std, *pod)) {
-                None => {
-                    let field = Some((*pod, name.clone()));
-                    pass.suspects.push(Suspect::new((*key).to_owned(), field));
-                    continue;
-                }
-                Some(v) => {
-                    let want = field_value(v, self.config.value_format, &self.weights);
-                    if want == got {
-                        continue;
-                    }
-                    writes.hset(*key, &**name, want).ignore();
-                    pass.written += 1;
-                    self.repaired(RepairDirection::Written);
-                }
-            }
-            n += 1;
-        }
-        n
-    }
-
-    /// The owned pods with their identifiers, in a fixed order for `HMGET`.
-    fn owned_names(&mut self, owned: &OwnedPods, out: &mut Vec<(PodId, Arc<str>)>) {
-        for pod in owned.ids() {
-            out.push((pod, self.names.pod(&self.index, pod)));
-        }
-    }
-
     fn repaired(&self, direction: RepairDirection) {
         let counter = match direction {
             RepairDirection::Deleted => &self.shared.entropy.repairs_deleted,
@@ -953,36 +704,6 @@ impl Writer {
     }
 }
 
-/// A mapping key's pod and engine-hash text, or `None` for any other key.
-fn split_mapping_key(key: &str) -> Option<(&str, &str)> {
-    [Engine::Vllm, Engine::Sglang]
-        .iter()
-        .find_map(|e| key.strip_prefix(mapping_prefix(*e)))?
-        .rsplit_once('@')
-}
-
-/// Every engine hash whose text form is `text`: decimal text may be an integer or hex bytes.
-fn hash_candidates(text: &str) -> impl Iterator<Item = BlockHash> {
-    let int = text.parse::<u64>().ok().map(BlockHash::Int);
-    let neg = text
-        .parse::<i64>()
-        .ok()
-        .filter(|v| *v < 0)
-        .map(BlockHash::Neg);
-    let bytes = decode_hex(text).map(|b| BlockHash::Bytes(b.into_boxed_slice()));
-    int.into_iter().chain(neg).chain(bytes)
-}
-
-fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if text.is_empty() || !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 fn as_string(value: Option<Value>) -> Option<String> {
     redis::from_redis_value::<Option<String>>(value?)
         .ok()
@@ -994,27 +715,4 @@ pub(super) fn unix_now() -> u32 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mapping_keys_split_into_pod_and_every_reading_of_the_hash() {
-        assert_eq!(
-            split_mapping_key("vllm:kv:block:p.ns@-12"),
-            Some(("p.ns", "-12"))
-        );
-        assert_eq!(split_mapping_key("matrix:kv:block:m@1"), None);
-        let c: Vec<BlockHash> = hash_candidates("12").collect();
-        assert_eq!(
-            c,
-            vec![BlockHash::Int(12), BlockHash::Bytes(vec![0x12].into())]
-        );
-        let c: Vec<BlockHash> = hash_candidates("-5").collect();
-        assert_eq!(c, vec![BlockHash::Neg(-5)]);
-        let c: Vec<BlockHash> = hash_candidates("ab01").collect();
-        assert_eq!(c, vec![BlockHash::Bytes(vec![0xab, 0x01].into())]);
-    }
 }

@@ -9,6 +9,17 @@
 //! the writer stops reading its queue, so ingest waits (backpressure) and nothing is dropped.
 //! The queue itself holds at most [`super::MAX_QUEUED_DELTAS`] deltas whatever the number of
 //! chunks, and ingest hands a clear's blocks over whole (expanded here as they are read).
+//!
+//! | file | job |
+//! | --- | --- |
+//! | `mod.rs` | the task: its queue, coalescing, flushes, answers, dirty mode and backoff |
+//! | `key.rs` | [`Key`]: which field or key a delta writes (the coalescing key) |
+//! | `encode.rs` | deltas as Redis commands, values read from the index at flush time |
+//! | `connect.rs` | opening and checking the connection, auth errors told apart |
+
+mod connect;
+mod encode;
+mod key;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,35 +27,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::anti_entropy::{Entropy, EntropySettings, EntropyStats};
-use super::checkpoint::{
-    push_engine_field, push_engine_value, source_field, state_key, Watermark, WATERMARKS_KEY,
-};
+use super::checkpoint::Watermark;
 use super::inflight::{Batch, InFlight, LatencyHistogram, MarkAt, MAX_IN_FLIGHT};
-use super::{MirrorError, RedisConfig};
+use super::RedisConfig;
 use crate::index::{Checkpoint, Delta, DeltaChunk, Index, ModelId, PodId, SourceId};
 use crate::medium::TierWeights;
-use crate::redis_conn::{ClusterConn, ClusterSettings, RedisConn, RedisTarget};
-use crate::redis_layout::{push_block_key, push_field_value, push_mapping_key, MAPPING_TTL_SECS};
-use crate::wire::{BlockHash, Engine};
+use crate::redis_conn::RedisConn;
+pub(super) use connect::{connect, is_auth_error};
+use encode::{Names, Scratch};
+pub(super) use key::Key;
 
 /// First retry after a failure; doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// Retry interval cap while Redis stays down.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// A command that takes longer than this counts as a failed write.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
-/// A connection attempt that takes longer than this counts as Redis being down.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Retries of one cluster request by the client: enough to follow a `MOVED` and an `ASK`,
-/// few enough that a dead master makes the mirror dirty at once (ingest goes on, and the
-/// reconcile after the failover rewrites what failed) rather than stalling the writer while
-/// a replica is promoted.
-const CLUSTER_RETRIES: u32 = 3;
 /// Flush latencies kept for the percentiles.
 const LATENCY_SAMPLES: usize = 4096;
 /// Commands one pipeline holds at most, whatever `flush_max_commands` says: what bounds the
@@ -70,130 +70,6 @@ pub(super) enum Msg {
     Flush(oneshot::Sender<()>),
     /// Write what is queued, answer, and stop.
     Shutdown(oneshot::Sender<()>),
-}
-
-/// Which Redis field or key a [`Delta`] writes: the coalescing key of one flush and the
-/// record of writes that may not have landed. The wanted state is the [`Delta`] itself, so a
-/// key kind and a state kind can never be paired wrongly.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(super) enum Key {
-    /// Field `pod` of block key `(model, std)`.
-    Field {
-        /// Model.
-        model: ModelId,
-        /// Standardized hash.
-        std: u64,
-        /// Pod.
-        pod: PodId,
-    },
-    /// Mapping key of `pod`'s engine hash.
-    Mapping {
-        /// Pod.
-        pod: PodId,
-        /// Engine (key prefix).
-        engine: Engine,
-        /// Engine hash.
-        hash: BlockHash,
-    },
-    /// Checkpoint entry of one engine block of source `(pod, rank)`.
-    Engine {
-        /// Pod.
-        pod: PodId,
-        /// DP rank.
-        rank: u8,
-        /// Model.
-        model: ModelId,
-        /// Engine hash.
-        hash: BlockHash,
-    },
-    /// The checkpoint of source `(pod, rank)` as a whole (written only to delete it).
-    Source {
-        /// Pod.
-        pod: PodId,
-        /// DP rank.
-        rank: u8,
-    },
-}
-
-impl Key {
-    /// The key `delta` writes.
-    pub(super) fn of(delta: &Delta) -> Key {
-        match delta {
-            Delta::Field {
-                model,
-                std_hash,
-                pod,
-                ..
-            } => Key::Field {
-                model: *model,
-                std: *std_hash,
-                pod: *pod,
-            },
-            Delta::Mapping {
-                pod,
-                engine,
-                engine_hash,
-                ..
-            }
-            | Delta::UnknownRemove {
-                pod,
-                engine,
-                engine_hash,
-                ..
-            } => Key::Mapping {
-                pod: *pod,
-                engine: *engine,
-                hash: engine_hash.clone(),
-            },
-            Delta::Engine {
-                pod,
-                rank,
-                model,
-                engine_hash,
-                ..
-            } => Key::Engine {
-                pod: *pod,
-                rank: *rank,
-                model: *model,
-                hash: engine_hash.clone(),
-            },
-            Delta::SourceGone { pod, rank } => Key::Source {
-                pod: *pod,
-                rank: *rank,
-            },
-        }
-    }
-
-    /// The write that deletes this key (HDEL of the field, DEL of the mapping key).
-    pub(super) fn deletion(self) -> Delta {
-        match self {
-            Key::Field { model, std, pod } => Delta::Field {
-                model,
-                std_hash: std,
-                pod,
-                value: None,
-            },
-            Key::Mapping { pod, engine, hash } => Delta::Mapping {
-                pod,
-                engine,
-                engine_hash: hash,
-                std_hash: None,
-            },
-            Key::Engine {
-                pod,
-                rank,
-                model,
-                hash,
-            } => Delta::Engine {
-                pod,
-                rank,
-                model,
-                engine_hash: hash,
-                state: None,
-            },
-            Key::Source { pod, rank } => Delta::SourceGone { pod, rank },
-        }
-    }
 }
 
 /// State shared between the writer and the handle.
@@ -245,83 +121,6 @@ impl Shared {
     }
 }
 
-/// Opens a managed connection (or a cluster connection) and checks it with a PING, so a bad
-/// URL, refused connection or failed auth is a start-up error.
-///
-/// # Errors
-/// [`MirrorError`] naming the URL without its password.
-pub(super) async fn connect(target: &RedisTarget) -> Result<RedisConn, MirrorError> {
-    let shown = target.shown();
-    let scrub = |e: &redis::RedisError| target.scrub(&e.to_string());
-    let classify = |e: redis::RedisError| {
-        let reason = scrub(&e);
-        if is_auth_error(&e) {
-            MirrorError::Auth {
-                url: shown.clone(),
-                reason,
-            }
-        } else if e.kind() == redis::ErrorKind::InvalidClientConfig {
-            MirrorError::BadUrl {
-                url: shown.clone(),
-                reason,
-            }
-        } else {
-            MirrorError::Connect {
-                url: shown.clone(),
-                reason,
-            }
-        }
-    };
-    let mut conn = match target {
-        RedisTarget::Single(url) => {
-            let client = redis::Client::open(url.as_str()).map_err(|e| MirrorError::BadUrl {
-                url: shown.clone(),
-                reason: scrub(&e),
-            })?;
-            // No push sender: it needs RESP3, and kthena's Redis may speak only RESP2. A
-            // dropped connection shows up as a failed command instead, which makes the
-            // mirror dirty.
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                .set_response_timeout(Some(RESPONSE_TIMEOUT))
-                .set_number_of_retries(1)
-                .set_max_delay(MAX_BACKOFF);
-            let manager = ConnectionManager::new_with_config(client, config)
-                .await
-                .map_err(classify)?;
-            RedisConn::Single(manager)
-        }
-        RedisTarget::Cluster(urls) => {
-            let settings = ClusterSettings {
-                connect_timeout: CONNECT_TIMEOUT,
-                response_timeout: RESPONSE_TIMEOUT,
-                retries: CLUSTER_RETRIES,
-                commit_key: Some(WATERMARKS_KEY.to_owned()),
-            };
-            RedisConn::Cluster(
-                ClusterConn::connect(urls, settings)
-                    .await
-                    .map_err(classify)?,
-            )
-        }
-    };
-    redis::cmd("PING")
-        .query_async::<()>(&mut conn)
-        .await
-        .map_err(classify)?;
-    Ok(conn)
-}
-
-/// Whether Redis refused the credentials (or wants some and got none).
-pub(super) fn is_auth_error(e: &redis::RedisError) -> bool {
-    let text = e.to_string().to_ascii_uppercase();
-    e.kind() == redis::ErrorKind::AuthenticationFailed
-        || text.contains("WRONGPASS")
-        || text.contains("NOAUTH")
-        || text.contains("INVALID PASSWORD")
-        || text.contains("INVALID USERNAME")
-}
-
 /// The writer task's state.
 pub(super) struct Writer {
     pub(super) config: RedisConfig,
@@ -357,16 +156,6 @@ pub(super) struct Writer {
     write_metric: metrics::Histogram,
 }
 
-/// Reused buffers for the keys and values of the commands being encoded.
-#[derive(Default)]
-struct Scratch {
-    key: String,
-    field: String,
-    value: String,
-    /// The mapping keys' TTL in decimal.
-    ttl: String,
-}
-
 /// Watermarks of the sources the mirror checkpoints. Only the seq is recorded per message;
 /// the rest of a watermark entry (names, models, engine run) is read when it is written, once
 /// per flush, so a 1-block message costs one map update here.
@@ -382,45 +171,6 @@ pub(super) struct Marks {
     models: HashMap<(PodId, u8), BTreeSet<ModelId>>,
     /// Source ids resolved to `(pod, rank)` (ids are never reused).
     sources: HashMap<SourceId, Option<(PodId, u8)>>,
-}
-
-/// Caches of interned names (they never change once interned). Pod ids are few (one per
-/// target); model ids are not (LoRA adapters come and go, and ids are never reused), so
-/// that cache is a bounded map: a daemon that sees millions of adapter names over its life
-/// keeps at most [`MODEL_NAMES_CACHED`] of them here.
-#[derive(Default)]
-pub(super) struct Names {
-    models: HashMap<ModelId, Arc<str>>,
-    pods: Vec<Option<Arc<str>>>,
-}
-
-/// Model names the mirror keeps at hand; past that the cache starts over (a miss costs one
-/// read of the index's table).
-const MODEL_NAMES_CACHED: usize = 4096;
-
-impl Names {
-    pub(super) fn model(&mut self, index: &Index, id: ModelId) -> Arc<str> {
-        if let Some(name) = self.models.get(&id) {
-            return name.clone();
-        }
-        if self.models.len() >= MODEL_NAMES_CACHED {
-            self.models = HashMap::new();
-        }
-        let name = index.model_name(id);
-        self.models.insert(id, name.clone());
-        name
-    }
-    pub(super) fn pod(&mut self, index: &Index, id: PodId) -> Arc<str> {
-        cached(&mut self.pods, id.0, || index.pod_name(id))
-    }
-}
-
-fn cached(cache: &mut Vec<Option<Arc<str>>>, id: u32, load: impl FnOnce() -> Arc<str>) -> Arc<str> {
-    let i = id as usize;
-    if cache.len() <= i {
-        cache.resize(i + 1, None);
-    }
-    cache[i].get_or_insert_with(load).clone()
 }
 
 impl Writer {
@@ -459,10 +209,7 @@ impl Writer {
             entropy,
             inflight: InFlight::default(),
             stamps: Vec::new(),
-            scratch: Scratch {
-                ttl: MAPPING_TTL_SECS.to_string(),
-                ..Scratch::default()
-            },
+            scratch: Scratch::new(),
             write_metric: crate::metrics::mirror_write_latency(),
         }
     }
@@ -752,198 +499,6 @@ impl Writer {
         }
     }
 
-    /// Appends the command that brings Redis to `delta`'s key's current state to `pipe`. The
-    /// value is read from the index now, not taken from the delta: DP ranks of one pod queue
-    /// their deltas independently, so only the index knows the pod's latest value, and a
-    /// mapping key is kept while any rank of the pod still holds its engine hash.
-    pub(super) fn push_command(&mut self, pipe: &mut redis::Pipeline, delta: &Delta) {
-        let sc = &mut self.scratch;
-        match delta {
-            Delta::Field {
-                model,
-                std_hash,
-                pod,
-                ..
-            } => {
-                push_block_key(
-                    &mut sc.key,
-                    &self.names.model(&self.index, *model),
-                    *std_hash,
-                );
-                let field = self.names.pod(&self.index, *pod);
-                match self.index.field_value(*model, *std_hash, *pod) {
-                    Some(v) => {
-                        let format = self.config.value_format;
-                        push_field_value(&mut sc.value, v, format, &self.weights);
-                        add(pipe, &["HSET", sc.key.as_str(), &field, sc.value.as_str()]);
-                    }
-                    None => add(pipe, &["HDEL", sc.key.as_str(), &field]),
-                }
-            }
-            Delta::Mapping {
-                pod,
-                engine,
-                engine_hash,
-                std_hash,
-            } => {
-                let pod_name = self.names.pod(&self.index, *pod);
-                push_mapping_key(&mut sc.key, *engine, &pod_name, engine_hash);
-                let std = std_hash.or_else(|| self.index.pod_engine_std(*pod, engine_hash));
-                match std {
-                    Some(std) => {
-                        sc.value.clear();
-                        let _ = std::fmt::Write::write_fmt(&mut sc.value, format_args!("{std}"));
-                        add(pipe, &["SETEX", sc.key.as_str(), &sc.ttl, &sc.value]);
-                    }
-                    None => add(pipe, &["DEL", sc.key.as_str()]),
-                }
-            }
-            Delta::Engine { .. } | Delta::SourceGone { .. } => {
-                self.push_commands(pipe, std::iter::once(delta));
-            }
-            // Resolved through Redis by the adoption step, never written as such.
-            Delta::UnknownRemove { .. } => {}
-        }
-    }
-
-    /// Appends the commands for `deltas` in the order that keeps the checkpoint behind the
-    /// data: kthena's fields and mapping keys first, then checkpoint entries grouped into one
-    /// `HDEL` and one `HMSET` per state key, then the watermarks of unregistered sources
-    /// deleted. Returns the number of commands.
-    pub(super) fn push_commands<'d>(
-        &mut self,
-        pipe: &mut redis::Pipeline,
-        deltas: impl IntoIterator<Item = &'d Delta>,
-    ) -> usize {
-        let mut commands = 0;
-        let mut states: Vec<StateOps> = Vec::new();
-        let mut gone: Option<redis::Cmd> = None;
-        for delta in deltas {
-            match delta {
-                Delta::Engine {
-                    pod,
-                    rank,
-                    model,
-                    engine_hash,
-                    state,
-                } => {
-                    let at = (*pod, *rank, *model);
-                    let i = match states.iter().position(|s| s.at == at) {
-                        Some(i) => i,
-                        None => {
-                            states.push(self.state_ops(at));
-                            states.len() - 1
-                        }
-                    };
-                    let sc = &mut self.scratch;
-                    push_engine_field(&mut sc.field, engine_hash);
-                    let ops = &mut states[i];
-                    match state {
-                        Some(state) => {
-                            push_engine_value(&mut sc.value, state);
-                            ops.set.arg(sc.field.as_str()).arg(sc.value.as_str());
-                            ops.sets += 1;
-                        }
-                        None => {
-                            ops.del.arg(sc.field.as_str());
-                            ops.dels += 1;
-                        }
-                    }
-                }
-                Delta::SourceGone { pod, rank } => {
-                    let field = source_field(&self.names.pod(&self.index, *pod), *rank);
-                    gone.get_or_insert_with(|| {
-                        let mut cmd = redis::cmd("HDEL");
-                        cmd.arg(WATERMARKS_KEY);
-                        cmd
-                    })
-                    .arg(field);
-                }
-                data => {
-                    self.push_command(pipe, data);
-                    commands += 1;
-                }
-            }
-        }
-        for ops in states {
-            if ops.sets > 0 {
-                // Once per state key and flush: the watermark lists every state key.
-                let models = self.marks.models.entry((ops.at.0, ops.at.1)).or_default();
-                models.insert(ops.at.2);
-            }
-            if ops.dels > 0 {
-                pipe.add_command(ops.del);
-                commands += 1;
-            }
-            if ops.sets > 0 {
-                pipe.add_command(ops.set);
-                commands += 1;
-            }
-        }
-        if let Some(cmd) = gone {
-            pipe.add_command(cmd);
-            commands += 1;
-        }
-        commands
-    }
-
-    /// The empty `HDEL` and `HMSET` of one state key.
-    fn state_ops(&mut self, at: (PodId, u8, ModelId)) -> StateOps {
-        let key = state_key(
-            &self.names.pod(&self.index, at.0),
-            at.1,
-            &self.names.model(&self.index, at.2),
-        );
-        let mut set = redis::cmd("HMSET");
-        set.arg(&key);
-        let mut del = redis::cmd("HDEL");
-        del.arg(&key);
-        StateOps {
-            at,
-            set,
-            sets: 0,
-            del,
-            dels: 0,
-        }
-    }
-
-    /// Appends one `HSET` of the watermarks `marks` (whose data Redis has answered for).
-    /// Returns the number of commands.
-    fn push_watermarks(&mut self, pipe: &mut redis::Pipeline, marks: &[MarkAt]) -> usize {
-        let mut fields: Vec<(String, String)> = Vec::with_capacity(marks.len());
-        for &(key, source, seq) in marks {
-            let Some(mark) = self.watermark(key, source, seq) else {
-                continue;
-            };
-            let Ok(json) = serde_json::to_string(&mark) else {
-                continue;
-            };
-            fields.push((
-                source_field(&self.names.pod(&self.index, key.0), key.1),
-                json,
-            ));
-        }
-        if fields.is_empty() {
-            return 0;
-        }
-        pipe.hset_multiple(WATERMARKS_KEY, &fields);
-        1
-    }
-
-    /// Appends every live source's latest watermark: the end of a reconcile, which rewrote
-    /// all the data they cover.
-    pub(super) fn push_all_watermarks(&mut self, pipe: &mut redis::Pipeline) -> usize {
-        self.marks.unwritten.clear();
-        self.marks.confirmed.clear();
-        let all: Vec<MarkAt> = self
-            .marks
-            .latest
-            .iter()
-            .map(|(key, (source, seq))| (*key, *source, *seq))
-            .collect();
-        self.push_watermarks(pipe, &all)
-    }
-
     /// Hands what is pending to Redis as one pipeline, once one of the [`MAX_IN_FLIGHT`]
     /// slots is free (waiting for the oldest answer otherwise). Its watermarks are those
     /// confirmed by earlier answers; the ones it completes are confirmed by its own.
@@ -1142,27 +697,6 @@ impl Writer {
     fn entropy_wake(&self) -> Option<Instant> {
         (!self.dirty).then(|| self.entropy.wake())
     }
-}
-
-/// The checkpoint entries of one state key written by one flush: one `HDEL` and one
-/// `HMSET`, each encoded as its entries come.
-pub(super) struct StateOps {
-    /// `(pod, rank, model)` of the state key.
-    at: (PodId, u8, ModelId),
-    set: redis::Cmd,
-    sets: usize,
-    del: redis::Cmd,
-    dels: usize,
-}
-
-/// Appends one command, sized up front: two allocations, whatever the number of arguments.
-fn add(pipe: &mut redis::Pipeline, args: &[&str]) {
-    let bytes = args.iter().map(|a| a.len()).sum();
-    let mut cmd = redis::Cmd::with_capacity(args.len(), bytes);
-    for arg in args {
-        cmd.arg(*arg);
-    }
-    pipe.add_command(cmd);
 }
 
 async fn sleep_until(wake: Option<Instant>) {
