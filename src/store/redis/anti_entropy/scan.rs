@@ -20,7 +20,7 @@ use crate::wire::{BlockHash, Engine};
 /// How long a key the SCAN found to delete waits before it is checked again and deleted:
 /// ingest removes a block from the index before it hands the delta over, so for that long a
 /// key can be gone from the index while its delete is still on its way, not drift.
-const SUSPECT_GRACE: Duration = Duration::from_secs(1);
+pub(super) const SUSPECT_GRACE: Duration = Duration::from_secs(1);
 /// Keys asked of one SCAN call at most.
 const SCAN_COUNT_MAX: usize = 1000;
 /// Keys asked of one SCAN call at least (a SCAN is one command however many it returns).
