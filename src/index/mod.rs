@@ -3,7 +3,7 @@
 //! | file | job |
 //! | --- | --- |
 //! | `mod.rs` | [`Index`] and its ids: register sources, the shared tables |
-//! | `apply.rs` | the mutation engine: apply batches, clear and forget sources, [`ApplyStats`] |
+//! | `apply/` | the mutation engine: apply batches, clear and forget sources (`lifecycle.rs`), warm-start restores (`restore.rs`), [`ApplyStats`] |
 //! | `query.rs` | the read side: owners of a block ([`LayerReader`]), walks, [`Index::dump`], [`IndexStats`] |
 //! | `counters.rs` | O(1) resident-entry counts, whole index and per pod, kept as fields change |
 //! | `source.rs` | per (pod, DP rank) engine-hash map, the set of blocks a source holds |
