@@ -27,6 +27,10 @@
 //! Redis itself does several times more work per block, and this ceiling shows how much of
 //! the gap is Redis's and how much the writer's.
 //!
+//! Each case also reports Redis's memory growth per block (`used_memory` before and after
+//! the run, on a server emptied before it): kthena's layout alone against the checkpoint's
+//! share on top.
+//!
 //! Each flat-out case runs `--repeat` times (default 2) and keeps its best run: other
 //! processes on a shared machine only ever slow a run down.
 //!
@@ -175,6 +179,24 @@ async fn flush_server(url: &str) {
     }
 }
 
+/// Redis's `used_memory` in bytes.
+async fn used_memory(url: &str) -> u64 {
+    let client = redis::Client::open(url).expect("URL");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the bench's Redis");
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO memory");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("INFO memory names used_memory")
+}
+
 /// What the mirror writes besides kthena's layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
@@ -213,6 +235,8 @@ impl Variant {
 struct Outcome {
     blocks_per_s: f64,
     stats: MirrorStats,
+    /// Redis's memory growth over the run, per block.
+    redis_bytes_per_block: f64,
 }
 
 /// Ingests `blocks` blocks as `per_event`-block events; paced at `rate` blocks/s when given
@@ -247,6 +271,7 @@ fn run(
         .map(|i| EngineBatch::of(vec![event(i * per_event, per_event, per_event)]))
         .collect();
     let checkpoint = variant != Variant::Kthena;
+    let memory_before = rt.block_on(used_memory(url));
     let started = Instant::now();
     rt.block_on(async {
         for (i, batch) in batches.iter().enumerate() {
@@ -267,6 +292,7 @@ fn run(
         mirror.flush().await.expect("flush");
     });
     let took = started.elapsed();
+    let memory_after = rt.block_on(used_memory(url));
     let stats = mirror.stats();
     rt.block_on(mirror.shutdown(Duration::from_secs(30)));
     drop(batches);
@@ -274,6 +300,7 @@ fn run(
     Outcome {
         blocks_per_s: blocks as f64 / took.as_secs_f64(),
         stats,
+        redis_bytes_per_block: memory_after.saturating_sub(memory_before) as f64 / blocks as f64,
     }
 }
 
@@ -310,15 +337,15 @@ fn main() {
         "Redis's ceiling for the mirror's own commands (raw pipe): {ceiling0:.0} blocks/s before, {ceiling1:.0} after; mean {same:.0} blocks/s = {:.1} % of the redis-benchmark limit",
         100.0 * same / limit
     );
-    println!("| events | variant | blocks/s | % of limit | % of ceiling | cost vs kthena | pipelines | commands | flush p99 µs | write p99 µs |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| events | variant | blocks/s | % of limit | % of ceiling | cost vs kthena | pipelines | commands | flush p99 µs | write p99 µs | Redis B/block |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (per_event, variant, out) in &rows {
         let reference = rows
             .iter()
             .find(|(n, v, _)| n == per_event && *v == Variant::Kthena)
             .map_or(out.blocks_per_s, |(_, _, o)| o.blocks_per_s);
         println!(
-            "| {per_event}-block | {} | {:.0} | {:.1} % | {:.1} % | {:.1} % | {} | {} | {} | {} |",
+            "| {per_event}-block | {} | {:.0} | {:.1} % | {:.1} % | {:.1} % | {} | {} | {} | {} | {:.0} |",
             variant.label(),
             out.blocks_per_s,
             100.0 * out.blocks_per_s / limit,
@@ -328,6 +355,7 @@ fn main() {
             out.stats.commands,
             out.stats.flush_p99_us,
             out.stats.write_p99_us,
+            out.redis_bytes_per_block,
         );
     }
     let rate = a.load * limit.min(same);

@@ -12,12 +12,14 @@ use std::process::Child;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use kvindex::index::EngineState;
 use kvindex::index::Index;
 use kvindex::ingest::fixture::RecordedMessage;
 use kvindex::medium::TierWeights;
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
-use kvindex::store::redis::{dump, RedisDump};
+use kvindex::store::redis::{checkpoint, dump, RedisDump};
 use kvindex::wire::Engine;
+use redis::AsyncCommands;
 use rmpv::Value as V;
 use util::own_redis::OwnRedis;
 use util::{http_get, spawn_router, write_fixture, FakePub, RouterMode};
@@ -286,6 +288,83 @@ async fn restart_mid_stream(signal: i32) {
     first.stop(signal);
 
     let second = run_through(&config, &mut publisher, &url, &all[30..], 59).await;
+    let resumed = second
+        .metric("kvindex_warm_starts_total", "outcome=\"resumed\"")
+        .await;
+    assert_eq!(resumed, 1.0, "the source went on from its watermark");
+    assert_eq!(redis_now(&url).await, expected(dir.path(), &all));
+    second.stop(libc::SIGTERM);
+}
+
+/// The checkpoint value as kvindex wrote it before the compact form: decimal numbers,
+/// `{std}|{stored_at}|{media}`, then `|{chain}` and `|{parent}` when known.
+fn decimal_value(state: &EngineState) -> String {
+    let media = state.media.iter().map(|m| m.spelling()).collect::<Vec<_>>();
+    let mut value = format!("{}|{}|{}", state.std_hash, state.stored_at, media.join(","));
+    if state.chain != 0 {
+        value.push_str(&format!("|{}", state.chain));
+        if state.parent != 0 {
+            value.push_str(&format!("|{}", state.parent));
+        }
+    }
+    value
+}
+
+/// Rewrites every checkpoint entry in Redis to the decimal form (what a kvindex from before
+/// the compact form leaves behind); returns how many there were.
+async fn rewrite_checkpoint_as_decimal(url: &str) -> usize {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = conn.keys("kvindex:src:*").await.unwrap();
+    let mut entries = 0;
+    for key in keys {
+        let fields: Vec<(String, String)> = conn.hgetall(&key).await.unwrap();
+        for (field, value) in fields {
+            assert!(
+                value.starts_with('~'),
+                "{key} {field}: {value} is not compact"
+            );
+            let state = checkpoint::parse_engine_value(&value).expect("own encoding");
+            let _: () = conn
+                .hset(&key, &field, decimal_value(&state))
+                .await
+                .unwrap();
+            entries += 1;
+        }
+    }
+    entries
+}
+
+#[tokio::test]
+async fn an_upgraded_kvindex_restores_a_checkpoint_written_in_the_decimal_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = OwnRedis::start(None, &[]);
+    let url = redis.url();
+    let all = stream(0..60, 3);
+    let (mut publisher, port) = FakePub::bind_any().await;
+    let config = write_config(dir.path(), &url, port, None);
+
+    let first = run_through(&config, &mut publisher, &url, &all[..30], 29).await;
+    first.stop(libc::SIGTERM);
+    let entries = rewrite_checkpoint_as_decimal(&url).await;
+    assert!(
+        entries >= 30,
+        "only {entries} checkpoint entries to rewrite"
+    );
+
+    let second = Kvindex::start(&config);
+    // The gauge is set once the restored sources are claimed, right after the listeners
+    // start: probe until it is.
+    let end = Instant::now() + WAIT;
+    let mut restored = 0.0;
+    while restored == 0.0 && Instant::now() < end {
+        restored = second.metric("kvindex_warm_start_engine_blocks", "").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(restored, entries as f64, "every decimal entry restored");
+    second.wait_subscribed(&mut publisher).await;
+    publish(&mut publisher, &all[30..]).await;
+    wait_watermark(&url, 59).await;
     let resumed = second
         .metric("kvindex_warm_starts_total", "outcome=\"resumed\"")
         .await;

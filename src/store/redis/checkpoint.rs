@@ -5,7 +5,7 @@
 //! | key | type | content |
 //! | --- | --- | --- |
 //! | `kvindex:wm` | hash | field `{pod}#{rank}` → [`Watermark`] as JSON: the last seq whose effects are in Redis, the engine, the base model and the models the source holds blocks of |
-//! | `kvindex:src:{pod}#{rank}@{model}` | hash | field = engine hash (decimal, `-` for negative, `x{hex}` for byte strings) → `{std}\|{stored_at}\|{media,…}`, then `\|{chain}` and `\|{parent chain}` for a block with a chain |
+//! | `kvindex:src:{pod}#{rank}@{model}` | hash | field = engine hash (decimal, `-` for negative, `x{hex}` for byte strings) → `~{std}\|{stored_at}\|{media,…}`, then `\|{chain}` and `\|{parent chain}` for a block with a chain, numbers in base64 ([`engine_value`]) |
 //!
 //! The kthena field holds only a pod's best medium and its mapping keys have no DP rank or
 //! model, so they cannot rebuild the index; this checkpoint can. Within one flush the data
@@ -16,6 +16,8 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use base64::Engine as _;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
@@ -117,21 +119,31 @@ pub fn parse_engine_field(field: &str) -> Option<BlockHash> {
     field.parse::<u64>().ok().map(BlockHash::Int)
 }
 
-/// `{std}|{stored_at}|{media spellings joined by ','}` (the empty spelling = no medium),
-/// then `|{chain}` when the block has a chain hash (entries without one read as chain 0, so
-/// checkpoints written before chains existed still restore), and `|{parent}` after it when
-/// the block's parent is known (entries without one read as parent 0: restored as chain
-/// starts, as before parents were kept).
+/// `~{std}|{stored_at}|{media spellings joined by ','}` (the empty spelling = no medium),
+/// then `|{chain}` when the block has a chain hash and `|{parent}` after it when the block's
+/// parent is known; the numbers big-endian in unpadded URL-safe base64 (11 characters a
+/// 64-bit hash, 6 the store time), so an entry with a chain and a parent takes 47 bytes
+/// where decimal took ~76: Redis parses and keeps every byte of every entry, one per block.
+/// The leading `~` tells it from the decimal form kvindex wrote before (a number first),
+/// which [`parse_engine_value`] still reads, so an upgraded kvindex restores an older one's
+/// checkpoint.
 pub fn engine_value(state: &EngineState) -> String {
-    let mut out = String::with_capacity(40);
+    let mut out = String::with_capacity(48);
     push_engine_value(&mut out, state);
     out
 }
 
+/// Marks an entry in the compact form ([`engine_value`]).
+const COMPACT: char = '~';
+
 /// Writes [`engine_value`] into `out` (cleared first), so the mirror reuses one buffer.
 pub fn push_engine_value(out: &mut String, state: &EngineState) {
     out.clear();
-    let _ = write!(out, "{}|{}|", state.std_hash, state.stored_at);
+    out.push(COMPACT);
+    B64.encode_string(state.std_hash.to_be_bytes(), out);
+    out.push('|');
+    B64.encode_string(state.stored_at.to_be_bytes(), out);
+    out.push('|');
     for (i, medium) in state.media.iter().enumerate() {
         if i > 0 {
             out.push(',');
@@ -139,24 +151,40 @@ pub fn push_engine_value(out: &mut String, state: &EngineState) {
         out.push_str(medium.spelling());
     }
     if state.chain != 0 {
-        let _ = write!(out, "|{}", state.chain);
+        out.push('|');
+        B64.encode_string(state.chain.to_be_bytes(), out);
         if state.parent != 0 {
-            let _ = write!(out, "|{}", state.parent);
+            out.push('|');
+            B64.encode_string(state.parent.to_be_bytes(), out);
         }
     }
 }
 
-/// The inverse of [`engine_value`].
+/// The inverse of [`engine_value`]; also reads the decimal form written before it
+/// (`{std}|{stored_at}|{media}[|{chain}[|{parent}]]`), entries without a chain or a parent
+/// reading as 0 (checkpoints written before chains or parents were kept).
 pub fn parse_engine_value(value: &str) -> Option<EngineState> {
+    match value.strip_prefix(COMPACT) {
+        Some(compact) => parse_fields(compact, decode_u64, decode_u32),
+        None => parse_fields(value, |t| t.parse().ok(), |t| t.parse().ok()),
+    }
+}
+
+/// An entry's `|`-separated fields, its numbers read by `hash` and `time`.
+fn parse_fields(
+    value: &str,
+    hash: impl Fn(&str) -> Option<u64>,
+    time: impl Fn(&str) -> Option<u32>,
+) -> Option<EngineState> {
     let mut parts = value.splitn(5, '|');
-    let std_hash = parts.next()?.parse().ok()?;
-    let stored_at = parts.next()?.parse().ok()?;
+    let std_hash = hash(parts.next()?)?;
+    let stored_at = time(parts.next()?)?;
     let mut media = MediaSet::EMPTY;
     for spelling in parts.next()?.split(',') {
         media.insert(Medium::intern(spelling));
     }
     let mut hash_part = || match parts.next() {
-        Some(hash) => hash.parse().ok(),
+        Some(text) => hash(text),
         None => Some(0),
     };
     let chain = hash_part()?;
@@ -168,6 +196,20 @@ pub fn parse_engine_value(value: &str) -> Option<EngineState> {
         chain,
         parent,
     })
+}
+
+/// A 64-bit number from its 11 base64 characters.
+fn decode_u64(text: &str) -> Option<u64> {
+    let mut bytes = [0u8; 8];
+    let n = B64.decode_slice(text, &mut bytes).ok()?;
+    (n == bytes.len()).then(|| u64::from_be_bytes(bytes))
+}
+
+/// A 32-bit number from its 6 base64 characters.
+fn decode_u32(text: &str) -> Option<u32> {
+    let mut bytes = [0u8; 4];
+    let n = B64.decode_slice(text, &mut bytes).ok()?;
+    (n == bytes.len()).then(|| u32::from_be_bytes(bytes))
 }
 
 /// What a warm start found and rebuilt.
@@ -326,31 +368,54 @@ mod tests {
             parent: 0,
         };
         assert_eq!(parse_engine_value(&engine_value(&state)), Some(state));
-        assert_eq!(parse_engine_value("1|2"), None);
-        assert_eq!(parse_engine_value("x|2|GPU"), None);
     }
 
     #[test]
-    fn engine_values_keep_the_chain_hash_and_read_entries_written_without_one() {
+    fn engine_values_keep_the_chain_hash_and_the_parent_when_known() {
         let state = EngineState {
             std_hash: 7,
             media: MediaSet::single(Medium::GPU),
             stored_at: 9,
             chain: u64::MAX,
-            parent: 0,
+            parent: 1 << 63,
         };
         let value = engine_value(&state);
-        assert_eq!(value, format!("7|9|GPU|{}", u64::MAX));
+        assert_eq!(value, "~AAAAAAAAAAc|AAAACQ|GPU|__________8|gAAAAAAAAAA");
         assert_eq!(parse_engine_value(&value), Some(state));
-        // A chainless block keeps the layout of checkpoints written before chains existed.
-        let old = EngineState { chain: 0, ..state };
-        assert_eq!(engine_value(&old), "7|9|GPU");
-        assert_eq!(parse_engine_value("7|9|GPU"), Some(old));
-        assert_eq!(parse_engine_value("7|9|GPU|x"), None);
+        let start = EngineState { parent: 0, ..state };
+        assert_eq!(engine_value(&start), "~AAAAAAAAAAc|AAAACQ|GPU|__________8");
+        assert_eq!(parse_engine_value(&engine_value(&start)), Some(start));
+        // A parent goes only with a chain.
+        let chainless = EngineState { chain: 0, ..state };
+        assert_eq!(engine_value(&chainless), "~AAAAAAAAAAc|AAAACQ|GPU");
+        assert_eq!(
+            parse_engine_value(&engine_value(&chainless)),
+            Some(EngineState {
+                parent: 0,
+                ..chainless
+            })
+        );
     }
 
     #[test]
-    fn engine_values_keep_the_parent_and_read_entries_written_without_one() {
+    fn compact_values_with_a_number_of_the_wrong_size_or_alphabet_do_not_parse() {
+        for bad in [
+            "~AAAAAAAAAA|AAAACQ|GPU",    // 10 characters: 7 bytes
+            "~AAAAAAAAAAAA|AAAACQ|GPU",  // 12: 9 bytes
+            "~AAAAAAAAAAc|AAAAACQ|GPU",  // a time of 7 characters
+            "~AAAAAAAAAA=|AAAACQ|GPU",   // padding
+            "~AAAAAAAAA+c|AAAACQ|GPU",   // the standard alphabet's `+`
+            "~AAAAAAAAAAc|AAAACQ|GPU|x", // a chain of one character
+            "~AAAAAAAAAAc|AAAACQ",       // no media
+            "~7|9|GPU",                  // decimal after the mark
+            "~",
+        ] {
+            assert_eq!(parse_engine_value(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn decimal_values_written_before_the_compact_form_still_restore() {
         let state = EngineState {
             std_hash: 7,
             media: MediaSet::single(Medium::GPU),
@@ -358,18 +423,22 @@ mod tests {
             chain: 11,
             parent: u64::MAX,
         };
-        let value = engine_value(&state);
-        assert_eq!(value, format!("7|9|GPU|11|{}", u64::MAX));
-        assert_eq!(parse_engine_value(&value), Some(state));
-        // Written before parents were kept: a chain start.
+        let decimal = format!("7|9|GPU|11|{}", u64::MAX);
+        assert_eq!(parse_engine_value(&decimal), Some(state));
+        // Written before parents were kept: a chain start; before chains: chain 0.
         let start = EngineState { parent: 0, ..state };
-        assert_eq!(engine_value(&start), "7|9|GPU|11");
         assert_eq!(parse_engine_value("7|9|GPU|11"), Some(start));
-        // A parent goes only with a chain.
-        let chainless = EngineState { chain: 0, ..state };
-        assert_eq!(engine_value(&chainless), "7|9|GPU");
-        assert_eq!(parse_engine_value("7|9|GPU|11|x"), None);
-        assert_eq!(parse_engine_value("7|9|GPU|11|12|13"), None);
+        let old = EngineState { chain: 0, ..start };
+        assert_eq!(parse_engine_value("7|9|GPU"), Some(old));
+        for bad in [
+            "7|9|GPU|x",
+            "7|9|GPU|11|x",
+            "7|9|GPU|11|12|13",
+            "1|2",
+            "x|2|GPU",
+        ] {
+            assert_eq!(parse_engine_value(bad), None, "{bad}");
+        }
     }
 
     #[test]
