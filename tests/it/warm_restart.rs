@@ -175,6 +175,19 @@ impl Kvindex {
             .await
     }
 
+    /// Engine blocks the warm start restored: the gauge is set once the restored sources
+    /// are claimed, right after the listeners start, so it is probed until it is.
+    async fn restored_blocks(&self) -> f64 {
+        let end = Instant::now() + WAIT;
+        loop {
+            let restored = self.metric("kvindex_warm_start_engine_blocks", "").await;
+            if restored > 0.0 || Instant::now() >= end {
+                return restored;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Sends probes (seq `u64::MAX`, `nil` payload: a counted decode error that leaves seq
     /// tracking alone) until the subscriber has seen one: its subscription has arrived.
     async fn wait_subscribed(&self, publisher: &mut FakePub) {
@@ -274,9 +287,18 @@ async fn run_through(
     kvindex
 }
 
+/// What happens to Redis while no kvindex runs.
+enum Meanwhile {
+    /// Nothing.
+    Nothing,
+    /// The checkpoint is rewritten in the decimal form an older kvindex wrote (an upgrade):
+    /// the new process must restore every entry.
+    CheckpointInDecimal,
+}
+
 /// Runs the stream's first `half` messages through one kvindex process, stops it with
 /// `signal`, starts a new one and publishes the rest; Redis must equal the whole stream.
-async fn restart_mid_stream(signal: i32) {
+async fn restart_mid_stream(signal: i32, meanwhile: Meanwhile) {
     let dir = tempfile::tempdir().unwrap();
     let redis = OwnRedis::start(None, &[]);
     let url = redis.url();
@@ -286,8 +308,19 @@ async fn restart_mid_stream(signal: i32) {
 
     let first = run_through(&config, &mut publisher, &url, &all[..30], 29).await;
     first.stop(signal);
+    let rewritten = match meanwhile {
+        Meanwhile::Nothing => None,
+        Meanwhile::CheckpointInDecimal => Some(rewrite_checkpoint_as_decimal(&url).await),
+    };
 
-    let second = run_through(&config, &mut publisher, &url, &all[30..], 59).await;
+    let second = Kvindex::start(&config);
+    if let Some(entries) = rewritten {
+        assert!(entries >= 30, "only {entries} checkpoint entries rewritten");
+        assert_eq!(second.restored_blocks().await, entries as f64);
+    }
+    second.wait_subscribed(&mut publisher).await;
+    publish(&mut publisher, &all[30..]).await;
+    wait_watermark(&url, 59).await;
     let resumed = second
         .metric("kvindex_warm_starts_total", "outcome=\"resumed\"")
         .await;
@@ -337,50 +370,17 @@ async fn rewrite_checkpoint_as_decimal(url: &str) -> usize {
 
 #[tokio::test]
 async fn an_upgraded_kvindex_restores_a_checkpoint_written_in_the_decimal_form() {
-    let dir = tempfile::tempdir().unwrap();
-    let redis = OwnRedis::start(None, &[]);
-    let url = redis.url();
-    let all = stream(0..60, 3);
-    let (mut publisher, port) = FakePub::bind_any().await;
-    let config = write_config(dir.path(), &url, port, None);
-
-    let first = run_through(&config, &mut publisher, &url, &all[..30], 29).await;
-    first.stop(libc::SIGTERM);
-    let entries = rewrite_checkpoint_as_decimal(&url).await;
-    assert!(
-        entries >= 30,
-        "only {entries} checkpoint entries to rewrite"
-    );
-
-    let second = Kvindex::start(&config);
-    // The gauge is set once the restored sources are claimed, right after the listeners
-    // start: probe until it is.
-    let end = Instant::now() + WAIT;
-    let mut restored = 0.0;
-    while restored == 0.0 && Instant::now() < end {
-        restored = second.metric("kvindex_warm_start_engine_blocks", "").await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(restored, entries as f64, "every decimal entry restored");
-    second.wait_subscribed(&mut publisher).await;
-    publish(&mut publisher, &all[30..]).await;
-    wait_watermark(&url, 59).await;
-    let resumed = second
-        .metric("kvindex_warm_starts_total", "outcome=\"resumed\"")
-        .await;
-    assert_eq!(resumed, 1.0, "the source went on from its watermark");
-    assert_eq!(redis_now(&url).await, expected(dir.path(), &all));
-    second.stop(libc::SIGTERM);
+    restart_mid_stream(libc::SIGTERM, Meanwhile::CheckpointInDecimal).await;
 }
 
 #[tokio::test]
 async fn a_sigkilled_kvindex_goes_on_from_its_checkpoint_with_nothing_stale_or_missing() {
-    restart_mid_stream(libc::SIGKILL).await;
+    restart_mid_stream(libc::SIGKILL, Meanwhile::Nothing).await;
 }
 
 #[tokio::test]
 async fn a_sigterm_restart_goes_on_from_its_checkpoint_with_nothing_stale_or_missing() {
-    restart_mid_stream(libc::SIGTERM).await;
+    restart_mid_stream(libc::SIGTERM, Meanwhile::Nothing).await;
 }
 
 #[tokio::test]
