@@ -1,6 +1,6 @@
 //! Bringing Redis back in line with the index after an outage (or at start-up). Once Redis
 //! answers a PING, writes resume at once and the reconcile runs as a background pass (see
-//! `anti_entropy.rs`): recorded keys whose last write may not have landed and that the
+//! `anti_entropy/`): recorded keys whose last write may not have landed and that the
 //! index no longer holds are deleted, then every field and mapping key the index holds is
 //! written, in chunks between flushes, so ingest never waits for it and no copy of the index
 //! is made. Flush waiters are answered once it is done. Only kvindex's own keys are touched.
