@@ -414,6 +414,33 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Checkpoint values come from Redis: any text, alone or after an entry, is read
+        /// without a panic, and an entry cut by a character never reads as itself.
+        #[test]
+        fn any_value_text_is_read_without_a_panic(
+            text in "\\PC{0,80}",
+            std in 0u64..1 << 63,
+            chain: u64,
+            parent: u64,
+            at: u32,
+        ) {
+            let _ = parse_engine_value(&text);
+            let state = EngineState {
+                std_hash: std,
+                media: MediaSet::single(Medium::GPU),
+                stored_at: at,
+                chain,
+                parent: if chain == 0 { 0 } else { parent },
+            };
+            let value = engine_value(&state);
+            proptest::prop_assert_eq!(parse_engine_value(&value), Some(state));
+            let cut = &value[..value.len() - 1];
+            proptest::prop_assert_ne!(parse_engine_value(cut), Some(state));
+            let _ = parse_engine_value(&format!("{value}{text}"));
+        }
+    }
+
     #[test]
     fn decimal_values_written_before_the_compact_form_still_restore() {
         let state = EngineState {
