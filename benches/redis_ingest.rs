@@ -152,14 +152,28 @@ fn event(first_hash: u64, blocks: u64, salt: u64) -> Event {
     ))
 }
 
+/// A connection to the bench's Redis.
+async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).expect("URL");
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the bench's Redis")
+}
+
+/// The text of `INFO memory`.
+async fn info_memory(conn: &mut redis::aio::MultiplexedConnection) -> String {
+    redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .expect("INFO memory")
+}
+
 /// Empties the server and waits until Redis has freed the keys (lazy free runs on Redis's
 /// CPU and would otherwise slow whichever case comes next).
 async fn flush_server(url: &str) {
-    let client = redis::Client::open(url).expect("URL");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("the bench's Redis");
+    let mut conn = connect(url).await;
     let _: () = redis::cmd("FLUSHALL")
         .arg("ASYNC")
         .query_async(&mut conn)
@@ -167,12 +181,10 @@ async fn flush_server(url: &str) {
         .expect("FLUSHALL");
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(120) {
-        let info: String = redis::cmd("INFO")
-            .arg("memory")
-            .query_async(&mut conn)
+        if info_memory(&mut conn)
             .await
-            .expect("INFO memory");
-        if info.contains("lazyfree_pending_objects:0\r") {
+            .contains("lazyfree_pending_objects:0\r")
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -181,16 +193,7 @@ async fn flush_server(url: &str) {
 
 /// Redis's `used_memory` in bytes.
 async fn used_memory(url: &str) -> u64 {
-    let client = redis::Client::open(url).expect("URL");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("the bench's Redis");
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO memory");
+    let info = info_memory(&mut connect(url).await).await;
     info.lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
         .and_then(|v| v.trim().parse().ok())

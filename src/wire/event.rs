@@ -69,6 +69,20 @@ impl BlockHash {
             BlockHash::Int(v as u64)
         }
     }
+
+    /// A byte-string hash from its hex text form (the inverse of [`fmt::Display`] for bytes;
+    /// either case); `None` for an odd length or a character that is not a hex digit.
+    pub fn from_hex(text: &str) -> Option<BlockHash> {
+        let digits = text.as_bytes();
+        if !digits.len().is_multiple_of(2) {
+            return None;
+        }
+        let nibble = |d: u8| char::from(d).to_digit(16);
+        let bytes = (digits.chunks_exact(2))
+            .map(|pair| Some((nibble(pair[0])? << 4 | nibble(pair[1])?) as u8))
+            .collect::<Option<Box<[u8]>>>()?;
+        Some(BlockHash::Bytes(bytes))
+    }
 }
 
 impl fmt::Display for BlockHash {

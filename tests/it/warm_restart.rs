@@ -12,8 +12,7 @@ use std::process::Child;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use kvindex::index::EngineState;
-use kvindex::index::Index;
+use kvindex::index::{EngineState, Index};
 use kvindex::ingest::fixture::RecordedMessage;
 use kvindex::medium::TierWeights;
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
@@ -175,19 +174,6 @@ impl Kvindex {
             .await
     }
 
-    /// Engine blocks the warm start restored: the gauge is set once the restored sources
-    /// are claimed, right after the listeners start, so it is probed until it is.
-    async fn restored_blocks(&self) -> f64 {
-        let end = Instant::now() + WAIT;
-        loop {
-            let restored = self.metric("kvindex_warm_start_engine_blocks", "").await;
-            if restored > 0.0 || Instant::now() >= end {
-                return restored;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     /// Sends probes (seq `u64::MAX`, `nil` payload: a counted decode error that leaves seq
     /// tracking alone) until the subscriber has seen one: its subscription has arrived.
     async fn wait_subscribed(&self, publisher: &mut FakePub) {
@@ -313,14 +299,13 @@ async fn restart_mid_stream(signal: i32, meanwhile: Meanwhile) {
         Meanwhile::CheckpointInDecimal => Some(rewrite_checkpoint_as_decimal(&url).await),
     };
 
-    let second = Kvindex::start(&config);
+    let second = run_through(&config, &mut publisher, &url, &all[30..], 59).await;
     if let Some(entries) = rewritten {
+        // Set once at start-up, before the stream went on.
+        let restored = second.metric("kvindex_warm_start_engine_blocks", "").await;
         assert!(entries >= 30, "only {entries} checkpoint entries rewritten");
-        assert_eq!(second.restored_blocks().await, entries as f64);
+        assert_eq!(restored, entries as f64, "every decimal entry restored");
     }
-    second.wait_subscribed(&mut publisher).await;
-    publish(&mut publisher, &all[30..]).await;
-    wait_watermark(&url, 59).await;
     let resumed = second
         .metric("kvindex_warm_starts_total", "outcome=\"resumed\"")
         .await;

@@ -84,34 +84,16 @@ pub fn engine_field(hash: &BlockHash) -> String {
 /// Writes [`engine_field`] into `out` (cleared first), so the mirror reuses one buffer.
 pub fn push_engine_field(out: &mut String, hash: &BlockHash) {
     out.clear();
-    match hash {
-        BlockHash::Int(v) => {
-            let _ = write!(out, "{v}");
-        }
-        BlockHash::Neg(v) => {
-            let _ = write!(out, "{v}");
-        }
-        BlockHash::Bytes(b) => {
-            out.reserve(1 + b.len() * 2);
-            out.push('x');
-            for byte in b.iter() {
-                let _ = write!(out, "{byte:02x}");
-            }
-        }
+    if matches!(hash, BlockHash::Bytes(_)) {
+        out.push('x');
     }
+    let _ = write!(out, "{hash}");
 }
 
 /// The inverse of [`engine_field`].
 pub fn parse_engine_field(field: &str) -> Option<BlockHash> {
     if let Some(hex) = field.strip_prefix('x') {
-        if hex.len() % 2 != 0 {
-            return None;
-        }
-        let bytes = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-            .collect::<Option<Vec<u8>>>()?;
-        return Some(BlockHash::Bytes(bytes.into()));
+        return BlockHash::from_hex(hex);
     }
     if field.starts_with('-') {
         return field.parse::<i64>().ok().map(BlockHash::from_i64);
@@ -165,7 +147,11 @@ pub fn push_engine_value(out: &mut String, state: &EngineState) {
 /// reading as 0 (checkpoints written before chains or parents were kept).
 pub fn parse_engine_value(value: &str) -> Option<EngineState> {
     match value.strip_prefix(COMPACT) {
-        Some(compact) => parse_fields(compact, decode_u64, decode_u32),
+        Some(compact) => parse_fields(
+            compact,
+            |t| decode_exact(t).map(u64::from_be_bytes),
+            |t| decode_exact(t).map(u32::from_be_bytes),
+        ),
         None => parse_fields(value, |t| t.parse().ok(), |t| t.parse().ok()),
     }
 }
@@ -198,18 +184,11 @@ fn parse_fields(
     })
 }
 
-/// A 64-bit number from its 11 base64 characters.
-fn decode_u64(text: &str) -> Option<u64> {
-    let mut bytes = [0u8; 8];
+/// Exactly `N` big-endian bytes from their base64 characters (11 for 8 bytes, 6 for 4).
+fn decode_exact<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let mut bytes = [0u8; N];
     let n = B64.decode_slice(text, &mut bytes).ok()?;
-    (n == bytes.len()).then(|| u64::from_be_bytes(bytes))
-}
-
-/// A 32-bit number from its 6 base64 characters.
-fn decode_u32(text: &str) -> Option<u32> {
-    let mut bytes = [0u8; 4];
-    let n = B64.decode_slice(text, &mut bytes).ok()?;
-    (n == bytes.len()).then(|| u32::from_be_bytes(bytes))
+    (n == N).then_some(bytes)
 }
 
 /// What a warm start found and rebuilt.
@@ -353,6 +332,15 @@ mod tests {
         assert_eq!(engine_field(&BlockHash::Bytes(vec![0x12].into())), "x12");
         assert_eq!(parse_engine_field("x1"), None);
         assert_eq!(parse_engine_field("abc"), None);
+    }
+
+    #[test]
+    fn byte_string_fields_take_hex_digits_only_in_either_case() {
+        let bytes = |b: &[u8]| Some(BlockHash::Bytes(b.into()));
+        assert_eq!(parse_engine_field("xAb01"), bytes(&[0xab, 0x01]));
+        // `u8::from_str_radix` took a sign: "+1" read as 0x01.
+        assert_eq!(parse_engine_field("x+1+2"), None);
+        assert_eq!(parse_engine_field("x0g"), None);
     }
 
     #[test]

@@ -281,18 +281,10 @@ fn hash_candidates(text: &str) -> impl Iterator<Item = BlockHash> {
         .ok()
         .filter(|v| *v < 0)
         .map(BlockHash::Neg);
-    let bytes = decode_hex(text).map(|b| BlockHash::Bytes(b.into_boxed_slice()));
+    let bytes = (!text.is_empty())
+        .then(|| BlockHash::from_hex(text))
+        .flatten();
     int.into_iter().chain(neg).chain(bytes)
-}
-
-fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if text.is_empty() || !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 #[cfg(test)]
