@@ -6,10 +6,11 @@
 //! Keyed by engine hash alone (an engine hash names one block of one source whatever its
 //! model), in two kinds of map:
 //! - a base-model block whose chain block sits in the chain runs keeps only its spot there
-//!   and its media ([`RunSlot`], 8 bytes): the run keeps the block's chain and std hashes
-//!   once for every source holding it, so the common entry costs a 16-byte bucket;
-//! - every other block (a LoRA adapter's, or one whose chain is unknown) keeps its slot
-//!   whole, with its model ([`HeldSlot`]).
+//!   and a code for its media ([`RunSlot`], 4 bytes; the codes are the map's [`Palette`]):
+//!   the run keeps the block's chain and std hashes once for every source holding it, so
+//!   the common entry of an int engine hash costs a 12-byte bucket;
+//! - every other block (a LoRA adapter's, one whose chain is unknown, or one whose node or
+//!   media set a run slot cannot name) keeps its slot whole, with its model ([`HeldSlot`]).
 //!
 //! A lookup is at most two probes whatever the number of LoRA names, and a source without
 //! LoRA blocks pays nothing for them. Reading a block's hashes needs the runs, which every
@@ -104,58 +105,102 @@ pub(crate) fn twin_of(hash: &BlockHash) -> BlockHash {
 }
 
 /// A base-model block found through its spot in the chain runs, which keep its chain and
-/// std hashes: 8 bytes. The low 32 bits hold the node (31 bits) and the "sent as negative"
-/// flag, the next 8 the position, the top 24 the media. One `u64`, as is
-/// [`IntKey`], so a new bucket is written as two 8-byte stores of registers: as two
-/// `[u32; 2]` the pair was copied through the stack, and the 16-byte load of two 8-byte
-/// stores waited for them to reach the cache, behind the bucket's own cache miss.
+/// std hashes: 4 bytes, so with its 8-byte key a bucket of the source's map is 12 bytes
+/// where a `u64` slot made it 16 (the maps are most of the index's memory: one bucket per
+/// (block, source)). From the low bits: the node (20 bits), the position (8), the "sent as
+/// negative" flag, and the code of its media in the source's [`Palette`] (3). A block
+/// whose node or media a slot cannot name is kept whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct RunSlot(u64);
+struct RunSlot(u32);
 
-const RUN_NEG: u32 = 1 << 31;
-/// Where a run slot keeps the position (8 bits) and, above it, the media (24 bits).
-const RUN_POS_SHIFT: u32 = 32;
-const RUN_MEDIA_SHIFT: u32 = 40;
-const _: () = assert!(MEDIA_SLOTS <= 24 && super::runs::MAX_RUN <= 256);
+/// Bits of a run slot's node id: blocks of nodes past 2^20 are kept whole. Four under test,
+/// so the tests' runs go past it.
+const RUN_NODE_BITS: u32 = if cfg!(test) { 4 } else { 20 };
+const RUN_POS_SHIFT: u32 = 20;
+const RUN_NEG: u32 = 1 << (RUN_POS_SHIFT + 8);
+const RUN_CODE_SHIFT: u32 = RUN_POS_SHIFT + 9;
+const _: () = assert!(super::runs::MAX_RUN <= 256 && PALETTE <= 1 << (32 - RUN_CODE_SHIFT));
 
 impl RunSlot {
-    /// The slot of a block at `spot`; `None` past the node ids a slot can name.
-    fn new(spot: Spot, negative: bool, media: MediaSet) -> Option<RunSlot> {
+    /// The slot of a block at `spot` on `media`; `None` past the node ids a slot can name,
+    /// or when `palette` has no code for `media` and no room for one.
+    #[inline]
+    fn new(spot: Spot, negative: bool, media: MediaSet, palette: &mut Palette) -> Option<RunSlot> {
         let (node, pos) = spot.parts();
-        if node >= RUN_NEG || pos > 0xff {
+        // Both in range in one test: neither has a bit above its field.
+        if (node >> RUN_NODE_BITS) | (pos >> 8) != 0 {
             return None;
         }
+        let code = palette.code_of(media)?;
         let sign = if negative { RUN_NEG } else { 0 };
-        let slot = u64::from(node | sign) | (u64::from(pos) << RUN_POS_SHIFT);
-        Some(RunSlot(slot | (u64::from(media.bits()) << RUN_MEDIA_SHIFT)))
+        Some(RunSlot(
+            node | (pos << RUN_POS_SHIFT) | sign | (code << RUN_CODE_SHIFT),
+        ))
     }
 
     fn spot(self) -> Spot {
-        let pos = (self.0 >> RUN_POS_SHIFT) as u32 & 0xff;
-        Spot::from_parts(self.0 as u32 & !RUN_NEG, pos)
+        let pos = (self.0 >> RUN_POS_SHIFT) & 0xff;
+        Spot::from_parts(self.0 & ((1 << RUN_NODE_BITS) - 1), pos)
     }
 
     fn negative(self) -> bool {
-        self.0 as u32 & RUN_NEG != 0
+        self.0 & RUN_NEG != 0
     }
 
-    fn media(self) -> MediaSet {
-        MediaSet::from_bits((self.0 >> RUN_MEDIA_SHIFT) as u32)
+    fn media(self, palette: &Palette) -> MediaSet {
+        palette.media(self.0 >> RUN_CODE_SHIFT)
     }
 
-    fn set_media(&mut self, media: MediaSet) {
-        let kept = self.0 & ((1 << RUN_MEDIA_SHIFT) - 1);
-        self.0 = kept | (u64::from(media.bits()) << RUN_MEDIA_SHIFT);
+    /// The slot with its media named by `code` instead.
+    fn with_code(self, code: u32) -> RunSlot {
+        RunSlot((self.0 & ((1 << RUN_CODE_SHIFT) - 1)) | (code << RUN_CODE_SHIFT))
     }
 
     /// The whole slot, with the hashes the runs keep at its spot. `None` only if the runs
     /// lost the spot, which a source holding the block prevents (its span keeps it).
-    fn resolve(self, model: u32, runs: &ChainRuns) -> Option<HeldSlot> {
+    fn resolve(self, model: u32, runs: &ChainRuns, palette: &Palette) -> Option<HeldSlot> {
         let found = runs.hashes_at(self.spot());
         debug_assert!(found.is_some(), "a held block's spot left the runs");
         let (chain, std) = found?;
-        let slot = EngineSlot::new(std, chain, self.negative(), self.media());
+        let slot = EngineSlot::new(std, chain, self.negative(), self.media(palette));
         Some(HeldSlot { slot, model })
+    }
+}
+
+/// Media sets a map's run slots can name.
+const PALETTE: usize = 8;
+
+/// The media sets a map's run slots name by code, in the order they were first needed: a
+/// source's blocks sit on few distinct sets (GPU; CPU; both; a disk tier with them), so a
+/// 3-bit code names each where a 24-bit set would not fit a 4-byte slot. Codes are kept
+/// until the map is dropped; a ninth set keeps its blocks whole.
+#[derive(Debug, Clone, Default)]
+struct Palette {
+    sets: [MediaSet; PALETTE],
+    len: u8,
+}
+
+impl Palette {
+    /// The code of `media`, given one if it has none and there is room. Inlined: every new
+    /// block asks, and mostly the first code is it.
+    #[inline]
+    fn code_of(&mut self, media: MediaSet) -> Option<u32> {
+        if self.sets[0] == media && self.len > 0 {
+            return Some(0);
+        }
+        let len = usize::from(self.len);
+        if let Some(code) = self.sets[..len].iter().position(|set| *set == media) {
+            return Some(code as u32);
+        }
+        let free = self.sets.get_mut(len)?;
+        *free = media;
+        self.len += 1;
+        Some(len as u32)
+    }
+
+    /// The set named by `code` (one [`Self::code_of`] gave).
+    fn media(&self, code: u32) -> MediaSet {
+        self.sets[code as usize % PALETTE]
     }
 }
 
@@ -207,9 +252,13 @@ impl HeldSlot {
     }
 }
 
-/// An integer engine hash's 64 bits (hashed as the one `u64` it is).
+/// An integer engine hash's 64 bits (hashed as the one `u64` it is). Aligned to 4 bytes,
+/// so a bucket of it and a [`RunSlot`] is 12 bytes, not 16.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C, packed(4))]
 struct IntKey(u64);
+
+const _: () = assert!(std::mem::size_of::<(IntKey, RunSlot)>() == 12);
 
 /// What a map inserting under a borrowed key needs (hashbrown's `entry_ref`).
 impl From<&IntKey> for IntKey {
@@ -244,15 +293,14 @@ impl Slot {
     /// Inlined: every new block of a store is put through it.
     #[inline]
     fn of(
-        model: u32,
-        base: u32,
+        (model, base): (u32, u32),
         (std, chain, spot): (u64, u64, Option<Spot>),
-        negative: bool,
-        media: MediaSet,
+        (negative, media): (bool, MediaSet),
+        palette: &mut Palette,
     ) -> Slot {
         let run_slot = spot
             .filter(|_| model == base)
-            .and_then(|spot| RunSlot::new(spot, negative, media));
+            .and_then(|spot| RunSlot::new(spot, negative, media, palette));
         match run_slot {
             Some(slot) => Slot::Run(slot),
             None => Slot::Whole(HeldSlot {
@@ -268,6 +316,8 @@ impl Slot {
 struct Slots<K> {
     run: HashMap<K, RunSlot>,
     whole: HashMap<K, HeldSlot>,
+    /// The media sets `run`'s slots name.
+    palette: Palette,
 }
 
 impl<K> Default for Slots<K> {
@@ -275,6 +325,7 @@ impl<K> Default for Slots<K> {
         Slots {
             run: HashMap::new(),
             whole: HashMap::new(),
+            palette: Palette::default(),
         }
     }
 }
@@ -287,7 +338,7 @@ impl<K: Hash + Eq> Slots<K> {
         Q: Hash + Equivalent<K> + ?Sized,
     {
         match self.run.get(key) {
-            Some(slot) => Some((slot.resolve(base, runs)?, Some(slot.spot()))),
+            Some(slot) => Some((slot.resolve(base, runs, &self.palette)?, Some(slot.spot()))),
             None => self.whole.get(key).map(|held| (*held, None)),
         }
     }
@@ -297,23 +348,41 @@ impl<K: Hash + Eq> Slots<K> {
         std::hint::black_box(self.run.get(key));
     }
 
-    fn set_media<Q: Hash + Equivalent<K> + ?Sized>(&mut self, key: &Q, media: MediaSet) {
-        if let Some(slot) = self.run.get_mut(key) {
-            slot.set_media(media);
-        } else if let Some(held) = self.whole.get_mut(key) {
-            held.set_media(media);
-        }
-    }
-
-    /// Puts `slot` under `key`; returns the model of the slot it replaced, if any. The
-    /// insert finds what it replaces in the same probe; the other map is checked only when
-    /// it found nothing, and is mostly empty.
-    fn put<'q, Q>(&mut self, key: &'q Q, slot: Slot, base: u32) -> Option<u32>
+    /// Gives the block under `key` the media of `held` (its slot as found, with the new
+    /// media): a run slot whose new media the palette cannot name is kept whole from then on.
+    fn set_media<'q, Q>(&mut self, key: &'q Q, held: HeldSlot)
     where
         Q: Hash + Equivalent<K> + ?Sized,
         &'q Q: Into<K>,
     {
-        match slot {
+        if let Some(slot) = self.run.get_mut(key) {
+            match self.palette.code_of(held.media()) {
+                Some(code) => *slot = slot.with_code(code),
+                None => {
+                    self.run.remove(key);
+                    self.whole.insert(key.into(), held);
+                }
+            }
+        } else if let Some(whole) = self.whole.get_mut(key) {
+            whole.set_media(held.media());
+        }
+    }
+
+    /// Puts a block of `model` (`base` is the model of run slots) under `key`; returns the
+    /// model of the slot it replaced, if any. The insert finds what it replaces in the same
+    /// probe; the other map is checked only when it found nothing, and is mostly empty.
+    fn put<'q, Q>(
+        &mut self,
+        key: &'q Q,
+        (model, base): (u32, u32),
+        hashes: (u64, u64, Option<Spot>),
+        sent: (bool, MediaSet),
+    ) -> Option<u32>
+    where
+        Q: Hash + Equivalent<K> + ?Sized,
+        &'q Q: Into<K>,
+    {
+        match Slot::of((model, base), hashes, sent, &mut self.palette) {
             Slot::Run(slot) => match self.run.entry_ref(key) {
                 EntryRef::Occupied(mut old) => {
                     old.insert(slot);
@@ -355,39 +424,48 @@ impl<K: Hash + Eq> Slots<K> {
         Q: Hash + Equivalent<K> + ?Sized,
         &'q Q: Into<K>,
     {
-        if !self.whole.is_empty() && self.whole.contains_key(key) {
+        let Slots {
+            run,
+            whole,
+            palette,
+        } = self;
+        if !whole.is_empty() && whole.contains_key(key) {
             return None;
         }
-        let EntryRef::Vacant(vacant) = self.run.entry_ref(key) else {
+        let EntryRef::Vacant(vacant) = run.entry_ref(key) else {
             return None;
         };
         let (spot, std) = place();
-        match Slot::of(base, base, (std, chain, Some(spot)), negative, media) {
+        let hashes = (std, chain, Some(spot));
+        match Slot::of((base, base), hashes, (negative, media), palette) {
             Slot::Run(slot) => {
                 vacant.insert(slot);
             }
             Slot::Whole(held) => {
-                self.whole.insert(key.into(), held);
+                whole.insert(key.into(), held);
             }
         }
         Some((spot, std))
     }
 
-    /// Takes the run slot under `key` out if `take` gives a value for it, with the value;
-    /// one probe finds and removes it.
+    /// Takes the run slot under `key` out if `take`, given it and its media, gives a value
+    /// for it; gives the slot, its media and the value. One probe finds and removes it.
     fn take_run<Q, T>(
         &mut self,
         key: &Q,
-        take: impl FnOnce(RunSlot) -> Option<T>,
-    ) -> Option<(RunSlot, T)>
+        take: impl FnOnce(RunSlot, MediaSet) -> Option<T>,
+    ) -> Option<(RunSlot, MediaSet, T)>
     where
         Q: Hash + Equivalent<K> + ?Sized,
     {
         let EntryRef::Occupied(entry) = self.run.entry_ref(key) else {
             return None;
         };
-        let value = take(*entry.get())?;
-        Some((entry.remove(), value))
+        let slot = *entry.get();
+        let media = slot.media(&self.palette);
+        let value = take(slot, media)?;
+        entry.remove();
+        Some((slot, media, value))
     }
 
     /// Removes `key`; returns the model of the slot it held, if any.
@@ -407,7 +485,7 @@ impl<K: Hash + Eq> Slots<K> {
     ) -> impl Iterator<Item = (&'a K, HeldSlot)> + 'a {
         let run = (self.run.iter())
             .filter(move |(key, _)| keep(key))
-            .filter_map(move |(key, slot)| Some((key, slot.resolve(base, runs)?)));
+            .filter_map(move |(key, slot)| Some((key, slot.resolve(base, runs, &self.palette)?)));
         let whole = (self.whole.iter())
             .filter(move |(key, _)| keep(key))
             .map(|(key, held)| (key, *held));
@@ -621,15 +699,15 @@ impl SourceState {
         take: impl FnOnce(Spot, MediaSet, &DupCounts) -> Option<T>,
     ) -> Option<(Spot, MediaSet, T)> {
         let dups = &self.dups;
-        let take = |slot: RunSlot| take(slot.spot(), slot.media(), dups);
-        let (slot, value) = match key_of(hash) {
-            Key::Int(key, negative) => (self.ints).take_run(&key, |slot| {
-                (slot.negative() == negative).then(|| take(slot))?
+        let take = |slot: RunSlot, media| take(slot.spot(), media, dups);
+        let (slot, media, value) = match key_of(hash) {
+            Key::Int(key, negative) => (self.ints).take_run(&key, |slot, media| {
+                (slot.negative() == negative).then(|| take(slot, media))?
             }),
             Key::Bytes(b) => self.bytes.take_run(b, take),
         }?;
         self.count_out(self.base_model);
-        Some((slot.spot(), slot.media(), value))
+        Some((slot.spot(), media, value))
     }
 
     /// The slot under `hash`'s key, whatever its sign, and its spot if it has one.
@@ -662,11 +740,12 @@ impl SourceState {
         self.find(hash, runs).map(|(held, _)| held.std())
     }
 
-    /// Sets the media of `hash`, a block this source holds.
-    pub(crate) fn set_media(&mut self, hash: &BlockHash, media: MediaSet) {
+    /// Sets the media of `hash`, a block this source holds as `held` ([`Self::find`]).
+    pub(crate) fn set_media(&mut self, hash: &BlockHash, mut held: HeldSlot, media: MediaSet) {
+        held.set_media(media);
         match key_of(hash) {
-            Key::Int(key, _) => self.ints.set_media(&key, media),
-            Key::Bytes(b) => self.bytes.set_media(b, media),
+            Key::Int(key, _) => self.ints.set_media(&key, held),
+            Key::Bytes(b) => self.bytes.set_media(b, held),
         }
     }
 
@@ -684,10 +763,10 @@ impl SourceState {
         let base = self.base_model;
         let key = key_of(hash);
         let negative = matches!(key, Key::Int(_, true));
-        let slot = Slot::of(model, base, (std, chain, spot), negative, media);
+        let (models, hashes, sent) = ((model, base), (std, chain, spot), (negative, media));
         let old_model = match key {
-            Key::Int(key, _) => self.ints.put(&key, slot, base),
-            Key::Bytes(b) => self.bytes.put(b, slot, base),
+            Key::Int(key, _) => self.ints.put(&key, models, hashes, sent),
+            Key::Bytes(b) => self.bytes.put(b, models, hashes, sent),
         };
         if old_model != Some(model) {
             self.count_in(model);
@@ -884,5 +963,41 @@ impl Drop for SourceState {
         self.clear();
         self.deferred.push(self.base_model);
         self.settle(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_slot_keeps_each_part_apart_up_to_the_largest_it_names() {
+        let mut palette = Palette::default();
+        let gpu = MediaSet::single(crate::medium::Medium::GPU);
+        let last_node = (1 << RUN_NODE_BITS) - 1;
+        for (node, pos, negative) in [(0, 0, false), (last_node, 255, true), (5, 17, true)] {
+            let spot = Spot::from_parts(node, pos);
+            let slot = RunSlot::new(spot, negative, gpu, &mut palette).unwrap();
+            assert_eq!(slot.spot(), spot);
+            assert_eq!(slot.negative(), negative);
+            assert_eq!(slot.media(&palette), gpu);
+            let other = MediaSet::from_bits(0b110);
+            let moved = slot.with_code(palette.code_of(other).unwrap());
+            assert_eq!((moved.spot(), moved.negative()), (spot, negative));
+            assert_eq!(moved.media(&palette), other);
+        }
+        let past = Spot::from_parts(1 << RUN_NODE_BITS, 0);
+        assert_eq!(RunSlot::new(past, false, gpu, &mut palette), None);
+    }
+
+    #[test]
+    fn a_palette_names_eight_sets_and_no_more() {
+        let mut palette = Palette::default();
+        for bits in 1..=8 {
+            assert_eq!(palette.code_of(MediaSet::from_bits(bits)), Some(bits - 1));
+        }
+        assert_eq!(palette.code_of(MediaSet::from_bits(3)), Some(2), "kept");
+        assert_eq!(palette.code_of(MediaSet::from_bits(9)), None);
+        assert_eq!(palette.media(7), MediaSet::from_bits(8));
     }
 }

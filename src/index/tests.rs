@@ -617,6 +617,67 @@ fn a_slot_moves_between_spot_and_whole_as_its_chain_is_learnt_and_reads_back_the
 }
 
 #[test]
+fn blocks_on_more_media_sets_than_a_slot_names_are_kept_whole_and_read_back_the_same() {
+    // Ten blocks, each on its own medium: a run slot names eight media sets per source.
+    let media = [
+        "GPU",
+        "CPU_PINNED",
+        "CPU_TIER1",
+        "CPU",
+        "CPU_TIER2",
+        "DISK",
+        "FS",
+        "STORAGE",
+        "OBJ",
+        "EXTERNAL",
+    ];
+    let index = Index::new();
+    let src = index.register_source(&spec("p.ns", 0)).unwrap();
+    let kinds = || index.source(src).unwrap().lock().slot_kinds();
+    let std_of = |i: usize| std_hash(&tokens(16 * i as u32, 1));
+    for (i, medium) in media.iter().enumerate() {
+        let store = stored(&[i as i64 + 1], tokens(16 * i as u32, 1), medium);
+        index
+            .apply(src, &batch(vec![store]), 10, &mut Discard)
+            .unwrap();
+    }
+    assert_eq!(kinds(), (8, 2));
+    for (i, medium) in media.iter().enumerate() {
+        assert_eq!(media_of(&index, std_of(i), "p.ns"), [*medium], "block {i}");
+    }
+    // Block 1 also on CPU: a ninth set, so its slot goes whole and keeps both media.
+    let again = stored(&[1], vec![], "CPU");
+    index
+        .apply(src, &batch(vec![again]), 11, &mut Discard)
+        .unwrap();
+    assert_eq!(kinds(), (7, 3));
+    assert_eq!(media_of(&index, std_of(0), "p.ns"), ["CPU", "GPU"]);
+    let off_gpu = removed(&[1], "GPU");
+    index
+        .apply(src, &batch(vec![off_gpu]), 12, &mut Discard)
+        .unwrap();
+    assert_eq!(media_of(&index, std_of(0), "p.ns"), ["CPU"]);
+    // Block 2 also on GPU: likewise whole, and it stays whole back on one medium.
+    let moved = stored(&[2], vec![], "GPU");
+    index
+        .apply(src, &batch(vec![moved]), 13, &mut Discard)
+        .unwrap();
+    let off_pinned = removed(&[2], "CPU_PINNED");
+    index
+        .apply(src, &batch(vec![off_pinned]), 14, &mut Discard)
+        .unwrap();
+    assert_eq!(kinds(), (6, 4));
+    assert_eq!(media_of(&index, std_of(1), "p.ns"), ["GPU"]);
+    // Each block goes with a remove of what it is on.
+    let mut left = vec![removed(&[1], "CPU"), removed(&[2], "GPU")];
+    left.extend((2..media.len()).map(|i| removed(&[i as i64 + 1], media[i])));
+    index.apply(src, &batch(left), 15, &mut Discard).unwrap();
+    assert!(index.dump().is_empty());
+    assert_eq!(index.stats().engine_hashes, 0);
+    assert_eq!(kinds(), (0, 0));
+}
+
+#[test]
 fn a_clear_edits_the_std_blocks_with_the_chain_runs_unlocked() {
     /// Records, per field delta, whether a query could read the chain runs then.
     struct Probe {

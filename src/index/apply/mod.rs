@@ -928,7 +928,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
                 self.state.remove(hash);
                 self.out.mapping(hash, None);
             } else {
-                self.state.set_media(hash, left);
+                self.state.set_media(hash, held, left);
             }
             let stored_at = self.drop_engine_media(model, std, (chain, spot), taken, gone);
             let parent = if gone {
