@@ -8,9 +8,47 @@ use super::node::Node;
 use super::{Spot, FEW_STARTS};
 use crate::index::source::table_bytes;
 
+/// A locator slot: a spot in 4 bytes (the node, the position and the start flag), so the
+/// table costs 5 bytes a bucket where a whole [`Spot`] made it 9 (the locator holds every
+/// chain block: at one source a block, it was a tenth of the index). A spot of a node past
+/// what a slot names goes in the locator's second table, whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Slot(u32);
+
+/// Bits of a slot's node id: 2^23 runs, past which an index of tens of millions of blocks
+/// in short runs keeps the rest whole. Four under test, so the tests' runs go past it.
+const SLOT_NODE_BITS: u32 = if cfg!(test) { 4 } else { 23 };
+const SLOT_POS_SHIFT: u32 = 23;
+const SLOT_START: u32 = 1 << 31;
+
+impl Slot {
+    /// `spot` (flagged or not) as a slot, if its node and position fit.
+    fn pack(spot: Spot) -> Option<Slot> {
+        let Spot { node, pos } = spot.unflagged();
+        if (node >> SLOT_NODE_BITS) | (pos >> 8) != 0 {
+            return None;
+        }
+        let start = if spot.is_flagged() { SLOT_START } else { 0 };
+        Some(Slot(node | (pos << SLOT_POS_SHIFT) | start))
+    }
+
+    /// The spot, flagged if it is a start.
+    pub(super) fn spot(self) -> Spot {
+        let spot = Spot {
+            node: self.0 & ((1 << SLOT_POS_SHIFT) - 1),
+            pos: (self.0 >> SLOT_POS_SHIFT) & 0xff,
+        };
+        if self.0 & SLOT_START != 0 {
+            spot.flagged()
+        } else {
+            spot
+        }
+    }
+}
+
 /// Chain hash → spot of every chain block, and the table of chain starts among them.
 ///
-/// The table keeps spots alone, 8 bytes a slot where a map would keep the 8-byte chain hash
+/// The table keeps spots alone, 4 bytes a slot where a map would keep the 8-byte chain hash
 /// beside each: the hash of a slot is the one its run keeps at the spot. A probe reads it
 /// for a candidate slot (mostly the block looked for, whose run the caller reads next
 /// anyway; another block's only on a 7-bit tag match), and growing the table reads it for
@@ -19,7 +57,9 @@ use crate::index::source::table_bytes;
 /// ([`ChainRuns::release`](super::ChainRuns::release)).
 #[derive(Debug, Default)]
 pub(super) struct Locator {
-    pub(super) spots: HashTable<Spot>,
+    spots: HashTable<Slot>,
+    /// The spots a [`Slot`] cannot name, whole; mostly empty, and then never probed.
+    wide: HashTable<Spot>,
     hasher: DefaultHashBuilder,
     /// The chain blocks placed with no parent here (chain starts, and blocks restored with
     /// their parent unknown), flagged in the locator ([`START`](super::START)): a prompt's
@@ -50,8 +90,15 @@ impl Locator {
     /// probe.
     #[inline(never)]
     pub(super) fn slot(&self, hash: u64, nodes: &[Node]) -> Option<Spot> {
-        let found = (self.spots).find(self.hasher.hash_one(hash), |s| chain_at(nodes, *s) == hash);
-        found.copied()
+        let key = self.hasher.hash_one(hash);
+        let is = |spot: Spot| chain_at(nodes, spot) == hash;
+        if let Some(slot) = self.spots.find(key, |s| is(s.spot())) {
+            return Some(slot.spot());
+        }
+        if self.wide.is_empty() {
+            return None;
+        }
+        self.wide.find(key, |s| is(*s)).copied()
     }
 
     /// The spot of chain block `hash`.
@@ -62,10 +109,24 @@ impl Locator {
     /// Puts new chain block `hash`, which `nodes` keep at `spot` already; a `start` is
     /// flagged and goes in the table.
     pub(super) fn insert(&mut self, hash: u64, spot: Spot, start: bool, nodes: &[Node]) {
-        let Locator { spots, hasher, .. } = self;
-        let slot = if start { spot.flagged() } else { spot };
-        let rehash = |s: &Spot| hasher.hash_one(chain_at(nodes, *s));
-        spots.insert_unique(hasher.hash_one(hash), slot, rehash);
+        let Locator {
+            spots,
+            wide,
+            hasher,
+            ..
+        } = self;
+        let spot = if start { spot.flagged() } else { spot };
+        let key = hasher.hash_one(hash);
+        match Slot::pack(spot) {
+            Some(slot) => {
+                let rehash = |s: &Slot| hasher.hash_one(chain_at(nodes, s.spot()));
+                spots.insert_unique(key, slot, rehash);
+            }
+            None => {
+                let rehash = |s: &Spot| hasher.hash_one(chain_at(nodes, *s));
+                wide.insert_unique(key, spot, rehash);
+            }
+        }
         if !start {
             return;
         }
@@ -79,11 +140,17 @@ impl Locator {
     /// Takes chain block `hash` at `spot` out, and out of the starts if it is one. Matched
     /// by the spot, not by the hash its run keeps there: the caller is taking the position.
     pub(super) fn remove(&mut self, hash: u64, spot: Spot) {
-        let found = (self.spots).find_entry(self.hasher.hash_one(hash), |s| s.unflagged() == spot);
-        let Ok(entry) = found else {
+        let key = self.hasher.hash_one(hash);
+        let found = match (self.spots).find_entry(key, |s| s.spot().unflagged() == spot) {
+            Ok(entry) => Some(entry.remove().0.spot()),
+            Err(_) if self.wide.is_empty() => None,
+            Err(_) => (self.wide.find_entry(key, |s| s.unflagged() == spot))
+                .ok()
+                .map(|entry| entry.remove().0),
+        };
+        let Some(slot) = found else {
             return;
         };
-        let (slot, _) = entry.remove();
         if slot.is_flagged() {
             self.flagged -= 1;
             if let Some(starts) = &mut self.starts {
@@ -110,9 +177,9 @@ impl Locator {
         match self.starts {
             Some(_) if flagged > FEW_STARTS && flagged * 4 > blocks => self.starts = None,
             None if flagged <= FEW_STARTS || flagged * 8 <= blocks => {
-                let starts = (self.spots.iter())
+                let starts = (self.slots())
                     .filter(|slot| slot.is_flagged())
-                    .map(|slot| chain_at(nodes, *slot));
+                    .map(|slot| chain_at(nodes, slot));
                 self.starts = Some(starts.collect());
             }
             _ => {}
@@ -121,10 +188,12 @@ impl Locator {
 
     /// Gives back memory once the tables are a quarter full or less.
     pub(super) fn shrink(&mut self, nodes: &[Node]) {
-        let capacity = self.spots.capacity();
-        if capacity > 1024 && self.spots.len() * 4 < capacity {
-            let hasher = &self.hasher;
-            (self.spots).shrink_to_fit(|s| hasher.hash_one(chain_at(nodes, *s)));
+        let hasher = &self.hasher;
+        if sparse(self.spots.len(), self.spots.capacity()) {
+            (self.spots).shrink_to_fit(|s| hasher.hash_one(chain_at(nodes, s.spot())));
+        }
+        if sparse(self.wide.len(), self.wide.capacity()) {
+            (self.wide).shrink_to_fit(|s| hasher.hash_one(chain_at(nodes, *s)));
         }
         if let Some(starts) = &mut self.starts {
             if starts.capacity() > 1024 && starts.len() * 4 < starts.capacity() {
@@ -136,12 +205,52 @@ impl Locator {
 
     /// Chain blocks in the table.
     pub(super) fn len(&self) -> usize {
-        self.spots.len()
+        self.spots.len() + self.wide.len()
+    }
+
+    /// Every chain block's spot, flagged if it is a start.
+    pub(super) fn slots(&self) -> impl Iterator<Item = Spot> + '_ {
+        (self.spots.iter().map(|s| s.spot())).chain(self.wide.iter().copied())
+    }
+
+    /// Slots of both tables, for tests of memory given back.
+    #[cfg(test)]
+    pub(super) fn capacity(&self) -> usize {
+        self.spots.capacity() + self.wide.capacity()
     }
 
     /// Estimated heap bytes.
     pub(super) fn heap_bytes(&self) -> usize {
         let starts = self.starts.as_ref().map_or(0, |s| s.capacity());
-        table_bytes::<Spot, ()>(self.spots.capacity()) + table_bytes::<u64, ()>(starts)
+        table_bytes::<Slot, ()>(self.spots.capacity())
+            + table_bytes::<Spot, ()>(self.wide.capacity())
+            + table_bytes::<u64, ()>(starts)
+    }
+}
+
+/// Whether a table of `len` entries in `capacity` slots is a quarter full or less, past a
+/// size worth giving back.
+fn sparse(len: usize, capacity: usize) -> bool {
+    capacity > 1024 && len * 4 < capacity
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_packs_a_spot_and_its_start_flag_up_to_the_largest_node_it_names() {
+        let last = (1 << SLOT_NODE_BITS) - 1;
+        let spots = [
+            Spot::from_parts(0, 0),
+            Spot::from_parts(last, 255),
+            Spot::from_parts(3, 7).flagged(),
+            Spot::from_parts(last, 0).flagged(),
+        ];
+        for spot in spots {
+            assert_eq!(Slot::pack(spot).map(Slot::spot), Some(spot));
+        }
+        assert_eq!(Slot::pack(Spot::from_parts(last + 1, 0)), None);
+        assert_eq!(Slot::pack(Spot::from_parts(0, 256)), None);
     }
 }

@@ -459,7 +459,7 @@ impl ChainRuns {
     /// Slots of the locator, for tests of memory given back.
     #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
-        self.locator.spots.capacity()
+        self.locator.capacity()
     }
 
     /// Estimated heap bytes. With debug assertions it also checks every position's

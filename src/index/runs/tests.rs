@@ -245,9 +245,9 @@ fn run_residents(runs: &ChainRuns) -> Vec<(u64, Vec<Resident>)> {
         }
     }
     let locator = &runs.locator;
-    let flagged: Vec<u64> = (locator.spots.iter())
+    let flagged: Vec<u64> = (locator.slots())
         .filter(|slot| slot.is_flagged())
-        .map(|slot| chain_at(&runs.nodes, *slot))
+        .map(|slot| chain_at(&runs.nodes, slot))
         .collect();
     assert_eq!(locator.flagged, flagged.len(), "starts miscounted");
     if let Some(starts) = &locator.starts {
@@ -258,8 +258,8 @@ fn run_residents(runs: &ChainRuns) -> Vec<(u64, Vec<Resident>)> {
         );
     }
     let mut all = Vec::new();
-    for spot in &runs.locator.spots {
-        let key = &chain_at(&runs.nodes, *spot);
+    for spot in runs.locator.slots() {
+        let key = &chain_at(&runs.nodes, spot);
         let node = &runs.nodes[spot.node as usize];
         let residents: Vec<Resident> = node
             .residents_at(spot.unflagged().pos as u16)
