@@ -57,9 +57,16 @@ impl Slot {
 /// ([`ChainRuns::release`](super::ChainRuns::release)).
 #[derive(Debug, Default)]
 pub(super) struct Locator {
-    spots: HashTable<Slot>,
-    /// The spots a [`Slot`] cannot name, whole; mostly empty, and then never probed.
-    wide: HashTable<Spot>,
+    /// The tables in shards, chosen by hash bits neither a table's bucket index nor its tag
+    /// uses: a growing table is rehashed under the runs' write lock, which every query waits
+    /// for, and a locator of a million blocks took 34 ms to grow whole, a shard ~1 ms.
+    shards: [Shard; SHARDS],
+    /// Chain blocks in all shards.
+    len: usize,
+    /// The most chain blocks held since the shards were last checked for memory to give
+    /// back: a check of every shard waits until the blocks are a quarter of that, rather
+    /// than running after every event that removes blocks.
+    peak: usize,
     hasher: DefaultHashBuilder,
     /// The chain blocks placed with no parent here (chain starts, and blocks restored with
     /// their parent unknown), flagged in the locator ([`START`](super::START)): a prompt's
@@ -72,6 +79,23 @@ pub(super) struct Locator {
     pub(super) starts: Option<hashbrown::HashSet<u64>>,
     /// Locator entries flagged as starts.
     pub(super) flagged: usize,
+}
+
+/// Shards of the locator (the most a `Default` array derives).
+const SHARDS: usize = 32;
+
+/// One shard of the locator's tables.
+#[derive(Debug, Default)]
+struct Shard {
+    spots: HashTable<Slot>,
+    /// The spots a [`Slot`] cannot name, whole; mostly empty, and then never probed.
+    wide: HashTable<Spot>,
+}
+
+/// The shard of a block whose chain hash hashes to `key`: bits 40 to 44, below the 7-bit tag
+/// (the top bits) and above any bucket index of a table under 2^40 buckets.
+fn shard_of(key: u64) -> usize {
+    (key >> 40) as usize % SHARDS
 }
 
 /// The chain hash the runs keep at `spot` (flagged or not), 0 past their end: what a
@@ -91,14 +115,15 @@ impl Locator {
     #[inline(never)]
     pub(super) fn slot(&self, hash: u64, nodes: &[Node]) -> Option<Spot> {
         let key = self.hasher.hash_one(hash);
+        let shard = &self.shards[shard_of(key)];
         let is = |spot: Spot| chain_at(nodes, spot) == hash;
-        if let Some(slot) = self.spots.find(key, |s| is(s.spot())) {
+        if let Some(slot) = shard.spots.find(key, |s| is(s.spot())) {
             return Some(slot.spot());
         }
-        if self.wide.is_empty() {
+        if shard.wide.is_empty() {
             return None;
         }
-        self.wide.find(key, |s| is(*s)).copied()
+        shard.wide.find(key, |s| is(*s)).copied()
     }
 
     /// The spot of chain block `hash`.
@@ -109,14 +134,12 @@ impl Locator {
     /// Puts new chain block `hash`, which `nodes` keep at `spot` already; a `start` is
     /// flagged and goes in the table.
     pub(super) fn insert(&mut self, hash: u64, spot: Spot, start: bool, nodes: &[Node]) {
-        let Locator {
-            spots,
-            wide,
-            hasher,
-            ..
-        } = self;
+        let Locator { shards, hasher, .. } = self;
         let spot = if start { spot.flagged() } else { spot };
         let key = hasher.hash_one(hash);
+        let Shard { spots, wide } = &mut shards[shard_of(key)];
+        self.len += 1;
+        self.peak = self.peak.max(self.len);
         match Slot::pack(spot) {
             Some(slot) => {
                 let rehash = |s: &Slot| hasher.hash_one(chain_at(nodes, s.spot()));
@@ -141,16 +164,18 @@ impl Locator {
     /// by the spot, not by the hash its run keeps there: the caller is taking the position.
     pub(super) fn remove(&mut self, hash: u64, spot: Spot) {
         let key = self.hasher.hash_one(hash);
-        let found = match (self.spots).find_entry(key, |s| s.spot().unflagged() == spot) {
+        let shard = &mut self.shards[shard_of(key)];
+        let found = match (shard.spots).find_entry(key, |s| s.spot().unflagged() == spot) {
             Ok(entry) => Some(entry.remove().0.spot()),
-            Err(_) if self.wide.is_empty() => None,
-            Err(_) => (self.wide.find_entry(key, |s| s.unflagged() == spot))
+            Err(_) if shard.wide.is_empty() => None,
+            Err(_) => (shard.wide.find_entry(key, |s| s.unflagged() == spot))
                 .ok()
                 .map(|entry| entry.remove().0),
         };
         let Some(slot) = found else {
             return;
         };
+        self.len -= 1;
         if slot.is_flagged() {
             self.flagged -= 1;
             if let Some(starts) = &mut self.starts {
@@ -186,14 +211,20 @@ impl Locator {
         }
     }
 
-    /// Gives back memory once the tables are a quarter full or less.
+    /// Gives back memory once the tables are a quarter full or less (the shards once the
+    /// blocks are a quarter of their peak).
     pub(super) fn shrink(&mut self, nodes: &[Node]) {
-        let hasher = &self.hasher;
-        if sparse(self.spots.len(), self.spots.capacity()) {
-            (self.spots).shrink_to_fit(|s| hasher.hash_one(chain_at(nodes, s.spot())));
-        }
-        if sparse(self.wide.len(), self.wide.capacity()) {
-            (self.wide).shrink_to_fit(|s| hasher.hash_one(chain_at(nodes, *s)));
+        if self.len * 4 < self.peak {
+            self.peak = self.len;
+            let hasher = &self.hasher;
+            for Shard { spots, wide } in &mut self.shards {
+                if sparse(spots.len(), spots.capacity()) {
+                    spots.shrink_to_fit(|s| hasher.hash_one(chain_at(nodes, s.spot())));
+                }
+                if sparse(wide.len(), wide.capacity()) {
+                    wide.shrink_to_fit(|s| hasher.hash_one(chain_at(nodes, *s)));
+                }
+            }
         }
         if let Some(starts) = &mut self.starts {
             if starts.capacity() > 1024 && starts.len() * 4 < starts.capacity() {
@@ -205,33 +236,38 @@ impl Locator {
 
     /// Chain blocks in the table.
     pub(super) fn len(&self) -> usize {
-        self.spots.len() + self.wide.len()
+        self.len
     }
 
     /// Every chain block's spot, flagged if it is a start.
     pub(super) fn slots(&self) -> impl Iterator<Item = Spot> + '_ {
-        (self.spots.iter().map(|s| s.spot())).chain(self.wide.iter().copied())
+        (self.shards.iter()).flat_map(|shard| {
+            let packed = shard.spots.iter().map(|s| s.spot());
+            packed.chain(shard.wide.iter().copied())
+        })
     }
 
-    /// Slots of both tables, for tests of memory given back.
+    /// Slots of all tables, for tests of memory given back.
     #[cfg(test)]
     pub(super) fn capacity(&self) -> usize {
-        self.spots.capacity() + self.wide.capacity()
+        let tables = self.shards.iter();
+        tables.map(|s| s.spots.capacity() + s.wide.capacity()).sum()
     }
 
     /// Estimated heap bytes.
     pub(super) fn heap_bytes(&self) -> usize {
         let starts = self.starts.as_ref().map_or(0, |s| s.capacity());
-        table_bytes::<Slot, ()>(self.spots.capacity())
-            + table_bytes::<Spot, ()>(self.wide.capacity())
-            + table_bytes::<u64, ()>(starts)
+        let tables = self.shards.iter().map(|s| {
+            table_bytes::<Slot, ()>(s.spots.capacity()) + table_bytes::<Spot, ()>(s.wide.capacity())
+        });
+        tables.sum::<usize>() + table_bytes::<u64, ()>(starts)
     }
 }
 
-/// Whether a table of `len` entries in `capacity` slots is a quarter full or less, past a
-/// size worth giving back.
+/// Whether a shard's table of `len` entries in `capacity` slots is a quarter full or less,
+/// past a size worth giving back.
 fn sparse(len: usize, capacity: usize) -> bool {
-    capacity > 1024 && len * 4 < capacity
+    capacity > 1024 / SHARDS && len * 4 < capacity
 }
 
 #[cfg(test)]
