@@ -6,13 +6,15 @@
 //! score a random stored prompt (a full hit on all 8 pods) and 2,000 score a prompt nobody
 //! holds, against the 8 pods resolved once ([`kvindex::score::Candidates`]). Reported per
 //! index (`prefix`-only, then with kthena's std layer): build time and blocks/s (thread CPU
-//! time), live heap per entry (counting allocator), process RSS and swap (`VmSwap`) after the
-//! build, and query p50/p99. The two indexes are built one after the other, the first
-//! dropped before the second starts.
+//! time); the longest query and the number over 1 ms of a second thread scoring one prompt
+//! again and again during the build (wall clock: a query waits for a writer's lock, and an
+//! event holds it while a table it grows is rehashed); live heap per entry (counting
+//! allocator), process RSS and swap (`VmSwap`) after the build, and query p50/p99. The two
+//! indexes are built one after the other, the first dropped before the second starts.
 //!
 //! Run: `cargo bench --bench index_scale` (about a minute; ~2.5 GB of RAM at its peak).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kvindex::index::{Discard, SourceId, SourceSpec};
@@ -114,6 +116,46 @@ fn query(
     (percentile(&times, 0.5), percentile(&times, 0.99))
 }
 
+/// Stores every prompt on every pod; the builder thread's CPU time.
+fn build(index: &Index, sources: &[SourceId]) -> Duration {
+    let mut cpu = Duration::ZERO;
+    for p in 0..PROMPTS {
+        for (pod, source) in sources.iter().enumerate() {
+            let batch = prompt_batch(pod, p);
+            let started = thread_cpu();
+            index
+                .apply(*source, &batch, 1_767_225_600, &mut Discard)
+                .expect("registered");
+            cpu += thread_cpu() - started;
+        }
+    }
+    cpu
+}
+
+/// Scores prompt 0 again and again while `building`, as a router would during ingest: the
+/// longest wait (wall clock: a query waits for a writer's lock) and how many took over 1 ms.
+fn query_while(
+    building: &AtomicBool,
+    index: &Index,
+    candidates: &Candidates,
+    mode: MatchMode,
+) -> (Duration, usize) {
+    let settings = PromptSettings::new(BLOCK, PROMPT_BLOCKS).expect("valid settings");
+    let toks: Vec<u32> = (0..PROMPT_BLOCKS).flat_map(|b| tokens(0, b)).collect();
+    let hashes = settings.blocks(MODEL, &toks, mode);
+    let weights = TierWeights::default();
+    let (mut longest, mut slow) = (Duration::ZERO, 0);
+    while building.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let scores = score_candidates(index, MODEL, &hashes, candidates, &weights, &[], mode);
+        let took = started.elapsed();
+        std::hint::black_box(scores);
+        longest = longest.max(took);
+        slow += usize::from(took > Duration::from_millis(1));
+    }
+    (longest, slow)
+}
+
 fn run(std_layer: bool) {
     let index = Index::with_options(IndexOptions {
         std_layer,
@@ -132,35 +174,32 @@ fn run(std_layer: bool) {
                 .expect("8 pods fit")
         })
         .collect();
-    let live_before = counting_alloc::LIVE.load(Ordering::Relaxed);
-    let mut cpu = Duration::ZERO;
-    for p in 0..PROMPTS {
-        for (pod, source) in sources.iter().enumerate() {
-            let batch = prompt_batch(pod, p);
-            let started = thread_cpu();
-            index
-                .apply(*source, &batch, 1_767_225_600, &mut Discard)
-                .expect("registered");
-            cpu += thread_cpu() - started;
-        }
-    }
-    let entries = index.entry_counts().0;
-    assert_eq!(entries as usize, PODS * PROMPTS * PROMPT_BLOCKS);
-    let live = (counting_alloc::LIVE.load(Ordering::Relaxed) - live_before) as f64;
-    let (rss, swap) = (measure::rss_mib(), measure::swap_mib());
     let candidates = Candidates::new(&index, &pods);
     let mode = if std_layer {
         MatchMode::Kthena
     } else {
         MatchMode::Prefix
     };
+    let live_before = counting_alloc::LIVE.load(Ordering::Relaxed);
+    let building = AtomicBool::new(true);
+    let (cpu, (longest, slow)) = std::thread::scope(|scope| {
+        let waits = scope.spawn(|| query_while(&building, &index, &candidates, mode));
+        let cpu = build(&index, &sources);
+        building.store(false, Ordering::Relaxed);
+        (cpu, waits.join().expect("the query thread ends"))
+    });
+    let entries = index.entry_counts().0;
+    assert_eq!(entries as usize, PODS * PROMPTS * PROMPT_BLOCKS);
+    let live = (counting_alloc::LIVE.load(Ordering::Relaxed) - live_before) as f64;
+    let (rss, swap) = (measure::rss_mib(), measure::swap_mib());
     let stride = 7_919; // a prime: hits spread over the whole index
     let (hit50, hit99) = query(&index, &candidates, mode, |q| q * stride % PROMPTS, 128);
     let (miss50, miss99) = query(&index, &candidates, mode, |q| PROMPTS + q, 0);
     println!(
-        "| {} | {entries} | {:.1} s | {:.2} | {:.1} | {rss:.0} | {swap:.0} | {hit50:.2} / {hit99:.2} | {miss50:.2} / {miss99:.2} |",
+        "| {} | {entries} | {:.1} s | {:.2} / {slow} | {:.2} | {:.1} | {rss:.0} | {swap:.0} | {hit50:.2} / {hit99:.2} | {miss50:.2} / {miss99:.2} |",
         if std_layer { "+ std layer (kthena queries)" } else { "prefix-only (prefix queries)" },
         cpu.as_secs_f64(),
+        longest.as_secs_f64() * 1e3,
         entries as f64 / cpu.as_secs_f64() / 1e6,
         live / entries as f64,
     );
@@ -168,8 +207,8 @@ fn run(std_layer: bool) {
 
 fn main() {
     println!("allocator: {}", kvindex::allocator::NAME);
-    println!("| index | entries | build (CPU) | M entries/s | live heap B/entry | RSS MiB | swap MiB | full hit p50 / p99 µs | miss p50 / p99 µs |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| index | entries | build (CPU) | query during the build: longest ms / over 1 ms | M entries/s | live heap B/entry | RSS MiB | swap MiB | full hit p50 / p99 µs | miss p50 / p99 µs |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     run(false);
     run(true);
 }
