@@ -622,14 +622,14 @@ fn blocks_on_more_media_sets_than_a_slot_names_are_kept_whole_and_read_back_the_
     let media = [
         "GPU",
         "CPU_PINNED",
-        "CPU_TIER1",
-        "CPU",
-        "CPU_TIER2",
         "DISK",
-        "FS",
-        "STORAGE",
         "OBJ",
+        "CPU",
+        "FS",
         "EXTERNAL",
+        "STORAGE",
+        "CPU_TIER2",
+        "CPU_TIER1",
     ];
     let index = Index::new();
     let src = index.register_source(&spec("p.ns", 0)).unwrap();
