@@ -28,7 +28,7 @@ use hashbrown::{Equivalent, HashMap};
 use super::counters::CountDelta;
 use super::intern::ModelTable;
 use super::layer::DupCounts;
-use super::runs::{ChainRuns, HeldRuns, Spot};
+use super::runs::{ChainRuns, HeldRuns, Spot, POS_BITS};
 use super::walk::{partition_of_bits, partition_of_bytes};
 use super::Blocks;
 
@@ -113,34 +113,25 @@ pub(crate) fn twin_of(hash: &BlockHash) -> BlockHash {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RunSlot(u32);
 
-/// Bits of a run slot's node id: blocks of nodes past 2^20 are kept whole. Four under test,
-/// so the tests' runs go past it.
-const RUN_NODE_BITS: u32 = if cfg!(test) { 4 } else { 20 };
-const RUN_POS_SHIFT: u32 = 20;
-const RUN_NEG: u32 = 1 << (RUN_POS_SHIFT + 8);
-const RUN_CODE_SHIFT: u32 = RUN_POS_SHIFT + 9;
-const _: () = assert!(super::runs::MAX_RUN <= 256 && PALETTE <= 1 << (32 - RUN_CODE_SHIFT));
+/// Bits of a run slot's node id: blocks of nodes past 2^20 are kept whole.
+const RUN_NODE_BITS: u32 = 20;
+const RUN_NEG: u32 = 1 << (RUN_NODE_BITS + POS_BITS);
+const RUN_CODE_SHIFT: u32 = RUN_NODE_BITS + POS_BITS + 1;
+const _: () = assert!(PALETTE <= 1 << (32 - RUN_CODE_SHIFT));
 
 impl RunSlot {
     /// The slot of a block at `spot` on `media`; `None` past the node ids a slot can name,
     /// or when `palette` has no code for `media` and no room for one.
     #[inline]
     fn new(spot: Spot, negative: bool, media: MediaSet, palette: &mut Palette) -> Option<RunSlot> {
-        let (node, pos) = spot.parts();
-        // Both in range in one test: neither has a bit above its field.
-        if (node >> RUN_NODE_BITS) | (pos >> 8) != 0 {
-            return None;
-        }
+        let packed = spot.pack(RUN_NODE_BITS)?;
         let code = palette.code_of(media)?;
         let sign = if negative { RUN_NEG } else { 0 };
-        Some(RunSlot(
-            node | (pos << RUN_POS_SHIFT) | sign | (code << RUN_CODE_SHIFT),
-        ))
+        Some(RunSlot(packed | sign | (code << RUN_CODE_SHIFT)))
     }
 
     fn spot(self) -> Spot {
-        let pos = (self.0 >> RUN_POS_SHIFT) & 0xff;
-        Spot::from_parts(self.0 & ((1 << RUN_NODE_BITS) - 1), pos)
+        Spot::unpack(self.0, RUN_NODE_BITS)
     }
 
     fn negative(self) -> bool {
@@ -980,12 +971,13 @@ impl Drop for SourceState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::runs::TEST_NODE_BITS;
 
     #[test]
     fn a_run_slot_keeps_each_part_apart_up_to_the_largest_it_names() {
         let mut palette = Palette::default();
         let gpu = MediaSet::single(crate::medium::Medium::GPU);
-        let last_node = (1 << RUN_NODE_BITS) - 1;
+        let last_node = (1 << TEST_NODE_BITS) - 1;
         for (node, pos, negative) in [(0, 0, false), (last_node, 255, true), (5, 17, true)] {
             let spot = Spot::from_parts(node, pos);
             let slot = RunSlot::new(spot, negative, gpu, &mut palette).unwrap();
@@ -997,7 +989,7 @@ mod tests {
             assert_eq!((moved.spot(), moved.negative()), (spot, negative));
             assert_eq!(moved.media(&palette), other);
         }
-        let past = Spot::from_parts(1 << RUN_NODE_BITS, 0);
+        let past = Spot::from_parts(last_node + 1, 0);
         assert_eq!(RunSlot::new(past, false, gpu, &mut palette), None);
     }
 

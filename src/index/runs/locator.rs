@@ -5,7 +5,7 @@ use std::hash::BuildHasher;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use super::node::Node;
-use super::{Spot, FEW_STARTS};
+use super::{Spot, FEW_STARTS, POS_BITS};
 use crate::index::source::table_bytes;
 
 /// A locator slot: a spot in 4 bytes (the node, the position and the start flag), so the
@@ -16,28 +16,22 @@ use crate::index::source::table_bytes;
 pub(super) struct Slot(u32);
 
 /// Bits of a slot's node id: 2^23 runs, past which an index of tens of millions of blocks
-/// in short runs keeps the rest whole. Four under test, so the tests' runs go past it.
-const SLOT_NODE_BITS: u32 = if cfg!(test) { 4 } else { 23 };
-const SLOT_POS_SHIFT: u32 = 23;
+/// in short runs keeps the rest whole.
+const SLOT_NODE_BITS: u32 = 23;
 const SLOT_START: u32 = 1 << 31;
+const _: () = assert!(SLOT_NODE_BITS + POS_BITS < 32);
 
 impl Slot {
     /// `spot` (flagged or not) as a slot, if its node and position fit.
     fn pack(spot: Spot) -> Option<Slot> {
-        let Spot { node, pos } = spot.unflagged();
-        if (node >> SLOT_NODE_BITS) | (pos >> 8) != 0 {
-            return None;
-        }
+        let packed = spot.unflagged().pack(SLOT_NODE_BITS)?;
         let start = if spot.is_flagged() { SLOT_START } else { 0 };
-        Some(Slot(node | (pos << SLOT_POS_SHIFT) | start))
+        Some(Slot(packed | start))
     }
 
     /// The spot, flagged if it is a start.
     pub(super) fn spot(self) -> Spot {
-        let spot = Spot {
-            node: self.0 & ((1 << SLOT_POS_SHIFT) - 1),
-            pos: (self.0 >> SLOT_POS_SHIFT) & 0xff,
-        };
+        let spot = Spot::unpack(self.0, SLOT_NODE_BITS);
         if self.0 & SLOT_START != 0 {
             spot.flagged()
         } else {
@@ -272,11 +266,12 @@ fn sparse(len: usize, capacity: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::TEST_NODE_BITS;
     use super::*;
 
     #[test]
     fn a_slot_packs_a_spot_and_its_start_flag_up_to_the_largest_node_it_names() {
-        let last = (1 << SLOT_NODE_BITS) - 1;
+        let last = (1 << TEST_NODE_BITS) - 1;
         let spots = [
             Spot::from_parts(0, 0),
             Spot::from_parts(last, 255),

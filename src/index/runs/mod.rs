@@ -84,16 +84,42 @@ impl Spot {
         }
     }
 
-    /// The spot at position `pos` of node `node` (as [`Self::parts`] gave them).
+    /// The spot at position `pos` of node `node`.
     pub(crate) fn from_parts(node: u32, pos: u32) -> Spot {
         Spot { node, pos }
     }
 
-    /// The node and the position: what a source keeps to find its block again.
-    pub(crate) fn parts(self) -> (u32, u32) {
-        (self.node, self.pos)
+    /// The spot in the low `node_bits` + [`POS_BITS`] bits of a `u32`, the node below the
+    /// position, for the tables that keep a spot per block in 4 bytes (a source's slots,
+    /// the locator's); `None` when the node needs more bits, or, under test, more than
+    /// [`TEST_NODE_BITS`], so the tests' runs reach every table's fallback.
+    pub(crate) fn pack(self, node_bits: u32) -> Option<u32> {
+        let limit = if cfg!(test) {
+            TEST_NODE_BITS
+        } else {
+            node_bits
+        };
+        if (self.node >> limit) | (self.pos >> POS_BITS) != 0 {
+            return None;
+        }
+        Some(self.node | (self.pos << node_bits))
+    }
+
+    /// The spot [`Self::pack`] put in the low bits of `bits` (the bits above them ignored).
+    pub(crate) fn unpack(bits: u32, node_bits: u32) -> Spot {
+        Spot {
+            node: bits & ((1 << node_bits) - 1),
+            pos: (bits >> node_bits) & ((1 << POS_BITS) - 1),
+        }
     }
 }
+
+/// Bits of a packed spot's position.
+pub(crate) const POS_BITS: u32 = 8;
+const _: () = assert!(MAX_RUN <= 1 << POS_BITS);
+
+/// The node bits a packed spot may use under test ([`Spot::pack`]).
+pub(crate) const TEST_NODE_BITS: u32 = 4;
 
 /// The chain blocks of every model, in runs.
 #[derive(Debug, Default)]
