@@ -28,16 +28,6 @@ impl Slot {
         let start = if spot.is_flagged() { SLOT_START } else { 0 };
         Some(Slot(packed | start))
     }
-
-    /// The spot, flagged if it is a start.
-    pub(super) fn spot(self) -> Spot {
-        let spot = Spot::unpack(self.0, SLOT_NODE_BITS);
-        if self.0 & SLOT_START != 0 {
-            spot.flagged()
-        } else {
-            spot
-        }
-    }
 }
 
 /// Chain hash → spot of every chain block, and the table of chain starts among them.
@@ -55,7 +45,8 @@ pub(super) struct Locator {
     /// uses: a growing table is rehashed under the runs' write lock, which every query waits
     /// for, and a locator of a million blocks took 34 ms to grow whole, a shard ~1 ms.
     shards: [Shard; SHARDS],
-    /// Chain blocks in all shards.
+    /// Chain blocks in all shards: counted, not summed, as [`Self::settle`] reads it on
+    /// every chain start's insert.
     len: usize,
     /// The most chain blocks held since the shards were last checked for memory to give
     /// back: a check of every shard waits until the blocks are a quarter of that, rather
@@ -86,6 +77,57 @@ struct Shard {
     wide: HashTable<Spot>,
 }
 
+/// What a locator table keeps: a spot, packed ([`Slot`]) or whole.
+trait Entry: Copy {
+    /// The spot, flagged if it is a start.
+    fn spot(self) -> Spot;
+}
+
+impl Entry for Slot {
+    fn spot(self) -> Spot {
+        let spot = Spot::unpack(self.0, SLOT_NODE_BITS);
+        if self.0 & SLOT_START != 0 {
+            spot.flagged()
+        } else {
+            spot
+        }
+    }
+}
+
+impl Entry for Spot {
+    fn spot(self) -> Spot {
+        self
+    }
+}
+
+/// The hash of the chain block an entry names, as a table growing or shrinking asks for it:
+/// read from the runs, as the table keeps no key.
+fn rehash<'a, T: Entry>(
+    hasher: &'a DefaultHashBuilder,
+    nodes: &'a [Node],
+) -> impl Fn(&T) -> u64 + 'a {
+    move |entry| hasher.hash_one(chain_at(nodes, entry.spot()))
+}
+
+/// The entry of `table` under `key` that `is` picks, as a spot.
+fn find_in<T: Entry>(table: &HashTable<T>, key: u64, is: impl Fn(Spot) -> bool) -> Option<Spot> {
+    table.find(key, |e| is(e.spot())).map(|e| e.spot())
+}
+
+/// Takes the entry of `table` under `key` at `spot` out; gives it, flagged if it was a start.
+fn take_from<T: Entry>(table: &mut HashTable<T>, key: u64, spot: Spot) -> Option<Spot> {
+    let found = table.find_entry(key, |e| e.spot().unflagged() == spot);
+    found.ok().map(|entry| entry.remove().0.spot())
+}
+
+/// Gives back a table's memory once it is a quarter full or less, past a size worth it.
+fn shrink_table<T: Entry>(table: &mut HashTable<T>, hasher: &DefaultHashBuilder, nodes: &[Node]) {
+    let capacity = table.capacity();
+    if capacity > 1024 / SHARDS && table.len() * 4 < capacity {
+        table.shrink_to_fit(rehash(hasher, nodes));
+    }
+}
+
 /// The shard of a block whose chain hash hashes to `key`: bits 40 to 44, below the 7-bit tag
 /// (the top bits) and above any bucket index of a table under 2^40 buckets.
 fn shard_of(key: u64) -> usize {
@@ -111,13 +153,11 @@ impl Locator {
         let key = self.hasher.hash_one(hash);
         let shard = &self.shards[shard_of(key)];
         let is = |spot: Spot| chain_at(nodes, spot) == hash;
-        if let Some(slot) = shard.spots.find(key, |s| is(s.spot())) {
-            return Some(slot.spot());
+        let found = find_in(&shard.spots, key, is);
+        if found.is_some() || shard.wide.is_empty() {
+            return found;
         }
-        if shard.wide.is_empty() {
-            return None;
-        }
-        shard.wide.find(key, |s| is(*s)).copied()
+        find_in(&shard.wide, key, is)
     }
 
     /// The spot of chain block `hash`.
@@ -136,12 +176,10 @@ impl Locator {
         self.peak = self.peak.max(self.len);
         match Slot::pack(spot) {
             Some(slot) => {
-                let rehash = |s: &Slot| hasher.hash_one(chain_at(nodes, s.spot()));
-                spots.insert_unique(key, slot, rehash);
+                spots.insert_unique(key, slot, rehash(hasher, nodes));
             }
             None => {
-                let rehash = |s: &Spot| hasher.hash_one(chain_at(nodes, *s));
-                wide.insert_unique(key, spot, rehash);
+                wide.insert_unique(key, spot, rehash(hasher, nodes));
             }
         }
         if !start {
@@ -158,14 +196,9 @@ impl Locator {
     /// by the spot, not by the hash its run keeps there: the caller is taking the position.
     pub(super) fn remove(&mut self, hash: u64, spot: Spot) {
         let key = self.hasher.hash_one(hash);
-        let shard = &mut self.shards[shard_of(key)];
-        let found = match (shard.spots).find_entry(key, |s| s.spot().unflagged() == spot) {
-            Ok(entry) => Some(entry.remove().0.spot()),
-            Err(_) if shard.wide.is_empty() => None,
-            Err(_) => (shard.wide.find_entry(key, |s| s.unflagged() == spot))
-                .ok()
-                .map(|entry| entry.remove().0),
-        };
+        let Shard { spots, wide } = &mut self.shards[shard_of(key)];
+        let found = take_from(spots, key, spot);
+        let found = found.or_else(|| (!wide.is_empty()).then(|| take_from(wide, key, spot))?);
         let Some(slot) = found else {
             return;
         };
@@ -210,14 +243,9 @@ impl Locator {
     pub(super) fn shrink(&mut self, nodes: &[Node]) {
         if self.len * 4 < self.peak {
             self.peak = self.len;
-            let hasher = &self.hasher;
             for Shard { spots, wide } in &mut self.shards {
-                if sparse(spots.len(), spots.capacity()) {
-                    spots.shrink_to_fit(|s| hasher.hash_one(chain_at(nodes, s.spot())));
-                }
-                if sparse(wide.len(), wide.capacity()) {
-                    wide.shrink_to_fit(|s| hasher.hash_one(chain_at(nodes, *s)));
-                }
+                shrink_table(spots, &self.hasher, nodes);
+                shrink_table(wide, &self.hasher, nodes);
             }
         }
         if let Some(starts) = &mut self.starts {
@@ -256,12 +284,6 @@ impl Locator {
         });
         tables.sum::<usize>() + table_bytes::<u64, ()>(starts)
     }
-}
-
-/// Whether a shard's table of `len` entries in `capacity` slots is a quarter full or less,
-/// past a size worth giving back.
-fn sparse(len: usize, capacity: usize) -> bool {
-    capacity > 1024 / SHARDS && len * 4 < capacity
 }
 
 #[cfg(test)]
