@@ -85,6 +85,28 @@ fn percentile(sorted: &[Duration], q: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
+/// Prompt `p`'s blocks as `mode` matches them.
+fn prompt_blocks(p: usize, mode: MatchMode) -> Vec<u64> {
+    let settings = PromptSettings::new(BLOCK, PROMPT_BLOCKS).expect("valid settings");
+    let toks: Vec<u32> = (0..PROMPT_BLOCKS).flat_map(|b| tokens(p, b)).collect();
+    settings.blocks(MODEL, &toks, mode)
+}
+
+/// Every pod's matched blocks for `blocks` (kthena's default weights), and the time the
+/// scoring took (wall clock).
+fn timed_score(
+    index: &Index,
+    candidates: &Candidates,
+    blocks: &[u64],
+    mode: MatchMode,
+) -> (Vec<u32>, Duration) {
+    let weights = TierWeights::default();
+    let started = Instant::now();
+    let scores = score_candidates(index, MODEL, blocks, candidates, &weights, &[], mode);
+    let took = started.elapsed();
+    (scores.iter().map(|s| s.matched_blocks).collect(), took)
+}
+
 /// p50 and p99 (µs) of scoring the prompts `pick` chooses; `expect` is every pod's matched
 /// block count, checked on each answer so the figure is for right answers.
 fn query(
@@ -94,17 +116,11 @@ fn query(
     pick: impl Fn(usize) -> usize,
     expect: u32,
 ) -> (f64, f64) {
-    let settings = PromptSettings::new(BLOCK, PROMPT_BLOCKS).expect("valid settings");
-    let weights = TierWeights::default();
     let mut times = Vec::with_capacity(QUERIES);
     for q in 0..QUERIES {
         let p = pick(q);
-        let toks: Vec<u32> = (0..PROMPT_BLOCKS).flat_map(|b| tokens(p, b)).collect();
-        let hashes = settings.blocks(MODEL, &toks, mode);
-        let started = Instant::now();
-        let scores = score_candidates(index, MODEL, &hashes, candidates, &weights, &[], mode);
-        times.push(started.elapsed());
-        let matched: Vec<u32> = scores.iter().map(|s| s.matched_blocks).collect();
+        let (matched, took) = timed_score(index, candidates, &prompt_blocks(p, mode), mode);
+        times.push(took);
         let want = if expect == 0 {
             vec![]
         } else {
@@ -140,16 +156,11 @@ fn query_while(
     candidates: &Candidates,
     mode: MatchMode,
 ) -> (Duration, usize) {
-    let settings = PromptSettings::new(BLOCK, PROMPT_BLOCKS).expect("valid settings");
-    let toks: Vec<u32> = (0..PROMPT_BLOCKS).flat_map(|b| tokens(0, b)).collect();
-    let hashes = settings.blocks(MODEL, &toks, mode);
-    let weights = TierWeights::default();
+    let blocks = prompt_blocks(0, mode);
     let (mut longest, mut slow) = (Duration::ZERO, 0);
     while building.load(Ordering::Relaxed) {
-        let started = Instant::now();
-        let scores = score_candidates(index, MODEL, &hashes, candidates, &weights, &[], mode);
-        let took = started.elapsed();
-        std::hint::black_box(scores);
+        let (matched, took) = timed_score(index, candidates, &blocks, mode);
+        std::hint::black_box(matched);
         longest = longest.max(took);
         slow += usize::from(took > Duration::from_millis(1));
     }
