@@ -710,13 +710,18 @@ impl SourceState {
         }
     }
 
-    /// Makes room in the run map for `hashes` (an event's new blocks), so a growing map is
+    /// Makes room for `hashes`, an event's new blocks of `model`, in the map they go to (the
+    /// run map for the base model's, the whole one for an adapter's), so a growing map is
     /// rehashed here, before the event takes the chain runs' write lock, and not inside it,
     /// where every query would wait for it (19 ms for a million entries).
-    pub(crate) fn reserve(&mut self, hashes: &[BlockHash]) {
+    pub(crate) fn reserve(&mut self, hashes: &[BlockHash], model: u32) {
+        let base = model == self.base_model;
+        let n = hashes.len();
         match hashes.first() {
-            Some(BlockHash::Bytes(_)) => self.bytes.run.reserve(hashes.len()),
-            Some(_) => self.ints.run.reserve(hashes.len()),
+            Some(BlockHash::Bytes(_)) if base => self.bytes.run.reserve(n),
+            Some(BlockHash::Bytes(_)) => self.bytes.whole.reserve(n),
+            Some(_) if base => self.ints.run.reserve(n),
+            Some(_) => self.ints.whole.reserve(n),
             None => {}
         }
     }

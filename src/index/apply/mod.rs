@@ -386,7 +386,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             return;
         }
         // Before the runs are locked (`chain_above` locks them).
-        self.state.reserve(&stored.block_hashes);
+        self.state.reserve(&stored.block_hashes, model);
         let mut parent = self.chain_above(stored, model, seed);
         // The common store: a base-model block with a chain, which the source does not hold
         // under any sign, is placed in the runs and kept by the source, and the source's
