@@ -11,14 +11,41 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::state::ApiLimits;
+use super::tokens::split_tokens;
 use crate::medium::TierWeights;
 use crate::score::{MatchMode, PromptSettings, ScoreBackend};
 
-/// Parses a JSON body, naming the field serde stopped at.
-pub(super) fn parse_body<T: serde::de::DeserializeOwned>(
+/// A request type with a top-level `tokens` field, which [`parse_body`] reads by the fast
+/// path ([`split_tokens`]).
+pub(super) trait TokensField {
+    /// The request's `tokens`.
+    fn tokens_mut(&mut self) -> &mut Option<Vec<u32>>;
+}
+
+/// Parses a JSON request body, naming the field serde stopped at. A top-level `tokens`
+/// array of integers is read by [`split_tokens`] and the rest by serde; whatever the fast
+/// path does not take whole is parsed as it always was, so values and errors are serde's.
+pub(super) fn parse_body<T: serde::de::DeserializeOwned + TokensField>(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
+    let body = json_body(headers, body)?;
+    if let Some(split) = split_tokens(&body) {
+        if let Ok(mut parsed) = serde_json::from_slice::<T>(&split.rest) {
+            let tokens = parsed.tokens_mut();
+            // The rest has `null` there: serde read no tokens.
+            if tokens.is_none() {
+                *tokens = Some(split.tokens);
+                return Ok(parsed);
+            }
+        }
+    }
+    parse_json(&body)
+}
+
+/// The body of a request that may be read as JSON: refused when it could not be read, is
+/// over the size limit or declares another content type.
+fn json_body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     let body = body.map_err(|rejection| {
         let status = rejection.status();
         let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -41,12 +68,17 @@ pub(super) fn parse_body<T: serde::de::DeserializeOwned>(
             ));
         }
     }
+    Ok(body)
+}
+
+/// Parses JSON `body` with serde, naming the field it stopped at.
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     // The happy path parses without path tracking, which costs a wrapper per value (most of
     // a 2,048-token body's parse); only a refused body is parsed again to name the field.
-    if let Ok(parsed) = serde_json::from_slice(&body) {
+    if let Ok(parsed) = serde_json::from_slice(body) {
         return Ok(parsed);
     }
-    let de = &mut serde_json::Deserializer::from_slice(&body);
+    let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();

@@ -6,6 +6,7 @@
 //! | `state.rs` | [`ApiState`] (what handlers share) and [`ApiLimits`] |
 //! | `error.rs` | [`ApiError`]: JSON error bodies `{"error", "field"}`; internals never shown |
 //! | `body.rs` | body parsing and the checks both scoring routes share |
+//! | `tokens.rs` | the fast path for a body's `tokens` array |
 //! | `score.rs` | `POST /v1/score`: request, validation, [`ScoreBody`] |
 //! | `pd.rs` | `POST /v1/pd/schedule`: request, validation, pairing |
 //! | `pods.rs` | `GET /v1/pods`: the targets, from [`crate::ingest::PodsView`] |
@@ -27,6 +28,7 @@ mod pods;
 mod router;
 mod score;
 mod state;
+mod tokens;
 
 pub use conn::{serve_limited, ConnLimits};
 pub use error::ApiError;

@@ -11,7 +11,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::body::{check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg};
+use super::body::{
+    check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg, TokensField,
+};
 use super::error::ApiError;
 use super::state::{ApiLimits, ApiState};
 use crate::medium::TierWeights;
@@ -53,6 +55,12 @@ struct ValidPd<'a> {
     top_n: usize,
     decodes: Vec<DecodeCandidate<'a>>,
     groups: BTreeMap<&'a str, Vec<&'a str>>,
+}
+
+impl TokensField for PdRequest {
+    fn tokens_mut(&mut self) -> &mut Option<Vec<u32>> {
+        &mut self.tokens
+    }
 }
 
 impl PdRequest {

@@ -11,7 +11,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::body::{check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg};
+use super::body::{
+    check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg, TokensField,
+};
 use super::error::ApiError;
 use super::state::ApiState;
 use crate::medium::TierWeights;
@@ -38,6 +40,12 @@ struct ValidScore {
     blocks: Vec<u64>,
     mode: MatchMode,
     weights: Arc<TierWeights>,
+}
+
+impl TokensField for ScoreRequest {
+    fn tokens_mut(&mut self) -> &mut Option<Vec<u32>> {
+        &mut self.tokens
+    }
 }
 
 impl ScoreRequest {
