@@ -201,7 +201,7 @@ pub(super) fn prompt_blocks(
         )),
         (Some(tokens), None) => {
             let mode = mode.unwrap_or(backend.default_mode());
-            Ok((prompt.blocks(model, tokens, mode), mode))
+            Ok((backend.prompt_blocks(prompt, model, tokens, mode), mode))
         }
         (None, Some(_)) if mode == Some(MatchMode::Prefix) => Err(ApiError::bad_field(
             "match",

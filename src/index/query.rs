@@ -116,6 +116,18 @@ impl Index {
         self.inner.chains.read_recursive().parent_of(chain)
     }
 
+    /// kthena's std hash of each of `chains` (a prompt's chain hashes, in order) as the
+    /// index computed it when the chain block was stored, `None` for a block not here (or
+    /// every block, without the std layer): a chain hash names the block's tokens, so its
+    /// std hash is theirs, and a `kthena` query of tokens need not hash with SHA-256 the
+    /// blocks the index already holds.
+    pub(crate) fn stored_std_hashes(&self, chains: &[crate::hash::ChainHash]) -> Vec<Option<u64>> {
+        if !self.inner.std_layer {
+            return vec![None; chains.len()];
+        }
+        self.inner.chains.read_recursive().stds_along(chains)
+    }
+
     /// Model `model`'s std blocks opened for many reads (`kthena` matching), or `None` when
     /// no source holds a block of it.
     pub fn std_layer(&self, model: ModelId) -> Option<LayerReader<'_>> {

@@ -953,3 +953,61 @@ fn a_warm_start_restores_chains_as_runs_with_their_parents() {
     assert_eq!(scattered.len(), before.len());
     assert!(scattered.iter().all(|(.., state)| state.parent == 0));
 }
+
+/// kthena's std hash of a prompt's blocks as the index stored them: every block it holds is
+/// answered, with the std hash of that block's own tokens, along a chain, through a fork
+/// and after removals; blocks it does not hold are not; a `prefix`-only index answers none.
+#[test]
+fn stored_std_hashes_are_the_prompts_blocks_own() {
+    let index = Index::new();
+    let a = index.register_source(&spec("a.ns", 0)).unwrap();
+    let b = index.register_source(&spec("b.ns", 0)).unwrap();
+    let fork = [tokens(0, 2), tokens(1_000, 1)].concat();
+    let events = [
+        (a, stored(&[1, 2, 3, 4], tokens(0, 4), "GPU")),
+        (b, stored(&[11, 12, 13], fork.clone(), "GPU")),
+    ];
+    for (source, event) in events {
+        index
+            .apply(source, &batch(vec![event]), 10, &mut Discard)
+            .unwrap();
+    }
+    let answers = |prompt: &[u32]| {
+        let chains = crate::hash::prompt_chain_hashes("m", prompt, 16, 128);
+        let stored = index.stored_std_hashes(&chains);
+        assert_eq!(stored.len(), chains.len());
+        for (i, (block, std)) in prompt.chunks(16).zip(&stored).enumerate() {
+            if let Some(std) = std {
+                assert_eq!(*std, std_hash(block), "block {i}");
+            }
+        }
+        stored.iter().map(Option::is_some).collect::<Vec<_>>()
+    };
+    assert_eq!(answers(&tokens(0, 4)), [true; 4]);
+    let beyond = [fork.clone(), tokens(5_000, 1), vec![7, 8, 9]].concat();
+    assert_eq!(answers(&beyond), [true, true, true, false, false]);
+    // The same content after another prefix is another chain block.
+    assert_eq!(
+        answers(&[tokens(1_000, 1), tokens(16, 1)].concat()),
+        [false, false]
+    );
+    index
+        .apply(a, &batch(vec![removed(&[3, 4], "GPU")]), 11, &mut Discard)
+        .unwrap();
+    assert_eq!(answers(&tokens(0, 4))[..2], [true, true]);
+
+    let lean = Index::with_options(IndexOptions {
+        std_layer: false,
+        ..IndexOptions::default()
+    });
+    let a = lean.register_source(&spec("a.ns", 0)).unwrap();
+    lean.apply(
+        a,
+        &batch(vec![stored(&[1, 2], tokens(0, 2), "GPU")]),
+        10,
+        &mut Discard,
+    )
+    .unwrap();
+    let chains = crate::hash::prompt_chain_hashes("m", &tokens(0, 2), 16, 128);
+    assert_eq!(lean.stored_std_hashes(&chains), [None, None]);
+}

@@ -7,7 +7,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::redis_conn::{RedisConn, RedisTarget};
 
 use super::prefix::{score_index_with, score_prefix, PrefixScores};
-use super::prompt::MatchMode;
+use super::prompt::{MatchMode, PromptSettings};
 use super::redis_lookup::{RedisLookup, RedisLookupError};
 use crate::hash::StdHash;
 use crate::index::Index;
@@ -96,6 +96,25 @@ impl ScoreBackend {
             MatchMode::Prefix
         } else {
             MatchMode::Kthena
+        }
+    }
+
+    /// The block hashes of prompt `tokens` of `model` for `mode`
+    /// ([`PromptSettings::blocks`]). For `kthena` on the in-memory index, the std hashes of
+    /// blocks it holds are the ones its runs keep (a chain hash names its block's tokens):
+    /// SHA-256 only for the rest.
+    pub fn prompt_blocks(
+        &self,
+        prompt: &PromptSettings,
+        model: &str,
+        tokens: &[u32],
+        mode: MatchMode,
+    ) -> Vec<u64> {
+        match (self, mode) {
+            (ScoreBackend::Index(index), MatchMode::Kthena) if index.has_std_layer() => {
+                prompt.hash_with_known(model, tokens, |chains| index.stored_std_hashes(chains))
+            }
+            _ => prompt.blocks(model, tokens, mode),
         }
     }
 

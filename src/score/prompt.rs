@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::hash::{
-    prompt_block_hashes, prompt_chain_hashes, StdHash, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS,
+    prompt_block_hashes, prompt_chain_hashes, std_hash, ChainHash, StdHash, DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_BLOCKS,
 };
 
 /// How a prompt's blocks are matched against what pods hold.
@@ -102,6 +103,23 @@ impl PromptSettings {
         prompt_block_hashes(tokens, self.block_size, self.max_blocks)
     }
 
+    /// [`Self::hash`], taking a block's std hash from `known` (given the prompt's chain
+    /// hashes of `model`, one answer per block) where it has one and computing SHA-256 only
+    /// for the rest: the same hashes, as a chain hash names its block's tokens.
+    pub fn hash_with_known(
+        &self,
+        model: &str,
+        tokens: &[u32],
+        known: impl FnOnce(&[ChainHash]) -> Vec<Option<StdHash>>,
+    ) -> Vec<StdHash> {
+        let chains = prompt_chain_hashes(model, tokens, self.block_size, self.max_blocks);
+        let known = known(&chains);
+        (tokens.chunks(self.block_size.max(1)).take(self.max_blocks))
+            .enumerate()
+            .map(|(i, block)| (known.get(i).copied().flatten()).unwrap_or_else(|| std_hash(block)))
+            .collect()
+    }
+
     /// The prompt's block hashes for `mode`: std hashes ([`Self::hash`]) for `kthena`, chain
     /// hashes of `model` for `prefix`; cut the same way.
     pub fn blocks(&self, model: &str, tokens: &[u32], mode: MatchMode) -> Vec<u64> {
@@ -122,7 +140,6 @@ impl PromptSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hash::std_hash;
 
     #[test]
     fn defaults_are_kthenas_and_zero_is_refused() {
@@ -144,6 +161,31 @@ mod tests {
         assert_eq!(s.hash(&[1, 2, 3, 4, 5]).len(), 2);
         assert_eq!(s.cap(&[1, 2, 3]).len(), 3);
         assert_eq!(PromptSettings::new(4, 2).unwrap().cap(&[1, 2, 3]), &[1, 2]);
+    }
+
+    #[test]
+    fn known_std_hashes_stand_in_for_sha256_and_the_rest_are_computed() {
+        let s = PromptSettings::new(4, 3).unwrap();
+        let tokens: Vec<u32> = (1..=14).collect();
+        let chains = prompt_chain_hashes("m", &tokens, 4, 3);
+        // What an index holding the first and third block would answer.
+        let known = |asked: &[ChainHash]| {
+            assert_eq!(asked, chains, "asked for the prompt's chain hashes");
+            vec![
+                Some(std_hash(&[1, 2, 3, 4])),
+                None,
+                Some(std_hash(&[9, 10, 11, 12])),
+            ]
+        };
+        assert_eq!(s.hash_with_known("m", &tokens, known), s.hash(&tokens));
+        // A known answer is taken as it is, and a missing one is computed.
+        let sentinel = |asked: &[ChainHash]| vec![Some(7); asked.len() - 1];
+        let hashes = s.hash_with_known("m", &tokens, sentinel);
+        assert_eq!(hashes, [7, 7, std_hash(&[9, 10, 11, 12])]);
+        // A partial last block is a block, as in `hash`.
+        let tokens: Vec<u32> = (1..=6).collect();
+        let none = |asked: &[ChainHash]| vec![None; asked.len()];
+        assert_eq!(s.hash_with_known("m", &tokens, none), s.hash(&tokens));
     }
 
     #[test]

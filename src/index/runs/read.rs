@@ -115,6 +115,25 @@ impl ChainRuns {
         repeats
     }
 
+    /// The std hash the runs keep for each of `chains` (a prompt's chain hashes, in order),
+    /// `None` for a chain block not here: each block looked for right after the one before
+    /// it in its run, so a probe is paid only where the prompt leaves a run.
+    pub(crate) fn stds_along(&self, chains: &[u64]) -> Vec<Option<u64>> {
+        let mut last: Option<Spot> = None;
+        (chains.iter())
+            .map(|&chain| {
+                let after = last.map(|s| Spot {
+                    node: s.node,
+                    pos: s.pos + 1,
+                });
+                let spot =
+                    (after.filter(|&s| self.at(s) == Some(chain))).or_else(|| self.spot(chain));
+                last = spot;
+                Some(self.hashes_at(spot?)?.1)
+            })
+            .collect()
+    }
+
     /// Calls `visit` with the residents of every held chain block, in no order.
     pub(crate) fn for_each_block(&self, mut visit: impl FnMut(&[Resident])) {
         let mut residents = Vec::new();
