@@ -207,6 +207,32 @@ async fn score_matches_chains_by_default_and_content_only_in_kthena_mode() {
     assert_eq!(kthena["pairs"][0]["prefill_score"], json!(100.0));
 }
 
+/// A `kthena` request with tokens reads the std hashes of the blocks the index holds from
+/// its runs and hashes the rest: the scores of the same prompt sent as kthena's block hashes.
+#[tokio::test]
+async fn kthena_tokens_score_as_their_block_hashes_do() {
+    let prompts = [
+        [vec![10u32; 16], vec![20; 16], vec![30; 16], vec![7; 5]].concat(),
+        [vec![10u32; 16], vec![40; 16]].concat(),
+        [vec![30u32; 16], vec![40; 16], vec![50; 16]].concat(),
+    ];
+    for tokens in prompts {
+        let hashes = prompt_block_hashes(&tokens, 16, 128);
+        let by_tokens =
+            json!({"model": "m", "tokens": tokens, "pods": ["s.ns"], "match": "kthena"});
+        let by_hashes = json!({"model": "m", "block_hashes": hashes, "pods": ["s.ns"]});
+        let (status, from_tokens) = post(spliced_app(), "/v1/score", by_tokens).await;
+        assert_eq!(status, StatusCode::OK);
+        let (_, from_hashes) = post(spliced_app(), "/v1/score", by_hashes).await;
+        assert_eq!(from_tokens, from_hashes, "{tokens:?}");
+        assert_ne!(
+            from_tokens["scores"][0]["matched_blocks"],
+            json!(0),
+            "{tokens:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_prefix_only_index_scores_chains_and_refuses_kthena_naming_the_field() {
     let lean = || {
