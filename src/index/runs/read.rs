@@ -45,14 +45,7 @@ impl ChainRuns {
         cursor: &Cell<Option<Cursor>>,
         mut visit: impl FnMut(PodId, MediaSet, u32),
     ) -> Visit {
-        let next = cursor.get().and_then(|c| {
-            let spot = Spot {
-                node: c.spot.node,
-                pos: c.spot.pos + 1,
-            };
-            (self.at(spot) == Some(key)).then_some(spot)
-        });
-        let Some(spot) = next.or_else(|| self.spot(key)) else {
+        let Some(spot) = self.spot_after(cursor.get().map(|c| c.spot), key) else {
             cursor.set(None);
             return Visit::Absent;
         };
@@ -122,16 +115,22 @@ impl ChainRuns {
         let mut last: Option<Spot> = None;
         (chains.iter())
             .map(|&chain| {
-                let after = last.map(|s| Spot {
-                    node: s.node,
-                    pos: s.pos + 1,
-                });
-                let spot =
-                    (after.filter(|&s| self.at(s) == Some(chain))).or_else(|| self.spot(chain));
-                last = spot;
-                Some(self.hashes_at(spot?)?.1)
+                last = self.spot_after(last, chain);
+                Some(self.hashes_at(last?)?.1)
             })
             .collect()
+    }
+
+    /// The spot of chain block `key` for a walk along a prompt that read `last` just before
+    /// it: right after `last` when its run goes on with `key`, without a probe, else the
+    /// locator's.
+    #[inline]
+    fn spot_after(&self, last: Option<Spot>, key: u64) -> Option<Spot> {
+        let after = last.map(|s| Spot {
+            node: s.node,
+            pos: s.pos + 1,
+        });
+        (after.filter(|&s| self.at(s) == Some(key))).or_else(|| self.spot(key))
     }
 
     /// Calls `visit` with the residents of every held chain block, in no order.
