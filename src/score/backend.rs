@@ -102,7 +102,8 @@ impl ScoreBackend {
     /// The block hashes of prompt `tokens` of `model` for `mode`
     /// ([`PromptSettings::blocks`]). For `kthena` on the in-memory index, the std hashes of
     /// blocks it holds are the ones its runs keep (a chain hash names its block's tokens):
-    /// SHA-256 only for the rest.
+    /// SHA-256 only for the rest (for every block of an index without the std layer, which
+    /// answers none).
     pub fn prompt_blocks(
         &self,
         prompt: &PromptSettings,
@@ -111,7 +112,7 @@ impl ScoreBackend {
         mode: MatchMode,
     ) -> Vec<u64> {
         match (self, mode) {
-            (ScoreBackend::Index(index), MatchMode::Kthena) if index.has_std_layer() => {
+            (ScoreBackend::Index(index), MatchMode::Kthena) => {
                 prompt.hash_with_known(model, tokens, |chains| index.stored_std_hashes(chains))
             }
             _ => prompt.blocks(model, tokens, mode),
