@@ -130,9 +130,7 @@ pub fn prompt_chain_hashes(
     max_blocks: usize,
 ) -> Vec<ChainHash> {
     let mut parent = model_seed(model);
-    tokens
-        .chunks(block_size.max(1))
-        .take(max_blocks)
+    prompt_chunks(tokens, block_size, max_blocks)
         .map(|block| {
             parent = chain_hash(parent, block);
             parent
@@ -149,12 +147,19 @@ pub fn prompt_chain_hashes(
 /// assert_eq!(blocks.len(), 3); // 16 + 16 + a partial block of 3
 /// ```
 pub fn prompt_block_hashes(tokens: &[u32], block_size: usize, max_blocks: usize) -> Vec<StdHash> {
-    let block_size = block_size.max(1);
-    tokens
-        .chunks(block_size)
-        .take(max_blocks)
+    prompt_chunks(tokens, block_size, max_blocks)
         .map(std_hash)
         .collect()
+}
+
+/// A prompt's blocks as kthena cuts them: `block_size` tokens each (the last, partial
+/// chunk counts), at most `max_blocks`. Every prompt hash is of these blocks.
+pub(crate) fn prompt_chunks(
+    tokens: &[u32],
+    block_size: usize,
+    max_blocks: usize,
+) -> impl Iterator<Item = &[u32]> {
+    tokens.chunks(block_size.max(1)).take(max_blocks)
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::hash::{
-    prompt_block_hashes, prompt_chain_hashes, std_hash, ChainHash, StdHash, DEFAULT_BLOCK_SIZE,
-    DEFAULT_MAX_BLOCKS,
+    prompt_block_hashes, prompt_chain_hashes, prompt_chunks, std_hash, ChainHash, StdHash,
+    DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS,
 };
 
 /// How a prompt's blocks are matched against what pods hold.
@@ -114,7 +114,7 @@ impl PromptSettings {
     ) -> Vec<StdHash> {
         let chains = prompt_chain_hashes(model, tokens, self.block_size, self.max_blocks);
         let known = known(&chains);
-        (tokens.chunks(self.block_size.max(1)).take(self.max_blocks))
+        prompt_chunks(tokens, self.block_size, self.max_blocks)
             .enumerate()
             .map(|(i, block)| (known.get(i).copied().flatten()).unwrap_or_else(|| std_hash(block)))
             .collect()
