@@ -32,12 +32,9 @@ pub(super) fn parse_body<T: serde::de::DeserializeOwned + TokensField>(
     let body = json_body(headers, body)?;
     if let Some(split) = split_tokens(&body) {
         if let Ok(mut parsed) = serde_json::from_slice::<T>(&split.rest) {
-            let tokens = parsed.tokens_mut();
-            // The rest has `null` there: serde read no tokens.
-            if tokens.is_none() {
-                *tokens = Some(split.tokens);
-                return Ok(parsed);
-            }
+            // The rest has `null` there (a second `tokens` key is serde's duplicate error).
+            *parsed.tokens_mut() = Some(split.tokens);
+            return Ok(parsed);
         }
     }
     parse_json(&body)
