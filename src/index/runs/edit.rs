@@ -432,8 +432,7 @@ impl ResidentSet for BlockMut<'_> {
             if new != old {
                 self.looked = None;
                 let pos = self.pos;
-                self.node.flip(&old, pos, pos);
-                self.node.flip(&new, pos, pos);
+                self.node.flip_edited(&old, &new, pos);
                 let held = self.set(i, new);
                 self.held_at(pod, rank, held);
             }

@@ -34,6 +34,7 @@
 //! ([`edit`]) and what a query reads ([`read`]); placing blocks in runs is here.
 
 mod edit;
+mod fingerprints;
 mod locator;
 mod node;
 mod read;
@@ -418,7 +419,7 @@ impl ChainRuns {
         let node = &mut self.nodes[id as usize];
         node.chains.push(hash);
         node.stds.push(std);
-        node.fps.push(0);
+        node.fps.push_unheld();
         Spot {
             node: id,
             pos: node.chains.len() as u32 - 1,
@@ -499,7 +500,8 @@ impl ChainRuns {
         let nodes = self.nodes.capacity() * std::mem::size_of::<Node>();
         let runs: usize = (self.nodes.iter())
             .map(|n| {
-                (n.chains.capacity() + n.stds.capacity() + n.fps.capacity()) * 8
+                (n.chains.capacity() + n.stds.capacity()) * 8
+                    + n.fps.heap_bytes()
                     + n.spans.capacity() * std::mem::size_of::<Span>()
             })
             .sum();

@@ -1,5 +1,6 @@
 //! A run of chain blocks (a node) and its residents' spans over positions.
 
+use super::fingerprints::Fingerprints;
 use crate::index::delta::FieldValue;
 use crate::index::layer::{Change, Editor};
 use crate::index::residents::{merge, own_value, owner_key, Resident};
@@ -49,8 +50,9 @@ pub(super) struct Node {
     pub(super) stds: Vec<u64>,
     /// Each position's fingerprint: the XOR of [`owner_key`] over its residents (0 when
     /// nobody holds it), kept as the spans are edited, so a query tells a block whose
-    /// residents are the previous block's without a scan of the spans or any mixing.
-    pub(super) fps: Vec<u64>,
+    /// residents are the previous block's without a scan of the spans or any mixing; kept
+    /// as stretches of equal ones, which a query counts past at once.
+    pub(super) fps: Fingerprints,
     /// Spans of one source never overlap.
     pub(super) spans: Vec<Span>,
     /// The chain hash of the parent of the run's first block when the run is a fork (its
@@ -65,7 +67,15 @@ impl Node {
     /// comes, once as it goes.
     #[inline]
     pub(super) fn flip(&mut self, resident: &Resident, from: u16, to: u16) {
-        let flipped = xor_key(&mut self.fps, resident, from, to);
+        let flipped = self.fps.xor(from, to, owner_key(resident));
+        debug_assert!(flipped, "a span past its run");
+    }
+
+    /// Changes the fingerprint at `pos` for a resident there edited from `old` to `new`:
+    /// nothing when the edit left its owner key alone (a store time, an engine copy).
+    #[inline]
+    pub(super) fn flip_edited(&mut self, old: &Resident, new: &Resident, pos: u16) {
+        let flipped = (self.fps).xor(pos, pos, owner_key(old) ^ owner_key(new));
         debug_assert!(flipped, "a span past its run");
     }
 
@@ -79,9 +89,11 @@ impl Node {
             .then_some(fps)
     }
 
-    /// Whether [`Self::fps`] is what the spans give.
+    /// Whether [`Self::fps`] is what the spans give, kept as the stretches' rules say.
     pub(super) fn fingerprints_in_step(&self) -> bool {
-        self.fingerprints_from_spans().as_ref() == Some(&self.fps)
+        self.fps.well_formed()
+            && self.fps.len() == self.chains.len()
+            && self.fingerprints_from_spans() == Some(self.fps.expanded())
     }
 
     /// Whether anybody holds `pos`.
@@ -245,8 +257,8 @@ impl Node {
     }
 }
 
-/// XORs `resident`'s owner key into `fps[from..=to]`; `false`, with nothing changed, when
-/// the positions are past `fps`.
+/// XORs `resident`'s owner key into `fps[from..=to]` (a word per position, as the checks
+/// compute them); `false`, with nothing changed, when the positions are past `fps`.
 #[inline]
 fn xor_key(fps: &mut [u64], resident: &Resident, from: u16, to: u16) -> bool {
     let key = owner_key(resident);

@@ -51,7 +51,7 @@ impl ChainRuns {
         };
         let node = &self.nodes[spot.node as usize];
         let pos = spot.pos as u16;
-        let fingerprint = node.fps.get(usize::from(pos)).copied().unwrap_or(0);
+        let fingerprint = node.fps.get(pos).unwrap_or(0);
         // A fingerprint of 0 is mostly nobody (and by a 2^-64 chance somebody): it is never
         // taken for the same residents, and the spans tell.
         let same = (fingerprint != 0).then_some(fingerprint);
@@ -93,9 +93,7 @@ impl ChainRuns {
         // The positions after the cursor's with its residents (its fingerprint), then those
         // of them that are `next`'s blocks.
         let after = spot.pos as usize + 1;
-        let fps = node.fps.get(after..).unwrap_or_default();
-        let fps = &fps[..fps.len().min(next.len())];
-        let stable = fps.iter().take_while(|fp| **fp == fingerprint).count();
+        let stable = (node.fps).same_from(after as u16, fingerprint, next.len());
         let Some(run) = (node.chains).get(after..after + stable) else {
             return 0;
         };

@@ -210,9 +210,14 @@ fn run_residents(runs: &ChainRuns) -> Vec<(u64, Vec<Resident>)> {
         );
         // Every position's fingerprint is its residents' now.
         assert_eq!(
-            node.fingerprints_from_spans().as_ref(),
-            Some(&node.fps),
+            node.fingerprints_from_spans(),
+            Some(node.fps.expanded()),
             "fingerprints out of step with the spans"
+        );
+        assert!(
+            node.fps.well_formed(),
+            "stretches out of shape: {:?}",
+            node.fps
         );
         for (pos, hash) in node.chains.iter().enumerate() {
             let spot = runs
