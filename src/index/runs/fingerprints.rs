@@ -114,6 +114,7 @@ impl Fingerprints {
     /// [`Self::xor`] of positions `from..=to` inside stretch `i`, the common edit (a source
     /// storing or removing a run, or part of one, that others hold alike): the stretch is
     /// split, or its neighbour moved over, without the general path's splits and merges.
+    #[inline]
     fn xor_within(&mut self, i: usize, from: u16, to: u16, key: u64) {
         let value = self.values[i] ^ key;
         let (start, end) = (self.starts[i], self.end_of(i));
