@@ -4,9 +4,10 @@
 //! Why stretches: a run's residents mostly change at a few positions (where a pod's copy of
 //! the run ends), so a run of 128 blocks held alike is one stretch, where a word per
 //! position was 1 KB for a full-hit query to read and 8 bytes a block to keep. An edit XORs
-//! a key into the stretches its positions cover, splitting the stretches at its ends first
-//! and merging them back where the values meet again, so neighbouring stretches always
-//! differ and one stretch is exactly the positions a query may count without a visit.
+//! a key into the stretches its positions cover, splitting the stretches at its ends and
+//! merging them where the values meet again (an edit inside one stretch, the common one,
+//! moves a neighbour's start instead where it can), so neighbouring stretches always differ
+//! and one stretch is exactly the positions a query may count without a visit.
 
 /// Each position's fingerprint, as stretches of equal ones.
 #[derive(Debug, Default)]
@@ -95,9 +96,9 @@ impl Fingerprints {
             self.xor_within(i, from, to, key);
             return true;
         }
-        let first = self.split_at(from);
+        let first = self.split(i, from);
         let end = match to + 1 < self.len {
-            true => self.split_at(to + 1),
+            true => self.split(self.stretch_of(to + 1), to + 1),
             false => self.starts.len(),
         };
         for value in &mut self.values[first..end] {
@@ -118,25 +119,19 @@ impl Fingerprints {
     fn xor_within(&mut self, i: usize, from: u16, to: u16, key: u64) {
         let value = self.values[i] ^ key;
         let (start, end) = (self.starts[i], self.end_of(i));
-        let prev_same = i > 0 && self.values[i - 1] == value;
-        let next_same = self.values.get(i + 1) == Some(&value);
         match (start == from, end == to + 1) {
             (true, true) => {
                 self.values[i] = value;
-                if next_same {
-                    self.remove(i + 1);
-                }
-                if prev_same {
-                    self.remove(i);
-                }
+                self.merge_with_previous(i + 1);
+                self.merge_with_previous(i);
             }
-            (true, false) if prev_same => self.starts[i] = to + 1,
+            (true, false) if i > 0 && self.values[i - 1] == value => self.starts[i] = to + 1,
             (true, false) => {
                 self.starts[i] = to + 1;
                 self.starts.insert(i, from);
                 self.values.insert(i, value);
             }
-            (false, true) if next_same => self.starts[i + 1] = from,
+            (false, true) if self.values.get(i + 1) == Some(&value) => self.starts[i + 1] = from,
             (false, true) => {
                 self.starts.insert(i + 1, from);
                 self.values.insert(i + 1, value);
@@ -160,10 +155,9 @@ impl Fingerprints {
         }
     }
 
-    /// The index of the stretch starting at `pos` (a position of the run), split off the
-    /// stretch holding it if none does.
-    fn split_at(&mut self, pos: u16) -> usize {
-        let i = self.stretch_of(pos);
+    /// The index of the stretch starting at `pos`, split off stretch `i` (the one holding
+    /// it) if none does.
+    fn split(&mut self, i: usize, pos: u16) -> usize {
         if self.starts[i] == pos {
             return i;
         }

@@ -67,15 +67,20 @@ impl Node {
     /// comes, once as it goes.
     #[inline]
     pub(super) fn flip(&mut self, resident: &Resident, from: u16, to: u16) {
-        let flipped = self.fps.xor(from, to, owner_key(resident));
-        debug_assert!(flipped, "a span past its run");
+        self.flip_key(owner_key(resident), from, to);
     }
 
     /// Changes the fingerprint at `pos` for a resident there edited from `old` to `new`:
     /// nothing when the edit left its owner key alone (a store time, an engine copy).
     #[inline]
     pub(super) fn flip_edited(&mut self, old: &Resident, new: &Resident, pos: u16) {
-        let flipped = (self.fps).xor(pos, pos, owner_key(old) ^ owner_key(new));
+        self.flip_key(owner_key(old) ^ owner_key(new), pos, pos);
+    }
+
+    /// XORs `key` into the fingerprints of positions `from..=to`, which a span covers.
+    #[inline]
+    fn flip_key(&mut self, key: u64, from: u16, to: u16) {
+        let flipped = self.fps.xor(from, to, key);
         debug_assert!(flipped, "a span past its run");
     }
 
