@@ -669,6 +669,10 @@ impl Writer {
         &mut self,
         pipe: &redis::Pipeline,
     ) -> Result<(), redis::RedisError> {
+        if self.lease_lost() {
+            return Err(super::lease::not_held());
+        }
+        self.note_first_write();
         pipe.query_async::<()>(&mut self.conn).await
     }
 

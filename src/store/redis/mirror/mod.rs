@@ -27,12 +27,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::anti_entropy::{Entropy, EntropySettings, EntropyStats};
 use super::checkpoint::Watermark;
 use super::inflight::{Batch, InFlight, LatencyHistogram, MarkAt, MAX_IN_FLIGHT};
+use super::lease::{LeaseGate, Role};
 use super::RedisConfig;
 use crate::index::{Checkpoint, Delta, DeltaChunk, Index, ModelId, PodId, SourceId};
 use crate::medium::TierWeights;
@@ -154,6 +155,15 @@ pub(super) struct Writer {
     scratch: Scratch,
     /// `kvindex_mirror_write_latency_seconds`, looked up once.
     write_metric: metrics::Histogram,
+    /// With `ha:`: the lease this replica must hold to write, and its role changes.
+    lease: Option<(Arc<LeaseGate>, watch::Receiver<Role>)>,
+    /// A standby writes nothing: its deltas are dropped (the index keeps the truth), and
+    /// it waits for the lease.
+    pub(super) standby: bool,
+    /// The lease term the writer last took over in.
+    term: u64,
+    /// After a takeover, when the previous lease ended, until the first write is sent.
+    first_write_due: Option<std::time::Instant>,
 }
 
 /// Watermarks of the sources the mirror checkpoints. Only the seq is recorded per message;
@@ -211,7 +221,20 @@ impl Writer {
             stamps: Vec::new(),
             scratch: Scratch::new(),
             write_metric: crate::metrics::mirror_write_latency(),
+            lease: None,
+            standby: false,
+            term: 0,
+            first_write_due: None,
         }
+    }
+
+    /// Makes the writer a standby behind `gate`: it writes only once the lease is taken,
+    /// after a full reconcile.
+    pub(super) fn behind_lease(&mut self, gate: Arc<LeaseGate>) {
+        let rx = gate.subscribe();
+        self.lease = Some((gate, rx));
+        self.standby = true;
+        self.shared.dirty.store(false, Ordering::Relaxed);
     }
 
     /// Seeds the watermarks a warm start restored, so later ones keep their model lists and a
@@ -286,7 +309,9 @@ impl Writer {
     /// The task body: runs until shutdown or until every sender is gone.
     pub(super) async fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
         loop {
-            let wake = if self.dirty {
+            let wake = if self.standby {
+                None
+            } else if self.dirty {
                 Some(self.retry_at)
             } else if !self.has_pending() {
                 None
@@ -297,6 +322,7 @@ impl Writer {
             let background = self.entropy_wake();
             tokio::select! {
                 biased;
+                () = role_changed(&mut self.lease) => self.on_role(),
                 (result, batch) = self.inflight.next(), if answers => {
                     self.answered(result, batch);
                     self.flush_if_idle().await;
@@ -317,7 +343,11 @@ impl Writer {
                             return;
                         }
                     }
-                    self.entropy_tick().await;
+                    if self.lease_lost() {
+                        self.lease_expired();
+                    } else if !self.dirty {
+                        self.entropy_tick().await;
+                    }
                 }
                 msg = rx.recv() => {
                     if self.on_msg(msg).await {
@@ -357,7 +387,7 @@ impl Writer {
 
     /// Writes what is pending, retrying through an outage (the caller bounds the wait).
     async fn drain_before_exit(&mut self) {
-        loop {
+        while !self.standby {
             if self.dirty {
                 tokio::time::sleep_until(self.retry_at).await;
                 self.try_reconcile().await;
@@ -451,6 +481,13 @@ impl Writer {
     /// Absorbs deltas from `rest` until they run out or a flush is due.
     fn absorb(&mut self, rest: &mut impl Iterator<Item = Delta>) {
         for delta in rest.by_ref() {
+            if self.standby {
+                // Nothing is written: only the watermarks follow the sources.
+                if let Delta::SourceGone { pod, rank } = delta {
+                    self.forget_marks(pod, rank);
+                }
+                continue;
+            }
             if matches!(delta, Delta::UnknownRemove { .. }) {
                 self.queue_adopt(delta);
                 continue;
@@ -459,10 +496,7 @@ impl Writer {
                 Delta::Mapping { .. } => self.config.mapping_keys,
                 Delta::Engine { .. } => self.config.checkpoint,
                 Delta::SourceGone { pod, rank } => {
-                    self.marks.unwritten.remove(&(*pod, *rank));
-                    self.marks.latest.remove(&(*pod, *rank));
-                    self.marks.models.remove(&(*pod, *rank));
-                    self.marks.confirmed.remove(&(*pod, *rank));
+                    self.forget_marks(*pod, *rank);
                     self.config.checkpoint
                 }
                 Delta::Field { .. } | Delta::UnknownRemove { .. } => true,
@@ -490,7 +524,22 @@ impl Writer {
         self.cap_touched();
     }
 
+    /// Drops the watermarks of a source that is gone.
+    fn forget_marks(&mut self, pod: PodId, rank: u8) {
+        self.marks.unwritten.remove(&(pod, rank));
+        self.marks.latest.remove(&(pod, rank));
+        self.marks.models.remove(&(pod, rank));
+        self.marks.confirmed.remove(&(pod, rank));
+    }
+
     pub(super) fn answer_waiters(&mut self) {
+        if self.standby {
+            // Nothing is written here: there is nothing to wait for.
+            for done in self.waiters.drain(..) {
+                let _ = done.send(());
+            }
+            return;
+        }
         let written = self.inflight.is_empty() && !self.has_pending();
         if !self.dirty && written && !self.entropy.rewriting() {
             for done in self.waiters.drain(..) {
@@ -546,6 +595,12 @@ impl Writer {
         }
         batch.stamps = std::mem::take(&mut self.stamps);
         batch.commands = commands;
+        if self.lease_lost() {
+            self.inflight.spare(pipe);
+            self.unsent(batch);
+            return self.lease_expired();
+        }
+        self.note_first_write();
         self.inflight.submit(&self.conn, pipe, batch).await;
         let peak = self.inflight.len() as u64;
         self.shared
@@ -649,6 +704,10 @@ impl Writer {
     /// Stops writing until a reconcile succeeds; pending keys join the record. The driver's
     /// message is logged without the URL's password.
     pub(super) fn go_dirty(&mut self, err: &redis::RedisError) {
+        if self.lease_lost() {
+            // Not an outage to reconcile after: another replica writes now.
+            return self.lease_expired();
+        }
         let reason = self.config.target.scrub(&err.to_string());
         if self.dirty {
             self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
@@ -696,6 +755,114 @@ impl Writer {
     /// probe Redis then).
     fn entropy_wake(&self) -> Option<Instant> {
         (!self.dirty).then(|| self.entropy.wake())
+    }
+}
+
+/// Resolves when the lease's role changed (never without `ha:`, or once the lease task ended).
+async fn role_changed(lease: &mut Option<(Arc<LeaseGate>, watch::Receiver<Role>)>) {
+    match lease {
+        Some((_, rx)) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+impl Writer {
+    /// Whether this writer runs behind a lease it does not hold now (or held too long ago
+    /// without renewal): every write is checked against it just before it is sent.
+    pub(super) fn lease_lost(&self) -> bool {
+        self.lease.as_ref().is_some_and(|(gate, _)| !gate.is_open())
+    }
+
+    /// Follows the lease task's news: a new term takes over (after stepping down from an
+    /// older one the writer may have missed), a lost lease stands by.
+    fn on_role(&mut self) {
+        let Some((_, rx)) = &mut self.lease else {
+            return;
+        };
+        let role = *rx.borrow_and_update();
+        match role {
+            Role::Leader { term, lost_at } if term != self.term => {
+                if !self.standby {
+                    self.step_down();
+                }
+                self.term = term;
+                self.take_over(lost_at);
+            }
+            Role::Standby if !self.standby => self.step_down(),
+            _ => {}
+        }
+    }
+
+    /// Starts writing: first a full reconcile of the owned pods against the index, both
+    /// ways and unthrottled (the rewrite, then a fast verify that deletes what the index
+    /// does not hold, such as late writes of a deposed leader), then normal flushes.
+    fn take_over(&mut self, lost_at: Option<std::time::Instant>) {
+        self.standby = false;
+        self.first_write_due = Some(lost_at.unwrap_or_else(std::time::Instant::now));
+        self.touched.clear();
+        // Redis as the previous leader left it: the watchdog starts over.
+        self.entropy.armed = false;
+        self.entropy.run_id = None;
+        self.entropy.overflowed = false;
+        self.entropy.verify_after = Some(true);
+        self.dirty = true;
+        self.retry_at = Instant::now();
+        tracing::info!(url = %self.config.target, "HA: this replica leads; reconciling Redis with its index before its first write.");
+    }
+
+    /// Stops writing at once: what is pending is dropped (the index keeps the truth and the
+    /// next takeover rewrites it), pipelines in flight are abandoned, background passes end.
+    pub(super) fn step_down(&mut self) {
+        if self.standby {
+            return;
+        }
+        self.standby = true;
+        self.dirty = true;
+        self.pending.clear();
+        self.pending_entries = 0;
+        self.shrink_pending();
+        for batch in self.inflight.abandon() {
+            self.unsent(batch);
+        }
+        self.stamps.clear();
+        self.on_dirty();
+        self.touched.clear();
+        self.entropy.overflowed = false;
+        self.entropy.verify_after = None;
+        self.entropy.adopt.clear();
+        self.first_write_due = None;
+        self.shared.dirty.store(false, Ordering::Relaxed);
+        self.shared.healthy.store(true, Ordering::Relaxed);
+        self.answer_waiters();
+        tracing::info!(url = %self.config.target, "HA: this replica stands by; its mirror writes nothing.");
+    }
+
+    /// Stands by because the gate closed under the writer (no renewal within ttl/2): the
+    /// lease task is told, so the writer writes again only after a new acquisition.
+    pub(super) fn lease_expired(&mut self) {
+        if self.standby {
+            return;
+        }
+        if let Some((gate, _)) = &self.lease {
+            gate.abandon();
+        }
+        self.step_down();
+    }
+
+    /// Counts the time from the previous lease's end to the first write after a takeover.
+    pub(super) fn note_first_write(&mut self) {
+        if let Some(from) = self.first_write_due.take() {
+            let took = from.elapsed();
+            crate::metrics::ha_first_write(took.as_secs_f64());
+            tracing::info!(
+                since_lease_end_ms = took.as_millis() as u64,
+                "HA: the new leader's first write is on its way."
+            );
+        }
     }
 }
 
