@@ -26,7 +26,7 @@ pub mod kubernetes;
 mod raw;
 mod validate;
 
-pub use raw::{RawApi, RawConfig, RawIngest, RawMetrics, RawRedis, RawShard, RawTarget};
+pub use raw::{RawApi, RawConfig, RawHa, RawIngest, RawMetrics, RawRedis, RawShard, RawTarget};
 pub use validate::validate;
 
 use kubernetes::KubernetesConfig;
@@ -50,6 +50,16 @@ pub struct Config {
     pub ingest: IngestLimits,
     /// This replica's shard: it owns the targets that rendezvous hashing maps to it.
     pub shard: Shard,
+    /// High availability, when configured (it takes effect only with `redis:`).
+    pub ha: Option<HaConfig>,
+}
+
+/// `ha:`: replicas with the same config (and shard) share a lease in Redis; its holder
+/// alone writes Redis, the others keep their index and serve the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HaConfig {
+    /// The lease's time to live: a dead leader is replaced about this long after it died.
+    pub lease_ttl: Duration,
 }
 
 /// Limits on what engines may send, applied to every target.
@@ -269,6 +279,10 @@ impl Config {
                 "max_models_per_source": self.ingest.max_models_per_source,
                 "std_hashes": self.ingest.std_hashes,
             },
+            "ha": self.ha.map(|h| serde_json::json!({
+                "lease_ttl_ms": h.lease_ttl.as_millis() as u64,
+                "effective": self.redis.is_some(),
+            })),
             "shard": {
                 "index": self.shard.index,
                 "count": self.shard.count,
