@@ -7,6 +7,7 @@ use crate::index::Index;
 use crate::ingest::PodsView;
 use crate::medium::TierWeights;
 use crate::score::{PromptSettings, ScoreBackend};
+use crate::store::redis::lease::LeaseGate;
 
 /// Protective limits of the service (axum's key-value-store example: shed, limit, time out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +44,8 @@ pub struct ApiState {
     pub(super) pods: Arc<dyn PodsView>,
     pub(super) limits: ApiLimits,
     pub(super) prompt: PromptSettings,
+    /// With `ha:`: who writes Redis for this replica's shard (`/v1/pods`).
+    pub(super) writer: Option<Arc<LeaseGate>>,
 }
 
 impl ApiState {
@@ -60,7 +63,14 @@ impl ApiState {
             pods,
             limits: ApiLimits::default(),
             prompt: PromptSettings::default(),
+            writer: None,
         }
+    }
+
+    /// Reports the HA writer of this replica's shard in `/v1/pods` (`None`: no `ha:`).
+    pub fn with_writer(mut self, writer: Option<Arc<LeaseGate>>) -> ApiState {
+        self.writer = writer;
+        self
     }
 
     /// Scores from `backend` instead of the in-memory index (sharded replicas read Redis,

@@ -6,7 +6,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 
-use super::model::{Pod, PodRates, Totals};
+use super::model::{Pod, PodRates, Totals, Writer};
 
 /// Whether the daemon answered the last poll.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +54,8 @@ pub struct Screen {
     pub rates: TotalRates,
     /// The targets, or why `/v1/pods` could not be read.
     pub pods: Result<Vec<(Pod, PodRates)>, String>,
+    /// With `ha:`: which replica writes Redis.
+    pub writer: Option<Writer>,
 }
 
 /// Draws the whole screen.
@@ -143,6 +145,9 @@ fn header(screen: &Screen) -> Paragraph<'static> {
                 if m.reconciling { "yes" } else { "no" }
             ),
         }));
+        if let Some(w) = &screen.writer {
+            lines.push(Line::from(writer_line(w)));
+        }
         lines.push(Line::from(format!(
             "api      {:.1} req/s   {} answered",
             r.api_requests,
@@ -153,6 +158,21 @@ fn header(screen: &Screen) -> Paragraph<'static> {
         " kvindex top · {} · api {} ",
         screen.url, screen.api_url
     )))
+}
+
+/// Who writes Redis: this replica, or the lease holder while this one stands by.
+fn writer_line(w: &Writer) -> String {
+    let holder = w.holder.as_deref().unwrap_or("nobody");
+    if w.role == "leader" {
+        format!("writer   this replica (HA leader, lease {holder})")
+    } else {
+        let ready = if w.ready_to_lead {
+            "ready to lead"
+        } else {
+            "catching up"
+        };
+        format!("writer   {holder} (this replica: HA standby, {ready})")
+    }
 }
 
 /// A counter or gauge read as a float, shown as a whole number (never `-0`).
