@@ -17,7 +17,8 @@
 //! wakes; what it sent just before freezing may still land late, and is repaired by the new
 //! leader's reconcile, which compares Redis with its own index in both directions.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -226,12 +227,8 @@ pub fn replica_identity() -> String {
 /// A token no other replica (or earlier run of this one) uses: the identity and 128
 /// random bits from the standard library's per-process random hash keys.
 fn new_token(replica: &str) -> String {
-    let mut bits = [0u64; 2];
-    for (i, word) in bits.iter_mut().enumerate() {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        (i, std::time::SystemTime::now(), std::process::id()).hash(&mut h);
-        *word = h.finish();
-    }
+    let seed = (std::time::SystemTime::now(), std::process::id());
+    let bits = [0u8, 1].map(|i| RandomState::new().hash_one((i, seed)));
     format!("{replica}#{:016x}{:016x}", bits[0], bits[1])
 }
 
