@@ -186,7 +186,14 @@ impl Daemon {
             return;
         };
         let supervisor = self.supervisor.clone();
-        let eligible: Eligibility = Arc::new(move || supervisor.caught_up(CAUGHT_UP_SETTLE));
+        let discovery = self.discovery.clone();
+        // Discovery must have listed the pods once: before that, "every target caught up"
+        // is true of an empty set. A later watch error keeps the targets, so it does not
+        // keep a standby from leading.
+        let eligible: Eligibility = Arc::new(move || {
+            let listed = discovery.as_ref().is_none_or(|d| d.status().synced);
+            listed && supervisor.caught_up(CAUGHT_UP_SETTLE)
+        });
         let gate = lease.gate();
         let stop = CancellationToken::new();
         let task = tokio::spawn(lease.run(eligible, shard, stop.clone()));

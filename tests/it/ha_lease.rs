@@ -8,6 +8,7 @@
 
 use crate::util;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -21,7 +22,7 @@ use kvindex::medium::TierWeights;
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::shard::{owner, Shard};
 use kvindex::store::redis::lease::lease_key;
-use kvindex::store::redis::{dump, MappingEntry, RedisDump};
+use kvindex::store::redis::{checkpoint, dump, MappingEntry, RedisDump};
 use kvindex::wire::Engine;
 use rmpv::Value as V;
 use util::own_redis::OwnRedis;
@@ -128,6 +129,40 @@ fn expected(dir: &Path, pod: &str, messages: &[RecordedMessage]) -> RedisDump {
         want.mappings.insert(mapping_key(engine, pod, &hash), entry);
     });
     without_times(want)
+}
+
+/// The engine hashes the checkpoint must hold for `pod` after `messages`, as its entries'
+/// field names (every rank's state keys together).
+fn expected_checkpoint(dir: &Path, pod: &str, messages: &[RecordedMessage]) -> BTreeSet<String> {
+    let file = write_fixture(dir, &format!("{pod}-cp.jsonl"), messages);
+    let replay =
+        kvindex::ingest::replay_files(Index::new(), pod, MODEL, Engine::Vllm, &[file]).unwrap();
+    let mut want = BTreeSet::new();
+    replay.index().for_each_mapping(|_, _, hash, _| {
+        want.insert(checkpoint::engine_field(&hash));
+    });
+    want
+}
+
+/// The checkpoint entries in Redis for `pod` (every state key's field names).
+async fn checkpoint_now(url: &str, pod: &str) -> BTreeSet<String> {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}{pod}#*", checkpoint::STATE_PREFIX))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut fields = BTreeSet::new();
+    for key in keys {
+        let names: Vec<String> = redis::cmd("HKEYS")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        fields.extend(names);
+    }
+    fields
 }
 
 /// Field values without their timestamp, TTLs normalised.
@@ -561,6 +596,11 @@ async fn a_sigkilled_leader_is_replaced_and_redis_ends_equal_to_the_replay() {
     for name in names {
         assert!(text.contains(name), "{name} is not exported");
     }
+    assert_eq!(
+        checkpoint_now(&url, &pod).await,
+        expected_checkpoint(dir.path(), &pod, &all),
+        "the checkpoint holds exactly the engine's blocks"
+    );
     let (asked, failed) = poller.finish().await;
     assert!(asked > 0);
     assert_eq!(
@@ -688,6 +728,10 @@ async fn a_frozen_leader_writes_nothing_after_it_wakes_and_its_late_writes_are_r
     publish(pubs, &all[45..]).await;
     wait_watermarks(&url, &pod, 1, 59).await;
     wait_redis_equals(&url, &pod, &expected(dir.path(), &pod, &all)).await;
+    assert_eq!(
+        checkpoint_now(&url, &pod).await,
+        expected_checkpoint(dir.path(), &pod, &all)
+    );
     assert_eq!(
         a.metric("kvindex_mirror_commands_total", "").await,
         commands,

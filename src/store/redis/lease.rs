@@ -127,6 +127,7 @@ pub struct HaView {
 /// now, and what it last saw.
 #[derive(Debug)]
 pub struct LeaseGate {
+    ttl: Duration,
     base: Instant,
     /// Microseconds after `base` until which writes are allowed; 0 = not leading.
     open_until_us: AtomicU64,
@@ -143,6 +144,7 @@ pub struct LeaseGate {
 impl LeaseGate {
     fn new(view: HaView) -> LeaseGate {
         LeaseGate {
+            ttl: Duration::from_millis(view.lease_ttl_ms),
             base: Instant::now(),
             open_until_us: AtomicU64::new(0),
             closing: AtomicBool::new(false),
@@ -150,6 +152,11 @@ impl LeaseGate {
             role: watch::Sender::new(Role::Standby),
             view: Mutex::new(view),
         }
+    }
+
+    /// The lease's time to live.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
     }
 
     /// Whether this replica holds the lease and renewed it recently enough to write now.
@@ -444,7 +451,7 @@ impl Lease {
             }
             Ok(Ok(_)) => {
                 crate::metrics::ha_renew_failed();
-                self.step_down(shard, "another replica holds the lease");
+                self.step_down(shard, "the lease key holds another token or is gone");
             }
             Ok(Err(err)) => {
                 crate::metrics::ha_renew_failed();

@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::anti_entropy::{Entropy, EntropySettings, EntropyStats};
+use super::anti_entropy::{Entropy, EntropySettings, EntropyStats, TOUCHED_CAP};
 use super::checkpoint::Watermark;
 use super::inflight::{Batch, InFlight, LatencyHistogram, MarkAt, MAX_IN_FLIGHT};
 use super::lease::{LeaseGate, Role};
@@ -164,7 +164,16 @@ pub(super) struct Writer {
     term: u64,
     /// After a takeover, when the previous lease ended, until the first write is sent.
     first_write_due: Option<std::time::Instant>,
+    /// A standby's keys touched in the window before the current one (see
+    /// [`Writer::standby_touch`]); `touched` holds the current window's.
+    touched_before: HashSet<Key>,
+    /// When the standby's current window of touched keys ends.
+    window_ends: Instant,
 }
+
+/// How far back a standby remembers the keys its deltas touched, at least: what a leader
+/// that just died may not have written yet (its last ttl, and whatever its queue held).
+const STANDBY_WINDOW: Duration = Duration::from_secs(10);
 
 /// Watermarks of the sources the mirror checkpoints. Only the seq is recorded per message;
 /// the rest of a watermark entry (names, models, engine run) is read when it is written, once
@@ -225,6 +234,8 @@ impl Writer {
             standby: false,
             term: 0,
             first_write_due: None,
+            touched_before: HashSet::new(),
+            window_ends: now,
         }
     }
 
@@ -482,10 +493,7 @@ impl Writer {
     fn absorb(&mut self, rest: &mut impl Iterator<Item = Delta>) {
         for delta in rest.by_ref() {
             if self.standby {
-                // Nothing is written: only the watermarks follow the sources.
-                if let Delta::SourceGone { pod, rank } = delta {
-                    self.forget_marks(pod, rank);
-                }
+                self.standby_touch(&delta);
                 continue;
             }
             if matches!(delta, Delta::UnknownRemove { .. }) {
@@ -522,6 +530,38 @@ impl Writer {
             }
         }
         self.cap_touched();
+    }
+
+    /// A standby writes nothing but remembers which keys its recent deltas touched: on a
+    /// takeover those the index no longer holds are deleted, as after an outage, since the
+    /// previous leader may have died before writing their deletion (checkpoint entries
+    /// included, which the verify pass does not scan). Two windows of [`STANDBY_WINDOW`]
+    /// (or the ttl) are kept, each capped: keys past the cap are left to the takeover's
+    /// verify pass (fields and mapping keys).
+    fn standby_touch(&mut self, delta: &Delta) {
+        let wanted = match delta {
+            Delta::Mapping { .. } => self.config.mapping_keys,
+            Delta::Engine { .. } => self.config.checkpoint,
+            Delta::SourceGone { pod, rank } => {
+                self.forget_marks(*pod, *rank);
+                self.config.checkpoint
+            }
+            Delta::Field { .. } => true,
+            // Resolved through Redis by a leader; a takeover's verify pass covers it.
+            Delta::UnknownRemove { .. } => false,
+        };
+        if !wanted {
+            return;
+        }
+        let now = Instant::now();
+        if now >= self.window_ends {
+            let ttl = self.lease.as_ref().map_or(Duration::ZERO, |(g, _)| g.ttl());
+            self.window_ends = now + STANDBY_WINDOW.max(ttl);
+            self.touched_before = std::mem::take(&mut self.touched);
+        }
+        if self.touched.len() < TOUCHED_CAP {
+            self.touched.insert(Key::of(delta));
+        }
     }
 
     /// Drops the watermarks of a source that is gone.
@@ -803,7 +843,9 @@ impl Writer {
     fn take_over(&mut self, lost_at: Option<std::time::Instant>) {
         self.standby = false;
         self.first_write_due = Some(lost_at.unwrap_or_else(std::time::Instant::now));
-        self.touched.clear();
+        // The reconcile's stale phase checks what the standby's recent deltas touched.
+        let before = std::mem::take(&mut self.touched_before);
+        self.touched.extend(before);
         // Redis as the previous leader left it: the watchdog starts over.
         self.entropy.armed = false;
         self.entropy.run_id = None;
@@ -831,6 +873,8 @@ impl Writer {
         self.stamps.clear();
         self.on_dirty();
         self.touched.clear();
+        self.touched_before.clear();
+        self.window_ends = Instant::now();
         self.entropy.overflowed = false;
         self.entropy.verify_after = None;
         self.entropy.adopt.clear();
