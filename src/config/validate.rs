@@ -240,7 +240,7 @@ fn validate_upkeep(
     }
 }
 
-/// `ha:`: the lease's ttl within [`MIN_LEASE_TTL`, `MAX_LEASE_TTL`]. Without `redis:` it is
+/// `ha:`: the lease's ttl within [`MIN_LEASE_TTL`] … [`MAX_LEASE_TTL`]. Without `redis:` it is
 /// accepted and has no effect (the daemon says so at start): replicas are independent.
 fn validate_ha(section: RawHa, issues: &mut Issues) -> Option<HaConfig> {
     let mut ha = HaConfig {

@@ -86,7 +86,7 @@ pub fn lease_key(shard: Shard) -> String {
     format!("kvindex:{{ha}}:lease:{}/{}", shard.index, shard.count)
 }
 
-/// How often a standby tries to take the lease: ttl/10, at most [`MAX_POLL`].
+/// How often a standby tries to take the lease: ttl/10, at most 100 ms.
 pub fn poll_interval(ttl: Duration) -> Duration {
     (ttl / 10).min(MAX_POLL)
 }
