@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::index::SpeculativeOptions;
 use crate::medium::TierWeights;
 use crate::shard::Shard;
 use crate::store::redis::{RedisConfig, RedisTarget};
@@ -26,7 +27,9 @@ pub mod kubernetes;
 mod raw;
 mod validate;
 
-pub use raw::{RawApi, RawConfig, RawHa, RawIngest, RawMetrics, RawRedis, RawShard, RawTarget};
+pub use raw::{
+    RawApi, RawConfig, RawHa, RawIngest, RawMetrics, RawRedis, RawShard, RawSpeculative, RawTarget,
+};
 pub use validate::validate;
 
 use kubernetes::KubernetesConfig;
@@ -50,6 +53,8 @@ pub struct Config {
     pub ingest: IngestLimits,
     /// This replica's shard: it owns the targets that rendezvous hashing maps to it.
     pub shard: Shard,
+    /// Routers' placements: their lifetime and how many are kept.
+    pub speculative: SpeculativeOptions,
     /// High availability, when configured (it takes effect only with `redis:`).
     pub ha: Option<HaConfig>,
 }
@@ -96,6 +101,10 @@ pub struct ApiConfig {
     pub header_read_timeout: Duration,
     /// Open connections at most (before the fd budget lowers it).
     pub max_connections: usize,
+    /// Prompt blocks `prefix` scoring looks at, at most.
+    pub max_blocks: usize,
+    /// Prompt blocks `kthena` scoring looks at, at most.
+    pub kthena_max_blocks: usize,
 }
 
 /// Default of `api.header_read_timeout_ms` (hyper's own default).
@@ -186,6 +195,7 @@ impl Config {
             } else {
                 0
             },
+            speculative: self.speculative,
         }
     }
 
@@ -252,6 +262,8 @@ impl Config {
                 "token": if a.token.is_some() { "set" } else { "not set" },
                 "header_read_timeout_ms": a.header_read_timeout.as_millis() as u64,
                 "max_connections": a.max_connections,
+                "max_blocks": a.max_blocks,
+                "kthena_max_blocks": a.kthena_max_blocks,
             })
         });
         let weights: BTreeMap<&str, f64> = self.weights.entries().collect();
@@ -278,6 +290,10 @@ impl Config {
                 "max_frame_bytes": self.ingest.max_frame_bytes,
                 "max_models_per_source": self.ingest.max_models_per_source,
                 "std_hashes": self.ingest.std_hashes,
+            },
+            "speculative": {
+                "ttl_ms": self.speculative.ttl.as_millis() as u64,
+                "max_entries": self.speculative.max_entries,
             },
             "ha": self.ha.map(|h| serde_json::json!({
                 "lease_ttl_ms": h.lease_ttl.as_millis() as u64,
