@@ -37,7 +37,9 @@ use crate::ingest::discovery::{self, DiscoveryError, DiscoveryHealth};
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::supervisor::Supervisor;
 use crate::score::ScoreBackend;
-use crate::store::redis::lease::{replica_identity, Eligibility, Lease, LeaseGate, LeaseSettings};
+use crate::store::redis::lease::{
+    replica_identity, Eligibility, LeaseGate, LeaseSettings, LeaseThread,
+};
 use crate::store::redis::{MirrorError, MirrorHandle, MirrorStop};
 use reload::reload_loop;
 
@@ -80,7 +82,7 @@ const CAUGHT_UP_SETTLE: Duration = Duration::from_secs(1);
 struct LeaseRun {
     gate: Arc<LeaseGate>,
     stop: CancellationToken,
-    task: JoinHandle<()>,
+    thread: LeaseThread,
 }
 
 /// A running daemon.
@@ -133,7 +135,7 @@ impl Daemon {
         // Installed before the mirror starts, so its start-up counts are kept.
         let metrics = crate::metrics::install();
         let lease = connect_lease(&config).await?;
-        let mirror = start_mirror(&config, &index, lease.as_ref().map(Lease::gate)).await?;
+        let mirror = start_mirror(&config, &index, lease.as_ref().map(LeaseThread::gate)).await?;
         // Built before any port is bound: a bad kubeconfig fails the start.
         let kube_client = match &config.discovery {
             Some(k) => Some(
@@ -181,8 +183,8 @@ impl Daemon {
 
     /// Runs the lease task: the writer of this replica's shard is whoever holds it, and a
     /// standby may take it only once its sources are caught up.
-    fn spawn_lease(&mut self, lease: Option<Lease>, shard: crate::shard::Shard) {
-        let Some(lease) = lease else {
+    fn spawn_lease(&mut self, lease: Option<LeaseThread>, shard: crate::shard::Shard) {
+        let Some(mut thread) = lease else {
             return;
         };
         let supervisor = self.supervisor.clone();
@@ -194,10 +196,10 @@ impl Daemon {
             let listed = discovery.as_ref().is_none_or(|d| d.status().synced);
             listed && supervisor.caught_up(CAUGHT_UP_SETTLE)
         });
-        let gate = lease.gate();
+        let gate = thread.gate();
         let stop = CancellationToken::new();
-        let task = tokio::spawn(lease.run(eligible, shard, stop.clone()));
-        self.lease = Some(LeaseRun { gate, stop, task });
+        thread.begin(eligible, shard, stop.clone());
+        self.lease = Some(LeaseRun { gate, stop, thread });
     }
 
     /// Serves the health router and, when configured, the API.
@@ -412,13 +414,16 @@ async fn shut_mirror_down(mirror: &MirrorHandle, ends: Instant) -> MirrorStop {
 async fn release_lease(lease: LeaseRun, ends: Instant) {
     lease.stop.cancel();
     let left = ends.saturating_duration_since(Instant::now());
-    if tokio::time::timeout(left, lease.task).await.is_err() {
+    if tokio::time::timeout(left, lease.thread.finished())
+        .await
+        .is_err()
+    {
         warn!("The HA lease was not released in time; a standby takes it when it expires.");
     }
 }
 
 /// The HA lease's connection, when the config has `ha:` and `redis:`.
-async fn connect_lease(config: &Config) -> Result<Option<Lease>, DaemonError> {
+async fn connect_lease(config: &Config) -> Result<Option<LeaseThread>, DaemonError> {
     let (Some(ha), Some(redis)) = (config.ha, &config.redis) else {
         if config.ha.is_some() {
             warn!("ha: has no effect without redis: there is no writer to elect, and replicas are independent.");
@@ -430,7 +435,7 @@ async fn connect_lease(config: &Config) -> Result<Option<Lease>, DaemonError> {
         shard: config.shard,
         replica: replica_identity(),
     };
-    let lease = Lease::connect(&redis.target, settings)
+    let lease = LeaseThread::start(&redis.target, settings)
         .await
         .map_err(DaemonError::Lease)?;
     info!(

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::MirrorError;
@@ -246,6 +246,95 @@ fn holder_of(token: &str) -> &str {
 
 /// Whether this replica has caught up with its sources and may lead.
 pub type Eligibility = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// A lease on a thread of its own (with its own single-threaded runtime and connection), so
+/// its renewals keep their time whatever load the daemon's runtime carries: a renewal late
+/// by more than ttl/6 makes the leader stand by.
+pub struct LeaseThread {
+    gate: Arc<LeaseGate>,
+    begin: Option<oneshot::Sender<(Eligibility, Shard, CancellationToken)>>,
+    done: oneshot::Receiver<()>,
+}
+
+impl LeaseThread {
+    /// Starts the thread and connects (failing like the mirror on a bad URL or refused
+    /// credentials); the lease is neither taken nor renewed before [`LeaseThread::begin`].
+    ///
+    /// # Errors
+    /// [`MirrorError`] when Redis cannot be reached or the thread cannot start.
+    pub async fn start(
+        target: &RedisTarget,
+        settings: LeaseSettings,
+    ) -> Result<LeaseThread, MirrorError> {
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (begin_tx, begin_rx) = oneshot::channel::<(Eligibility, Shard, CancellationToken)>();
+        let (done_tx, done_rx) = oneshot::channel();
+        let failed = |reason: String| MirrorError::Connect {
+            url: target.shown(),
+            reason,
+        };
+        let thread_target = target.clone();
+        let body = move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let runtime = match runtime {
+                Ok(rt) => rt,
+                Err(err) => {
+                    let _ = ready_tx.send(Err(err.to_string()));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let lease = match Lease::connect(&thread_target, settings).await {
+                    Ok(lease) => lease,
+                    Err(err) => {
+                        let _ = ready_tx.send(Ok(Err(err)));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(Ok(lease.gate())));
+                if let Ok((eligible, shard, stop)) = begin_rx.await {
+                    lease.run(eligible, shard, stop).await;
+                }
+            });
+            let _ = done_tx.send(());
+        };
+        std::thread::Builder::new()
+            .name("kvindex-lease".to_owned())
+            .spawn(body)
+            .map_err(|e| failed(format!("cannot start the lease thread: {e}")))?;
+        let gate = match ready_rx.await {
+            Ok(Ok(Ok(gate))) => gate,
+            Ok(Ok(Err(err))) => return Err(err),
+            Ok(Err(reason)) => return Err(failed(reason)),
+            Err(_) => return Err(failed("the lease thread ended".to_owned())),
+        };
+        Ok(LeaseThread {
+            gate,
+            begin: Some(begin_tx),
+            done: done_rx,
+        })
+    }
+
+    /// The gate the writer checks before every write.
+    pub fn gate(&self) -> Arc<LeaseGate> {
+        Arc::clone(&self.gate)
+    }
+
+    /// Starts taking and renewing the lease ([`Lease::run`]) until `stop`.
+    pub fn begin(&mut self, eligible: Eligibility, shard: Shard, stop: CancellationToken) {
+        if let Some(begin) = self.begin.take() {
+            let _ = begin.send((eligible, shard, stop));
+        }
+    }
+
+    /// Resolves once the thread has ended (after `stop`, the lease released if held).
+    pub async fn finished(self) {
+        drop(self.begin);
+        let _ = self.done.await;
+    }
+}
 
 /// The running lease task: renews or tries to take the lease until cancelled.
 pub struct Lease {
