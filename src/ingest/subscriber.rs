@@ -441,3 +441,32 @@ impl Worker {
         self.metrics.pipeline(started.elapsed().as_secs_f64());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_is_caught_up_once_it_applied_a_message_or_sat_idle_and_never_in_a_replay() {
+        let settle = Duration::from_secs(1);
+        let mut rank = RankStatus::default();
+        assert!(!rank.caught_up(settle), "connecting for the first time");
+        rank.failed_connects = 1;
+        assert!(
+            rank.caught_up(settle),
+            "an engine nobody can follow holds nothing up"
+        );
+        rank.state = LinkState::Connected;
+        rank.failed_connects = 0;
+        rank.connected_at = Some(Instant::now());
+        assert!(!rank.caught_up(settle), "just connected, nothing applied");
+        rank.stats.messages = 1;
+        assert!(rank.caught_up(settle));
+        rank.replaying = true;
+        assert!(!rank.caught_up(settle), "a replay is filling a gap");
+        rank.replaying = false;
+        rank.stats.messages = 0;
+        rank.connected_at = Instant::now().checked_sub(settle);
+        assert!(rank.caught_up(settle), "idle for the settle time");
+    }
+}
