@@ -6,7 +6,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 
-use super::model::{Pod, PodRates, Totals, Writer};
+use super::model::{Pod, PodRates, Routing, Totals, Writer};
 
 /// Whether the daemon answered the last poll.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,8 +66,10 @@ pub fn draw(frame: &mut Frame, screen: &Screen) {
     } else {
         errors.len() as u16 + 2
     };
+    // Six lines and the borders, and the writer's line with `ha:`.
+    let head_height = 8 + u16::from(screen.writer.is_some());
     let [head, body, errs, foot] = Layout::vertical([
-        Constraint::Length(7),
+        Constraint::Length(head_height),
         Constraint::Min(3),
         Constraint::Length(error_height.min(10)),
         Constraint::Length(1),
@@ -153,6 +155,7 @@ fn header(screen: &Screen) -> Paragraph<'static> {
             r.api_requests,
             count(t.api_requests)
         )));
+        lines.push(Line::from(routing_line(&t.routing)));
     }
     Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(format!(
         " kvindex top · {} · api {} ",
@@ -173,6 +176,27 @@ fn writer_line(w: &Writer) -> String {
         };
         format!("writer   {holder} (this replica: HA standby, {ready})")
     }
+}
+
+/// Predictions judged by routers' feedback, and the speculative placements live.
+fn routing_line(g: &Routing) -> String {
+    let predictions = match g.exact_percent() {
+        None => "no feedback yet".to_owned(),
+        Some(exact) => format!(
+            "{} exact / {} over / {} under ({exact:.1} % exact)",
+            count(g.exact),
+            count(g.over),
+            count(g.under)
+        ),
+    };
+    format!(
+        "routing  predictions {predictions}   unknown feedback {}   speculative {} live ({} confirmed, {} expired, {} dropped)",
+        count(g.unknown_feedback),
+        count(g.speculative_live),
+        count(g.confirmed),
+        count(g.expired),
+        count(g.dropped)
+    )
 }
 
 /// A counter or gauge read as a float, shown as a whole number (never `-0`).
@@ -271,4 +295,92 @@ fn pod_row(p: &Pod, r: &PodRates) -> Row<'static> {
         )),
         Cell::from(format!("{}/{}", c.source_resets, c.restarts)),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    use super::*;
+
+    fn shown(screen: &Screen) -> String {
+        let mut terminal = Terminal::new(TestBackend::new(180, 24)).unwrap();
+        terminal.draw(|f| draw(f, screen)).unwrap();
+        let buffer = terminal.backend().buffer();
+        let width = buffer.area.width as usize;
+        let cells: Vec<&str> = buffer.content.iter().map(|c| c.symbol()).collect();
+        cells.chunks(width).map(|row| row.concat() + "\n").collect()
+    }
+
+    fn screen(routing: Routing) -> Screen {
+        Screen {
+            url: "http://127.0.0.1:9090".into(),
+            api_url: "http://127.0.0.1:8080".into(),
+            interval: 1.0,
+            reach: Reach::Up,
+            totals: Some(Totals {
+                routing,
+                ..Totals::default()
+            }),
+            rates: TotalRates::default(),
+            pods: Ok(Vec::new()),
+            writer: None,
+        }
+    }
+
+    #[test]
+    fn the_routing_line_shows_predictions_and_live_placements() {
+        let text = shown(&screen(Routing::default()));
+        assert!(
+            text.contains(
+                "routing  predictions no feedback yet   unknown feedback 0   speculative 0 live"
+            ),
+            "{text}"
+        );
+        let routing = Routing {
+            exact: 6.0,
+            over: 1.0,
+            under: 1.0,
+            unknown_feedback: 2.0,
+            speculative_live: 40.0,
+            confirmed: 30.0,
+            expired: 15.0,
+            dropped: 5.0,
+        };
+        let text = shown(&screen(routing));
+        assert!(
+            text.contains("predictions 6 exact / 1 over / 1 under (75.0 % exact)   unknown feedback 2   speculative 40 live (30 confirmed, 15 expired, 5 dropped)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(" targets "),
+            "the table keeps its place: {text}"
+        );
+    }
+
+    #[test]
+    fn the_writer_line_names_this_replica_or_the_lease_holder() {
+        let leader = Writer {
+            role: "leader".to_owned(),
+            holder: Some("kvindex-0/7".to_owned()),
+            ready_to_lead: true,
+        };
+        assert!(writer_line(&leader).contains("this replica (HA leader"));
+        let standby = Writer {
+            role: "standby".to_owned(),
+            ..leader
+        };
+        let line = writer_line(&standby);
+        assert!(
+            line.contains("kvindex-0/7 (this replica: HA standby, ready to lead)"),
+            "{line}"
+        );
+        // The header grows by the writer's line: the routing line stays in view.
+        let mut with_writer = screen(Routing::default());
+        with_writer.writer = Some(standby);
+        let text = shown(&with_writer);
+        assert!(text.contains("writer   kvindex-0/7"), "{text}");
+        assert!(text.contains("routing  predictions"), "{text}");
+    }
 }
