@@ -529,6 +529,13 @@ async fn leader_and_standby(config: &Path, pod: &str, pubs: &mut [FakePub]) -> (
     b.wait_ready_to_lead().await;
     assert_eq!(b.writer().await["role"], "standby");
     assert!(!b.leads().await);
+    // A standby serves queries from its own index: it is ready.
+    let (code, body) = http_get(b.metrics, "/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("ha: standby (lease holder: replica-a/"),
+        "{body}"
+    );
     (a, b)
 }
 
