@@ -408,8 +408,10 @@ async fn throughput(url: &str, blocks: u64, lease: bool, ttl: Duration, run: usi
     }
     mirror.flush().await.expect("flush");
     // The start-up (or takeover) passes end before the clock starts: a takeover's verify runs
-    // unthrottled and would be measured instead of the lease.
-    while mirror.stats().anti_entropy_passes == 0 {
+    // unthrottled, and a throttled one follows two ttls later; they would be measured
+    // instead of the lease.
+    let passes = if lease { 2 } else { 1 };
+    while mirror.stats().anti_entropy_passes < passes {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let sender = mirror.sender();

@@ -15,7 +15,8 @@
 //! hosts run at about the same rate (not the same time: only durations are compared). A
 //! frozen process (SIGSTOP, a long GC-like pause) checks the gate before every write when it
 //! wakes; what it sent just before freezing may still land late, and is repaired by the new
-//! leader's reconcile, which compares Redis with its own index in both directions.
+//! leader's reconcile, which compares Redis with its own index in both directions (and by a
+//! second verify pass two ttls later, for bytes that landed after the first).
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;

@@ -851,6 +851,10 @@ impl Writer {
         self.entropy.run_id = None;
         self.entropy.overflowed = false;
         self.entropy.verify_after = Some(true);
+        // Late bytes of the deposed leader land within its last ttl or so: one more
+        // (throttled) pass two ttls after the takeover's finds what landed after it.
+        let ttl = self.lease.as_ref().map_or(Duration::ZERO, |(g, _)| g.ttl());
+        self.entropy.verify_again_after = Some(2 * ttl);
         self.dirty = true;
         self.retry_at = Instant::now();
         tracing::info!(url = %self.config.target, "HA: this replica leads; reconciling Redis with its index before its first write.");
@@ -877,6 +881,7 @@ impl Writer {
         self.window_ends = Instant::now();
         self.entropy.overflowed = false;
         self.entropy.verify_after = None;
+        self.entropy.verify_again_after = None;
         self.entropy.adopt.clear();
         self.first_write_due = None;
         self.shared.dirty.store(false, Ordering::Relaxed);
