@@ -86,6 +86,15 @@ const MIRROR_WRITE_LATENCY_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// The HA lease's renewal latency histogram.
+const HA_RENEW: &str = "kvindex_ha_lease_renew_seconds";
+/// The time from a lease's end to the new leader's first write.
+const HA_TAKEOVER: &str = "kvindex_ha_takeover_seconds";
+/// Buckets of both, in seconds: a renewal is a round trip, a takeover about a poll.
+const HA_BUCKETS: [f64; 13] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the global Prometheus recorder (once; later calls return the same handle).
@@ -108,6 +117,10 @@ pub fn install() -> Option<PrometheusHandle> {
                     Matcher::Full(PREDICTION_ERROR.to_owned()),
                     &PREDICTION_ERROR_BUCKETS,
                 )
+                .ok()?
+                .set_buckets_for_metric(Matcher::Full(HA_RENEW.to_owned()), &HA_BUCKETS)
+                .ok()?
+                .set_buckets_for_metric(Matcher::Full(HA_TAKEOVER.to_owned()), &HA_BUCKETS)
                 .ok()?
                 .install_recorder()
                 .ok()?;
@@ -780,6 +793,58 @@ pub fn discovery_identity_restart(change: IdentityChange) {
 /// Pods both static and discovered.
 pub fn discovery_conflicts(n: usize) {
     gauge!("kvindex_discovery_conflicts").set(n as f64);
+}
+
+fn describe_ha() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "kvindex_ha_leader",
+        "1 while this replica holds its shard's HA lease and writes Redis, else 0."
+    );
+    describe_counter!(
+        "kvindex_ha_takeovers_total",
+        "Times this replica took its shard's HA lease."
+    );
+    describe_histogram!(
+        HA_RENEW,
+        "Round trip of a successful HA lease renewal, seconds."
+    );
+    describe_counter!(
+        "kvindex_ha_lease_renew_failures_total",
+        "HA lease renewals that failed, timed out or found another holder."
+    );
+    describe_histogram!(
+        HA_TAKEOVER,
+        "From the previous HA lease's end to this replica's first write as the new leader, seconds."
+    );
+}
+
+/// Whether this replica holds its shard's lease (the series exists only with `ha:`).
+pub fn ha_leader(shard: u32, leader: bool) {
+    describe_ha();
+    gauge!("kvindex_ha_leader", "shard" => shard.to_string()).set(f64::from(u8::from(leader)));
+    counter!("kvindex_ha_takeovers_total").increment(0);
+    counter!("kvindex_ha_lease_renew_failures_total").increment(0);
+}
+
+/// This replica took the lease.
+pub fn ha_takeover() {
+    counter!("kvindex_ha_takeovers_total").increment(1);
+}
+
+/// A lease renewal succeeded after `seconds`.
+pub fn ha_renew_latency(seconds: f64) {
+    histogram!(HA_RENEW).record(seconds);
+}
+
+/// A lease renewal failed.
+pub fn ha_renew_failed() {
+    counter!("kvindex_ha_lease_renew_failures_total").increment(1);
+}
+
+/// The new leader's first write went out `seconds` after the previous lease ended.
+pub fn ha_first_write(seconds: f64) {
+    histogram!(HA_TAKEOVER).record(seconds);
 }
 
 #[cfg(test)]

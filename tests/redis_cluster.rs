@@ -549,3 +549,72 @@ fn a_cluster_with_auth_is_written_and_a_wrong_password_is_never_shown() {
         "{stderr}"
     );
 }
+
+/// The holder's token of `shard`'s HA lease on the cluster (routed by the key's slot).
+async fn lease_holder(cluster: &Cluster, shard: kvindex::shard::Shard) -> Option<String> {
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).ok()?;
+    let mut conn = client.get_async_connection().await.ok()?;
+    redis::cmd("GET")
+        .arg(kvindex::store::redis::lease::lease_key(shard))
+        .query_async(&mut conn)
+        .await
+        .ok()?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ha_lease_on_a_cluster_hands_the_writer_over() {
+    const MODEL: &str = "ha-model";
+    const POD: &str = "ha.test";
+    let cluster = Cluster::start(3, 0);
+    let (mut publisher, port) = FakePub::bind_any().await;
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("'{u}'")).collect();
+    let text = format!(
+        "redis:\n  cluster_nodes: [{}]\nha:\n  lease_ttl_ms: 600\nmetrics:\n  listen: 127.0.0.1:0\ntargets:\n{}",
+        nodes.join(", "),
+        util::target_yaml("ha", MODEL, "vllm", port, None, 1)
+    );
+    let start = || async {
+        let config = Config::from_str(&text).unwrap();
+        kvindex::commands::serve::Daemon::start(config, None, util::test_limits())
+            .await
+            .unwrap()
+    };
+    let first = start().await;
+    wait_connected(&first, POD, 0, 1, &mut publisher).await;
+    let shard = kvindex::shard::Shard::SINGLE;
+    let end = Instant::now() + WAIT;
+    while lease_holder(&cluster, shard).await.is_none() {
+        assert!(Instant::now() < end, "nobody took the lease");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = lease_holder(&cluster, shard).await;
+    let second = start().await;
+    wait_connected(&second, POD, 0, 1, &mut publisher).await;
+    let dir = tempfile::tempdir().unwrap();
+    let msgs: Vec<RecordedMessage> = (0..40).map(churn).collect();
+    for m in &msgs[..20] {
+        publisher.send(&m.frames).await;
+    }
+    wait_messages(&second, POD, 0, 20).await;
+    let diff = wait_equal(&cluster, &expected(dir.path(), &msgs[..20], POD, MODEL)).await;
+    assert!(diff.is_none(), "written by the first: {diff:?}");
+
+    // The first releases the lease on shutdown; the second takes it and writes the rest.
+    first.shutdown(Duration::from_secs(5)).await;
+    let end = Instant::now() + WAIT;
+    loop {
+        let now = lease_holder(&cluster, shard).await;
+        if now.is_some() && now != held {
+            break;
+        }
+        assert!(Instant::now() < end, "the standby never took the lease");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for m in &msgs[20..] {
+        publisher.send(&m.frames).await;
+    }
+    wait_messages(&second, POD, 0, 40).await;
+    let diff = wait_equal(&cluster, &expected(dir.path(), &msgs, POD, MODEL)).await;
+    assert!(diff.is_none(), "written by the second: {diff:?}");
+    second.shutdown(Duration::from_secs(5)).await;
+}

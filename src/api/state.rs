@@ -8,6 +8,7 @@ use crate::index::Index;
 use crate::ingest::PodsView;
 use crate::medium::TierWeights;
 use crate::score::{MatchMode, Predictions, PromptSettings, ScoreBackend};
+use crate::store::redis::lease::LeaseGate;
 
 /// Protective limits of the service (axum's key-value-store example: shed, limit, time out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +101,8 @@ pub struct ApiState {
     pub(super) limits: ApiLimits,
     pub(super) prompt: PromptLimits,
     pub(super) predictions: Arc<Predictions>,
+    /// With `ha:`: who writes Redis for this replica's shard (`/v1/pods`).
+    pub(super) writer: Option<Arc<LeaseGate>>,
 }
 
 impl ApiState {
@@ -118,7 +121,14 @@ impl ApiState {
             limits: ApiLimits::default(),
             prompt: PromptLimits::default(),
             predictions: Arc::new(Predictions::default()),
+            writer: None,
         }
+    }
+
+    /// Reports the HA writer of this replica's shard in `/v1/pods` (`None`: no `ha:`).
+    pub fn with_writer(mut self, writer: Option<Arc<LeaseGate>>) -> ApiState {
+        self.writer = writer;
+        self
     }
 
     /// Scores from `backend` instead of the in-memory index (sharded replicas read Redis,

@@ -28,7 +28,7 @@ mod raw;
 mod validate;
 
 pub use raw::{
-    RawApi, RawConfig, RawIngest, RawMetrics, RawRedis, RawShard, RawSpeculative, RawTarget,
+    RawApi, RawConfig, RawHa, RawIngest, RawMetrics, RawRedis, RawShard, RawSpeculative, RawTarget,
 };
 pub use validate::validate;
 
@@ -55,6 +55,16 @@ pub struct Config {
     pub shard: Shard,
     /// Routers' placements: their lifetime and how many are kept.
     pub speculative: SpeculativeOptions,
+    /// High availability, when configured (it takes effect only with `redis:`).
+    pub ha: Option<HaConfig>,
+}
+
+/// `ha:`: replicas with the same config (and shard) share a lease in Redis; its holder
+/// alone writes Redis, the others keep their index and serve the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HaConfig {
+    /// The lease's time to live: a dead leader is replaced about this long after it died.
+    pub lease_ttl: Duration,
 }
 
 /// Limits on what engines may send, applied to every target.
@@ -285,6 +295,10 @@ impl Config {
                 "ttl_ms": self.speculative.ttl.as_millis() as u64,
                 "max_entries": self.speculative.max_entries,
             },
+            "ha": self.ha.map(|h| serde_json::json!({
+                "lease_ttl_ms": h.lease_ttl.as_millis() as u64,
+                "effective": self.redis.is_some(),
+            })),
             "shard": {
                 "index": self.shard.index,
                 "count": self.shard.count,

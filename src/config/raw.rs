@@ -43,6 +43,18 @@ pub struct RawConfig {
     /// Routers' placements (`POST /v1/routed`) counted by `prefix` scoring until confirmed.
     #[serde(default)]
     pub speculative: Option<RawSpeculative>,
+    /// High availability: replicas share a lease, one writes Redis; absent = this replica
+    /// always writes.
+    #[serde(default)]
+    pub ha: Option<RawHa>,
+}
+
+/// `ha:` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHa {
+    /// The writer lease's time to live, milliseconds (default 3000; 200 … 60000).
+    pub lease_ttl_ms: Option<Spanned<u64>>,
 }
 
 /// `speculative:` as written.

@@ -238,3 +238,26 @@ fn duplicate_pods_are_an_error() {
     let err = Config::from_str(&format!("targets:\n{t}{t}")).unwrap_err();
     assert!(err.to_string().contains("already targets[0]"), "{err}");
 }
+
+#[test]
+fn ha_takes_a_bounded_lease_ttl_and_shows_in_check_config() {
+    let c = Config::from_str("redis:\n  url: redis://127.0.0.1:6379/0\nha: {}\n").unwrap();
+    let ha = c.ha.unwrap();
+    assert_eq!(ha.lease_ttl, crate::store::redis::lease::DEFAULT_LEASE_TTL);
+    assert_eq!(c.to_json()["ha"]["effective"], true);
+    let c = Config::from_str("ha:\n  lease_ttl_ms: 800\n").unwrap();
+    assert_eq!(c.ha.unwrap().lease_ttl, Duration::from_millis(800));
+    // Without Redis it is accepted and says it has no effect.
+    assert_eq!(c.to_json()["ha"]["effective"], false);
+    assert!(Config::from_str("").unwrap().ha.is_none());
+    for bad in [0, 199, 60_001] {
+        let err = Config::from_str(&format!("ha:\n  lease_ttl_ms: {bad}\n")).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("ha.lease_ttl_ms (line 2)") && text.contains("200 … 60000"),
+            "{text}"
+        );
+    }
+    let err = Config::from_str("ha:\n  ttl: 5\n").unwrap_err();
+    assert!(err.to_string().contains("ttl"), "{err}");
+}

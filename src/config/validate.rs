@@ -9,15 +9,16 @@ use serde_saphyr::Spanned;
 
 use super::kubernetes::validate_kubernetes;
 use super::raw::{
-    RawApi, RawConfig, RawIngest, RawMetrics, RawRedis, RawShard, RawSpeculative, RawTarget,
+    RawApi, RawConfig, RawHa, RawIngest, RawMetrics, RawRedis, RawShard, RawSpeculative, RawTarget,
 };
 use super::{
-    ApiConfig, Config, ConfigError, ConfigIssue, Env, IngestLimits, Target, TcpEndpoint,
+    ApiConfig, Config, ConfigError, ConfigIssue, Env, HaConfig, IngestLimits, Target, TcpEndpoint,
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_DP_RANKS,
 };
 use crate::index::SpeculativeOptions;
 use crate::medium::{TierWeights, WeightError};
 use crate::shard::{Shard, MAX_SHARDS};
+use crate::store::redis::lease::{DEFAULT_LEASE_TTL, MAX_LEASE_TTL, MIN_LEASE_TTL};
 use crate::store::redis::{RedisConfig, RedisTarget, ValueFormat};
 use crate::wire::Engine;
 
@@ -101,6 +102,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
     let ingest = validate_ingest(raw.ingest.unwrap_or_default(), redis.is_some(), &mut issues);
     let shard = validate_shard(raw.shard, env, redis.is_some(), &mut issues);
     let speculative = validate_speculative(raw.speculative.unwrap_or_default(), &mut issues);
+    let ha = raw.ha.and_then(|h| validate_ha(h, &mut issues));
     if issues.0.is_empty() {
         Ok(Config {
             redis,
@@ -112,6 +114,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
             ingest,
             shard,
             speculative,
+            ha,
         })
     } else {
         Err(ConfigError::Invalid(issues.0))
@@ -240,6 +243,26 @@ fn validate_upkeep(
             c.refresh_after_s = v;
         }
     }
+}
+
+/// `ha:`: the lease's ttl within [`MIN_LEASE_TTL`] … [`MAX_LEASE_TTL`]. Without `redis:` it is
+/// accepted and has no effect (the daemon says so at start): replicas are independent.
+fn validate_ha(section: RawHa, issues: &mut Issues) -> Option<HaConfig> {
+    let mut ha = HaConfig {
+        lease_ttl: DEFAULT_LEASE_TTL,
+    };
+    if let Some(ttl) = section.lease_ttl_ms {
+        let (min, max) = (MIN_LEASE_TTL.as_millis(), MAX_LEASE_TTL.as_millis());
+        if !(min..=max).contains(&u128::from(ttl.value)) {
+            let what = format!(
+                "must lie in {min} … {max} ms (renewed every ttl/3; a dead leader is replaced after about ttl)"
+            );
+            issues.add("ha.lease_ttl_ms", line_of(&ttl), what);
+            return None;
+        }
+        ha.lease_ttl = Duration::from_millis(ttl.value);
+    }
+    Some(ha)
 }
 
 /// `KVINDEX_REDIS_VALUE_FORMAT`, when set and valid.

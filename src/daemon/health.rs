@@ -9,6 +9,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::ingest::discovery::DiscoveryHealth;
 use crate::ingest::PodsView;
+use crate::store::redis::lease::LeaseGate;
 use crate::store::redis::MirrorHandle;
 
 #[derive(Clone)]
@@ -17,6 +18,7 @@ struct HealthState {
     mirror: Option<Arc<MirrorHandle>>,
     discovery: Option<DiscoveryHealth>,
     pods: Arc<dyn PodsView>,
+    lease: Option<Arc<LeaseGate>>,
 }
 
 /// The health and metrics router; `metrics` is `None` when another recorder was installed.
@@ -25,12 +27,14 @@ pub(super) fn router(
     mirror: Option<Arc<MirrorHandle>>,
     discovery: Option<DiscoveryHealth>,
     pods: Arc<dyn PodsView>,
+    lease: Option<Arc<LeaseGate>>,
 ) -> axum::Router {
     let state = HealthState {
         metrics,
         mirror,
         discovery,
         pods,
+        lease,
     };
     axum::Router::new()
         .route("/metrics", get(metrics_page))
@@ -70,6 +74,14 @@ async fn readyz(State(s): State<HealthState>) -> (StatusCode, String) {
         }
     };
     let mut body = head + "\n";
+    // A standby is ready: it serves queries from its own live index.
+    if let Some(view) = s.lease.as_ref().map(|l| l.view()) {
+        let holder = view.holder.as_deref().unwrap_or("nobody");
+        body.push_str(&format!(
+            "ha: {} (lease holder: {holder}, ready to lead: {})\n",
+            view.role, view.ready_to_lead
+        ));
+    }
     for pod in s.pods.pods() {
         if pod.ranks_connected < pod.dp_ranks {
             body.push_str(&format!(

@@ -37,6 +37,9 @@ use crate::ingest::discovery::{self, DiscoveryError, DiscoveryHealth};
 use crate::ingest::replay_client::ReplayLimits;
 use crate::ingest::supervisor::Supervisor;
 use crate::score::ScoreBackend;
+use crate::store::redis::lease::{
+    replica_identity, Eligibility, LeaseGate, LeaseSettings, LeaseThread,
+};
 use crate::store::redis::{MirrorError, MirrorHandle, MirrorStop};
 use reload::reload_loop;
 
@@ -66,6 +69,20 @@ pub enum DaemonError {
     /// The Kubernetes client for `discovery.kubernetes` could not be built.
     #[error("cannot start Kubernetes discovery")]
     Discovery(#[source] DiscoveryError),
+    /// The HA lease's connection to Redis could not be opened.
+    #[error("cannot start the HA lease")]
+    Lease(#[source] MirrorError),
+}
+
+/// How long a connected rank without messages waits before it counts as caught up (an idle
+/// engine has nothing newer to tell), for a standby's eligibility to lead.
+const CAUGHT_UP_SETTLE: Duration = Duration::from_secs(1);
+
+/// The running lease task (`ha:` with `redis:`).
+struct LeaseRun {
+    gate: Arc<LeaseGate>,
+    stop: CancellationToken,
+    thread: LeaseThread,
 }
 
 /// A running daemon.
@@ -86,6 +103,7 @@ pub struct Daemon {
     accept: CancellationToken,
     mirror: Option<Arc<MirrorHandle>>,
     tasks: Vec<JoinHandle<()>>,
+    lease: Option<LeaseRun>,
 }
 
 /// The listeners, bound before any task is spawned so a failed bind leaves nothing running.
@@ -116,7 +134,8 @@ impl Daemon {
         let fds = fds::raise_and_split();
         // Installed before the mirror starts, so its start-up counts are kept.
         let metrics = crate::metrics::install();
-        let mirror = start_mirror(&config, &index).await?;
+        let lease = connect_lease(&config).await?;
+        let mirror = start_mirror(&config, &index, lease.as_ref().map(LeaseThread::gate)).await?;
         // Built before any port is bound: a bad kubeconfig fails the start.
         let kube_client = match &config.discovery {
             Some(k) => Some(
@@ -150,7 +169,9 @@ impl Daemon {
             accept,
             mirror,
             tasks: Vec::new(),
+            lease: None,
         };
+        daemon.spawn_lease(lease, config.shard);
         daemon.serve(listeners, metrics.clone(), &config, fds, backend);
         daemon.claim_restored(&config);
         daemon.start_targets(&config, config_path).await;
@@ -158,6 +179,27 @@ impl Daemon {
         daemon.spawn_gauges(metrics);
         log_started(&config, metrics_addr, api_addr);
         Ok(daemon)
+    }
+
+    /// Runs the lease task: the writer of this replica's shard is whoever holds it, and a
+    /// standby may take it only once its sources are caught up.
+    fn spawn_lease(&mut self, lease: Option<LeaseThread>, shard: crate::shard::Shard) {
+        let Some(mut thread) = lease else {
+            return;
+        };
+        let supervisor = self.supervisor.clone();
+        let discovery = self.discovery.clone();
+        // Discovery must have listed the pods once: before that, "every target caught up"
+        // is true of an empty set. A later watch error keeps the targets, so it does not
+        // keep a standby from leading.
+        let eligible: Eligibility = Arc::new(move || {
+            let listed = discovery.as_ref().is_none_or(|d| d.status().synced);
+            listed && supervisor.caught_up(CAUGHT_UP_SETTLE)
+        });
+        let gate = thread.gate();
+        let stop = CancellationToken::new();
+        thread.begin(eligible, shard, stop.clone());
+        self.lease = Some(LeaseRun { gate, stop, thread });
     }
 
     /// Serves the health router and, when configured, the API.
@@ -169,11 +211,13 @@ impl Daemon {
         fds: fds::FdBudget,
         backend: ScoreBackend,
     ) {
+        let gate = self.lease.as_ref().map(|l| l.gate.clone());
         let health = health::router(
             metrics,
             self.mirror.clone(),
             self.discovery.clone(),
             self.supervisor.clone(),
+            gate.clone(),
         );
         let limits = ConnLimits {
             max_connections: fds.metrics,
@@ -191,7 +235,8 @@ impl Daemon {
                 self.supervisor.clone(),
             )
             .with_backend(backend)
-            .with_prompt(prompt);
+            .with_prompt(prompt)
+            .with_writer(gate);
             if !auth {
                 warn!("The API is served without auth: api.token is not set.");
             }
@@ -288,12 +333,18 @@ impl Daemon {
         if tokio::time::timeout(deadline / 4, stopped).await.is_err() {
             warn!("Listeners did not stop in time; going on with the shutdown.");
         }
+        if let Some(lease) = &self.lease {
+            lease.gate.stop_acquiring();
+        }
         let left = ends.saturating_duration_since(Instant::now());
         self.supervisor.shutdown(left.min(deadline / 2)).await;
         let mirror_stop = match &self.mirror {
             Some(mirror) => Some(shut_mirror_down(mirror, ends).await),
             None => None,
         };
+        if let Some(lease) = self.lease {
+            release_lease(lease, ends).await;
+        }
         self.cancel.cancel();
         log_stopped(&self.index, self.mirror.as_deref(), mirror_stop);
         mirror_stop
@@ -358,10 +409,48 @@ async fn shut_mirror_down(mirror: &MirrorHandle, ends: Instant) -> MirrorStop {
         .await
 }
 
-/// The Redis mirror, when the config has one.
+/// Releases the lease after the mirror's last flush (a leader's compare-and-delete), so a
+/// standby takes over at once rather than after the ttl.
+async fn release_lease(lease: LeaseRun, ends: Instant) {
+    lease.stop.cancel();
+    let left = ends.saturating_duration_since(Instant::now());
+    if tokio::time::timeout(left, lease.thread.finished())
+        .await
+        .is_err()
+    {
+        warn!("The HA lease was not released in time; a standby takes it when it expires.");
+    }
+}
+
+/// The HA lease's connection, when the config has `ha:` and `redis:`.
+async fn connect_lease(config: &Config) -> Result<Option<LeaseThread>, DaemonError> {
+    let (Some(ha), Some(redis)) = (config.ha, &config.redis) else {
+        if config.ha.is_some() {
+            warn!("ha: has no effect without redis: there is no writer to elect, and replicas are independent.");
+        }
+        return Ok(None);
+    };
+    let settings = LeaseSettings {
+        ttl: ha.lease_ttl,
+        shard: config.shard,
+        replica: replica_identity(),
+    };
+    let lease = LeaseThread::start(&redis.target, settings)
+        .await
+        .map_err(DaemonError::Lease)?;
+    info!(
+        lease_ttl_ms = ha.lease_ttl.as_millis() as u64,
+        replica = %lease.gate().view().replica,
+        "HA: this replica starts as a standby; it writes Redis once it holds the lease."
+    );
+    Ok(Some(lease))
+}
+
+/// The Redis mirror, when the config has one; behind `lease` with `ha:`.
 async fn start_mirror(
     config: &Config,
     index: &Index,
+    lease: Option<Arc<LeaseGate>>,
 ) -> Result<Option<Arc<MirrorHandle>>, DaemonError> {
     let Some(redis) = &config.redis else {
         return Ok(None);
@@ -372,7 +461,7 @@ async fn start_mirror(
         shard: config.shard,
         ..redis.clone()
     };
-    let mirror = MirrorHandle::start(redis, index.clone(), config.weights.clone())
+    let mirror = MirrorHandle::start_behind(redis, index.clone(), config.weights.clone(), lease)
         .await
         .map_err(DaemonError::Mirror)?;
     Ok(Some(Arc::new(mirror)))

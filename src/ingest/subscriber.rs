@@ -82,6 +82,29 @@ pub struct RankStatus {
     pub last_error: Option<String>,
     /// Connect attempts that failed since the last success.
     pub failed_connects: u64,
+    /// When the current connection was established (`None` while not connected).
+    pub connected_at: Option<Instant>,
+    /// A replay is filling a gap of this rank now.
+    pub replaying: bool,
+}
+
+impl RankStatus {
+    /// Whether this rank follows its engine with nothing to catch up: connected, no replay
+    /// running, and either a message applied (with the replay it asked for) or connected
+    /// for `settle` without one (an idle engine has nothing newer to tell). A rank that
+    /// cannot connect does not hold anything up: no replica can follow it.
+    pub fn caught_up(&self, settle: Duration) -> bool {
+        if self.replaying {
+            return false;
+        }
+        match self.state {
+            LinkState::Connected => {
+                self.stats.messages > 0
+                    || self.connected_at.is_some_and(|at| at.elapsed() >= settle)
+            }
+            _ => self.failed_connects > 0,
+        }
+    }
 }
 
 /// What one subscriber connects to.
@@ -273,6 +296,7 @@ impl Worker {
             {
                 let mut st = self.ctx.status.lock();
                 st.state = LinkState::Connected;
+                st.connected_at = Some(Instant::now());
                 st.connects += 1;
                 st.last_error = None;
                 st.failed_connects = 0;
@@ -284,7 +308,11 @@ impl Worker {
             if let Some(reason) = ended {
                 return reason;
             }
-            self.ctx.status.lock().state = LinkState::Disconnected;
+            {
+                let mut st = self.ctx.status.lock();
+                st.state = LinkState::Disconnected;
+                st.connected_at = None;
+            }
             info!("Disconnected; reconnecting with a fresh socket.");
         }
     }
@@ -369,6 +397,7 @@ impl Worker {
         {
             let need_through = to.saturating_sub(1);
             let limits = self.spec.replay_limits;
+            self.ctx.status.lock().replaying = true;
             let replayed = replay_client::replay_or_cancel(
                 endpoint,
                 from,
@@ -390,6 +419,7 @@ impl Worker {
         }
         {
             let mut st = self.ctx.status.lock();
+            st.replaying = false;
             st.last_seq = self.pipeline.last_seq();
             st.stats.clone_from(self.observer.stats());
         }
@@ -409,5 +439,34 @@ impl Worker {
             }
         }
         self.metrics.pipeline(started.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_is_caught_up_once_it_applied_a_message_or_sat_idle_and_never_in_a_replay() {
+        let settle = Duration::from_secs(1);
+        let mut rank = RankStatus::default();
+        assert!(!rank.caught_up(settle), "connecting for the first time");
+        rank.failed_connects = 1;
+        assert!(
+            rank.caught_up(settle),
+            "an engine nobody can follow holds nothing up"
+        );
+        rank.state = LinkState::Connected;
+        rank.failed_connects = 0;
+        rank.connected_at = Some(Instant::now());
+        assert!(!rank.caught_up(settle), "just connected, nothing applied");
+        rank.stats.messages = 1;
+        assert!(rank.caught_up(settle));
+        rank.replaying = true;
+        assert!(!rank.caught_up(settle), "a replay is filling a gap");
+        rank.replaying = false;
+        rank.stats.messages = 0;
+        rank.connected_at = Instant::now().checked_sub(settle);
+        assert!(rank.caught_up(settle), "idle for the settle time");
     }
 }

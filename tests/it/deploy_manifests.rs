@@ -232,3 +232,81 @@ fn readme_and_schema_list_every_annotation_the_code_reads() {
         assert!(schema.contains(a), "{a} missing from the config schema");
     }
 }
+
+/// The `PodDisruptionBudget`s of `file`.
+fn budgets<'a>(all: &'a [(PathBuf, Value)], file: &str) -> Vec<&'a Value> {
+    all.iter()
+        .filter(|(p, d)| d["kind"] == "PodDisruptionBudget" && p.ends_with(file))
+        .map(|(_, d)| d)
+        .collect()
+}
+
+/// Whether `selector` picks pods with `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector["matchLabels"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v) || k == "apps.kubernetes.io/pod-index")
+}
+
+#[test]
+fn the_ha_variants_run_two_replicas_per_writer_under_disruption_budgets() {
+    let all = all_objects();
+    let cm = object(&all, "ConfigMap", "configmap.yaml");
+    let config = Config::from_str(cm["data"]["kvindex.yaml"].as_str().unwrap()).unwrap();
+    assert!(config.ha.is_some(), "the shipped config elects one writer");
+
+    let deployment = object(&all, "Deployment", "deployment-ha.yaml");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(deployment["spec"]["strategy"]["type"], "RollingUpdate");
+    assert_eq!(
+        deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+        0
+    );
+    check_pod_template(deployment, &all);
+    let pdb = budgets(&all, "deployment-ha.yaml");
+    assert_eq!(pdb.len(), 1);
+    assert_eq!(pdb[0]["spec"]["minAvailable"], 1);
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    assert!(selects(&pdb[0]["spec"]["selector"], labels));
+
+    let sets: Vec<&Value> = all
+        .iter()
+        .filter(|(p, d)| d["kind"] == "StatefulSet" && p.ends_with("statefulset-ha.yaml"))
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(sets.len(), 2, "two replicas of every shard");
+    assert_ne!(
+        sets[0]["spec"]["selector"], sets[1]["spec"]["selector"],
+        "each set selects its own pods"
+    );
+    let mut shards = None;
+    for set in &sets {
+        let c = check_pod_template(set, &all);
+        let count = c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "KVINDEX_SHARD_COUNT")
+            .and_then(|e| e["value"].as_str()?.parse::<u64>().ok())
+            .expect("the shard count is set");
+        assert_eq!(set["spec"]["replicas"], count, "one replica per shard");
+        assert_eq!(*shards.get_or_insert(count), count, "both sets split alike");
+        let labels = &set["spec"]["template"]["metadata"]["labels"];
+        assert!(selects(&set["spec"]["selector"], labels));
+    }
+    let pdbs = budgets(&all, "statefulset-ha.yaml");
+    let mut indexes: Vec<&str> = pdbs
+        .iter()
+        .map(|p| {
+            assert_eq!(p["spec"]["maxUnavailable"], 1);
+            p["spec"]["selector"]["matchLabels"]["apps.kubernetes.io/pod-index"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    indexes.sort_unstable();
+    let want: Vec<String> = (0..shards.unwrap()).map(|i| i.to_string()).collect();
+    assert_eq!(indexes, want, "one budget per shard");
+}

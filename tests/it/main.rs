@@ -22,6 +22,8 @@ mod demo;
 mod deploy_manifests;
 /// Golden tests over the recorded engine streams.
 mod fixtures;
+/// High availability: replicas sharing a writer lease, built binaries.
+mod ha_lease;
 /// Issue 14: hostile or runaway input.
 mod hardening;
 /// Model-based tests of the index.

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 
-use self::model::{parse_metrics, parse_pods, rate, PodRates, Totals};
+use self::model::{parse_metrics, parse_pods, parse_writer, rate, PodRates, Totals};
 use self::view::{Reach, Screen, TotalRates};
 use crate::ingest::PodCounters;
 
@@ -142,6 +142,7 @@ impl Poller {
             totals: None,
             rates: TotalRates::default(),
             pods: Err("not polled yet".to_owned()),
+            writer: None,
         }
     }
 
@@ -178,6 +179,7 @@ impl Poller {
         }
         screen.totals = self.last_good.as_ref().map(|(_, t)| t.clone());
         screen.rates = self.last_rates;
+        screen.writer = pods.as_deref().ok().and_then(parse_writer);
         screen.pods = pods
             .and_then(|body| parse_pods(&body).map_err(|e| format!("not the /v1/pods body: {e}")))
             .map(|pods| self.pod_rates(now, pods));

@@ -263,6 +263,28 @@ struct PodsBody {
     pods: Vec<Pod>,
 }
 
+/// Which replica writes Redis, as `GET /v1/pods` reports it with `ha:`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct Writer {
+    /// `leader` or `standby`: this replica's role.
+    pub role: String,
+    /// The lease holder's identity, when someone holds it.
+    pub holder: Option<String>,
+    /// Whether this replica has caught up and may take the lease.
+    #[serde(default)]
+    pub ready_to_lead: bool,
+}
+
+#[derive(Deserialize)]
+struct WriterBody {
+    writer: Option<Writer>,
+}
+
+/// The `writer` object of a `GET /v1/pods` body (`None` without `ha:`, or unreadable).
+pub fn parse_writer(body: &str) -> Option<Writer> {
+    serde_json::from_str::<WriterBody>(body).ok()?.writer
+}
+
 /// Parses a `GET /v1/pods` body.
 ///
 /// # Errors

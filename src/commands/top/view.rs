@@ -6,7 +6,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 
-use super::model::{Pod, PodRates, Routing, Totals};
+use super::model::{Pod, PodRates, Routing, Totals, Writer};
 
 /// Whether the daemon answered the last poll.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +54,8 @@ pub struct Screen {
     pub rates: TotalRates,
     /// The targets, or why `/v1/pods` could not be read.
     pub pods: Result<Vec<(Pod, PodRates)>, String>,
+    /// With `ha:`: which replica writes Redis.
+    pub writer: Option<Writer>,
 }
 
 /// Draws the whole screen.
@@ -64,8 +66,10 @@ pub fn draw(frame: &mut Frame, screen: &Screen) {
     } else {
         errors.len() as u16 + 2
     };
+    // Six lines and the borders, and the writer's line with `ha:`.
+    let head_height = 8 + u16::from(screen.writer.is_some());
     let [head, body, errs, foot] = Layout::vertical([
-        Constraint::Length(8),
+        Constraint::Length(head_height),
         Constraint::Min(3),
         Constraint::Length(error_height.min(10)),
         Constraint::Length(1),
@@ -143,6 +147,9 @@ fn header(screen: &Screen) -> Paragraph<'static> {
                 if m.reconciling { "yes" } else { "no" }
             ),
         }));
+        if let Some(w) = &screen.writer {
+            lines.push(Line::from(writer_line(w)));
+        }
         lines.push(Line::from(format!(
             "api      {:.1} req/s   {} answered",
             r.api_requests,
@@ -154,6 +161,21 @@ fn header(screen: &Screen) -> Paragraph<'static> {
         " kvindex top · {} · api {} ",
         screen.url, screen.api_url
     )))
+}
+
+/// Who writes Redis: this replica, or the lease holder while this one stands by.
+fn writer_line(w: &Writer) -> String {
+    let holder = w.holder.as_deref().unwrap_or("nobody");
+    if w.role == "leader" {
+        format!("writer   this replica (HA leader, lease {holder})")
+    } else {
+        let ready = if w.ready_to_lead {
+            "ready to lead"
+        } else {
+            "catching up"
+        };
+        format!("writer   {holder} (this replica: HA standby, {ready})")
+    }
 }
 
 /// Predictions judged by routers' feedback, and the speculative placements live.
@@ -303,6 +325,7 @@ mod tests {
             }),
             rates: TotalRates::default(),
             pods: Ok(Vec::new()),
+            writer: None,
         }
     }
 
@@ -334,5 +357,30 @@ mod tests {
             text.contains(" targets "),
             "the table keeps its place: {text}"
         );
+    }
+
+    #[test]
+    fn the_writer_line_names_this_replica_or_the_lease_holder() {
+        let leader = Writer {
+            role: "leader".to_owned(),
+            holder: Some("kvindex-0/7".to_owned()),
+            ready_to_lead: true,
+        };
+        assert!(writer_line(&leader).contains("this replica (HA leader"));
+        let standby = Writer {
+            role: "standby".to_owned(),
+            ..leader
+        };
+        let line = writer_line(&standby);
+        assert!(
+            line.contains("kvindex-0/7 (this replica: HA standby, ready to lead)"),
+            "{line}"
+        );
+        // The header grows by the writer's line: the routing line stays in view.
+        let mut with_writer = screen(Routing::default());
+        with_writer.writer = Some(standby);
+        let text = shown(&with_writer);
+        assert!(text.contains("writer   kvindex-0/7"), "{text}");
+        assert!(text.contains("routing  predictions"), "{text}");
     }
 }

@@ -334,6 +334,16 @@ impl Supervisor {
             .collect()
     }
 
+    /// Whether every rank of every target follows its engine with nothing to catch up
+    /// ([`RankStatus::caught_up`]): what a standby needs before it may take the HA lease.
+    pub fn caught_up(&self, settle: Duration) -> bool {
+        self.running
+            .lock()
+            .values()
+            .flat_map(|r| r.ranks.iter())
+            .all(|s| s.lock().caught_up(settle))
+    }
+
     /// DP-rank sockets connected now, over all targets.
     pub fn connected_ranks(&self) -> usize {
         self.running

@@ -8,6 +8,7 @@
 //! | `reconcile.rs` | bringing Redis back in line with the index after an outage |
 //! | `checkpoint.rs` | kvindex's own `kvindex:` keys: watermarks and engine-block state for warm starts |
 //! | `anti_entropy/` | background passes: reconcile rewrite, anti-entropy, refresh, watchdog (`scan.rs`: the SCAN phase) |
+//! | `lease.rs` | high availability: the per-shard lease that lets one replica write, [`lease::LeaseGate`] |
 //! | `watchdog.rs` | noticing a Redis restart or FLUSHALL while idle (`run_id`, sentinel key) |
 //! | `adopt.rs` | removes of unknown engine hashes resolved through Redis's mapping keys |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
@@ -36,6 +37,7 @@ mod anti_entropy;
 pub mod checkpoint;
 mod dump;
 mod inflight;
+pub mod lease;
 mod mirror;
 mod reconcile;
 #[cfg(test)]
@@ -304,6 +306,20 @@ impl MirrorHandle {
         index: Index,
         weights: TierWeights,
     ) -> Result<MirrorHandle, MirrorError> {
+        MirrorHandle::start_behind(config, index, weights, None).await
+    }
+
+    /// [`MirrorHandle::start`], with `lease` (`ha:`): the writer starts as a standby and
+    /// writes only while this replica holds the lease, after a full reconcile.
+    ///
+    /// # Errors
+    /// [`MirrorError`] naming the URL without its password.
+    pub async fn start_behind(
+        config: RedisConfig,
+        index: Index,
+        weights: TierWeights,
+        lease: Option<Arc<lease::LeaseGate>>,
+    ) -> Result<MirrorHandle, MirrorError> {
         let shared = Arc::new(Shared::default());
         crate::metrics::mirror_upkeep_series();
         let mut conn = mirror::connect(&config.target).await?;
@@ -318,6 +334,9 @@ impl MirrorHandle {
         let url = config.target.shown();
         let mut writer = mirror::Writer::new(config, index, weights, conn, Arc::clone(&shared));
         writer.seed_marks(marks);
+        if let Some(gate) = lease {
+            writer.behind_lease(gate);
+        }
         let task = tokio::spawn(writer.run(rx));
         Ok(MirrorHandle {
             tx,

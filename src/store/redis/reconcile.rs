@@ -10,6 +10,9 @@ use super::mirror::{connect, is_auth_error, Writer};
 impl Writer {
     /// One reconcile attempt; on failure the writer stays dirty and retries after backoff.
     pub(super) async fn try_reconcile(&mut self) {
+        if self.standby {
+            return;
+        }
         // Redis must answer before the background rewrite starts.
         if let Err(err) = redis::cmd("PING").query_async::<()>(&mut self.conn).await {
             self.go_dirty(&err);

@@ -174,6 +174,9 @@ pub(super) struct Entropy {
     /// A verify pass is wanted once the current pass (a reconcile) ends; `true` = fast.
     pub(super) verify_after: Option<bool>,
     next_verify_at: Instant,
+    /// After a takeover: the verify pass that ends next schedules another this soon, for a
+    /// deposed leader's bytes that reached Redis after the takeover's pass had read it.
+    pub(super) verify_again_after: Option<Duration>,
     watchdog_at: Instant,
     /// Each master's `run_id` as last read.
     pub(super) run_id: Option<super::watchdog::RunIds>,
@@ -202,6 +205,7 @@ impl Entropy {
             pass: None,
             verify_after: None,
             next_verify_at: now + settings.interval,
+            verify_again_after: None,
             // At once: the sentinel must exist before a FLUSHALL can be told from nothing.
             watchdog_at: now,
             run_id: None,
@@ -472,6 +476,9 @@ impl Writer {
                 self.answer_waiters();
             }
             Mode::Verify { .. } => {
+                if let Some(after) = self.entropy.verify_again_after.take() {
+                    self.entropy.next_verify_at = Instant::now() + after;
+                }
                 self.entropy.last_pass = took;
                 self.shared.entropy.passes.fetch_add(1, Ordering::Relaxed);
                 metrics::anti_entropy_pass(took.as_secs_f64());
@@ -669,6 +676,10 @@ impl Writer {
         &mut self,
         pipe: &redis::Pipeline,
     ) -> Result<(), redis::RedisError> {
+        if self.lease_lost() {
+            return Err(super::lease::not_held());
+        }
+        self.note_first_write();
         pipe.query_async::<()>(&mut self.conn).await
     }
 

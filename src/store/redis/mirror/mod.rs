@@ -27,12 +27,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::anti_entropy::{Entropy, EntropySettings, EntropyStats};
+use super::anti_entropy::{Entropy, EntropySettings, EntropyStats, TOUCHED_CAP};
 use super::checkpoint::Watermark;
 use super::inflight::{Batch, InFlight, LatencyHistogram, MarkAt, MAX_IN_FLIGHT};
+use super::lease::{LeaseGate, Role};
 use super::RedisConfig;
 use crate::index::{Checkpoint, Delta, DeltaChunk, Index, ModelId, PodId, SourceId};
 use crate::medium::TierWeights;
@@ -154,7 +155,25 @@ pub(super) struct Writer {
     scratch: Scratch,
     /// `kvindex_mirror_write_latency_seconds`, looked up once.
     write_metric: metrics::Histogram,
+    /// With `ha:`: the lease this replica must hold to write, and its role changes.
+    lease: Option<(Arc<LeaseGate>, watch::Receiver<Role>)>,
+    /// A standby writes nothing: its deltas are dropped (the index keeps the truth), and
+    /// it waits for the lease.
+    pub(super) standby: bool,
+    /// The lease term the writer last took over in.
+    term: u64,
+    /// After a takeover, when the previous lease ended, until the first write is sent.
+    first_write_due: Option<std::time::Instant>,
+    /// A standby's keys touched in the window before the current one (see
+    /// [`Writer::standby_touch`]); `touched` holds the current window's.
+    touched_before: HashSet<Key>,
+    /// When the standby's current window of touched keys ends.
+    window_ends: Instant,
 }
+
+/// How far back a standby remembers the keys its deltas touched, at least: what a leader
+/// that just died may not have written yet (its last ttl, and whatever its queue held).
+const STANDBY_WINDOW: Duration = Duration::from_secs(10);
 
 /// Watermarks of the sources the mirror checkpoints. Only the seq is recorded per message;
 /// the rest of a watermark entry (names, models, engine run) is read when it is written, once
@@ -211,7 +230,22 @@ impl Writer {
             stamps: Vec::new(),
             scratch: Scratch::new(),
             write_metric: crate::metrics::mirror_write_latency(),
+            lease: None,
+            standby: false,
+            term: 0,
+            first_write_due: None,
+            touched_before: HashSet::new(),
+            window_ends: now,
         }
+    }
+
+    /// Makes the writer a standby behind `gate`: it writes only once the lease is taken,
+    /// after a full reconcile.
+    pub(super) fn behind_lease(&mut self, gate: Arc<LeaseGate>) {
+        let rx = gate.subscribe();
+        self.lease = Some((gate, rx));
+        self.standby = true;
+        self.shared.dirty.store(false, Ordering::Relaxed);
     }
 
     /// Seeds the watermarks a warm start restored, so later ones keep their model lists and a
@@ -286,7 +320,9 @@ impl Writer {
     /// The task body: runs until shutdown or until every sender is gone.
     pub(super) async fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
         loop {
-            let wake = if self.dirty {
+            let wake = if self.standby {
+                None
+            } else if self.dirty {
                 Some(self.retry_at)
             } else if !self.has_pending() {
                 None
@@ -297,6 +333,7 @@ impl Writer {
             let background = self.entropy_wake();
             tokio::select! {
                 biased;
+                () = role_changed(&mut self.lease) => self.on_role(),
                 (result, batch) = self.inflight.next(), if answers => {
                     self.answered(result, batch);
                     self.flush_if_idle().await;
@@ -317,7 +354,11 @@ impl Writer {
                             return;
                         }
                     }
-                    self.entropy_tick().await;
+                    if self.lease_lost() {
+                        self.lease_expired();
+                    } else if !self.dirty {
+                        self.entropy_tick().await;
+                    }
                 }
                 msg = rx.recv() => {
                     if self.on_msg(msg).await {
@@ -357,7 +398,7 @@ impl Writer {
 
     /// Writes what is pending, retrying through an outage (the caller bounds the wait).
     async fn drain_before_exit(&mut self) {
-        loop {
+        while !self.standby {
             if self.dirty {
                 tokio::time::sleep_until(self.retry_at).await;
                 self.try_reconcile().await;
@@ -451,6 +492,10 @@ impl Writer {
     /// Absorbs deltas from `rest` until they run out or a flush is due.
     fn absorb(&mut self, rest: &mut impl Iterator<Item = Delta>) {
         for delta in rest.by_ref() {
+            if self.standby {
+                self.standby_touch(&delta);
+                continue;
+            }
             if matches!(delta, Delta::UnknownRemove { .. }) {
                 self.queue_adopt(delta);
                 continue;
@@ -459,10 +504,7 @@ impl Writer {
                 Delta::Mapping { .. } => self.config.mapping_keys,
                 Delta::Engine { .. } => self.config.checkpoint,
                 Delta::SourceGone { pod, rank } => {
-                    self.marks.unwritten.remove(&(*pod, *rank));
-                    self.marks.latest.remove(&(*pod, *rank));
-                    self.marks.models.remove(&(*pod, *rank));
-                    self.marks.confirmed.remove(&(*pod, *rank));
+                    self.forget_marks(*pod, *rank);
                     self.config.checkpoint
                 }
                 Delta::Field { .. } | Delta::UnknownRemove { .. } => true,
@@ -490,7 +532,54 @@ impl Writer {
         self.cap_touched();
     }
 
+    /// A standby writes nothing but remembers which keys its recent deltas touched: on a
+    /// takeover those the index no longer holds are deleted, as after an outage, since the
+    /// previous leader may have died before writing their deletion (checkpoint entries
+    /// included, which the verify pass does not scan). Two windows of [`STANDBY_WINDOW`]
+    /// (or the ttl) are kept, each capped: keys past the cap are left to the takeover's
+    /// verify pass (fields and mapping keys).
+    fn standby_touch(&mut self, delta: &Delta) {
+        let wanted = match delta {
+            Delta::Mapping { .. } => self.config.mapping_keys,
+            Delta::Engine { .. } => self.config.checkpoint,
+            Delta::SourceGone { pod, rank } => {
+                self.forget_marks(*pod, *rank);
+                self.config.checkpoint
+            }
+            Delta::Field { .. } => true,
+            // Resolved through Redis by a leader; a takeover's verify pass covers it.
+            Delta::UnknownRemove { .. } => false,
+        };
+        if !wanted {
+            return;
+        }
+        let now = Instant::now();
+        if now >= self.window_ends {
+            let ttl = self.lease.as_ref().map_or(Duration::ZERO, |(g, _)| g.ttl());
+            self.window_ends = now + STANDBY_WINDOW.max(ttl);
+            self.touched_before = std::mem::take(&mut self.touched);
+        }
+        if self.touched.len() < TOUCHED_CAP {
+            self.touched.insert(Key::of(delta));
+        }
+    }
+
+    /// Drops the watermarks of a source that is gone.
+    fn forget_marks(&mut self, pod: PodId, rank: u8) {
+        self.marks.unwritten.remove(&(pod, rank));
+        self.marks.latest.remove(&(pod, rank));
+        self.marks.models.remove(&(pod, rank));
+        self.marks.confirmed.remove(&(pod, rank));
+    }
+
     pub(super) fn answer_waiters(&mut self) {
+        if self.standby {
+            // Nothing is written here: there is nothing to wait for.
+            for done in self.waiters.drain(..) {
+                let _ = done.send(());
+            }
+            return;
+        }
         let written = self.inflight.is_empty() && !self.has_pending();
         if !self.dirty && written && !self.entropy.rewriting() {
             for done in self.waiters.drain(..) {
@@ -546,6 +635,12 @@ impl Writer {
         }
         batch.stamps = std::mem::take(&mut self.stamps);
         batch.commands = commands;
+        if self.lease_lost() {
+            self.inflight.spare(pipe);
+            self.unsent(batch);
+            return self.lease_expired();
+        }
+        self.note_first_write();
         self.inflight.submit(&self.conn, pipe, batch).await;
         let peak = self.inflight.len() as u64;
         self.shared
@@ -649,6 +744,10 @@ impl Writer {
     /// Stops writing until a reconcile succeeds; pending keys join the record. The driver's
     /// message is logged without the URL's password.
     pub(super) fn go_dirty(&mut self, err: &redis::RedisError) {
+        if self.lease_lost() {
+            // Not an outage to reconcile after: another replica writes now.
+            return self.lease_expired();
+        }
         let reason = self.config.target.scrub(&err.to_string());
         if self.dirty {
             self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
@@ -696,6 +795,123 @@ impl Writer {
     /// probe Redis then).
     fn entropy_wake(&self) -> Option<Instant> {
         (!self.dirty).then(|| self.entropy.wake())
+    }
+}
+
+/// Resolves when the lease's role changed (never without `ha:`, or once the lease task ended).
+async fn role_changed(lease: &mut Option<(Arc<LeaseGate>, watch::Receiver<Role>)>) {
+    match lease {
+        Some((_, rx)) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+impl Writer {
+    /// Whether this writer runs behind a lease it does not hold now (or held too long ago
+    /// without renewal): every write is checked against it just before it is sent.
+    pub(super) fn lease_lost(&self) -> bool {
+        self.lease.as_ref().is_some_and(|(gate, _)| !gate.is_open())
+    }
+
+    /// Follows the lease task's news: a new term takes over (after stepping down from an
+    /// older one the writer may have missed), a lost lease stands by.
+    fn on_role(&mut self) {
+        let Some((_, rx)) = &mut self.lease else {
+            return;
+        };
+        let role = *rx.borrow_and_update();
+        match role {
+            Role::Leader { term, lost_at } if term != self.term => {
+                if !self.standby {
+                    self.step_down();
+                }
+                self.term = term;
+                self.take_over(lost_at);
+            }
+            Role::Standby if !self.standby => self.step_down(),
+            _ => {}
+        }
+    }
+
+    /// Starts writing: first a full reconcile of the owned pods against the index, both
+    /// ways and unthrottled (the rewrite, then a fast verify that deletes what the index
+    /// does not hold, such as late writes of a deposed leader), then normal flushes.
+    fn take_over(&mut self, lost_at: Option<std::time::Instant>) {
+        self.standby = false;
+        self.first_write_due = Some(lost_at.unwrap_or_else(std::time::Instant::now));
+        // The reconcile's stale phase checks what the standby's recent deltas touched.
+        let before = std::mem::take(&mut self.touched_before);
+        self.touched.extend(before);
+        // Redis as the previous leader left it: the watchdog starts over.
+        self.entropy.armed = false;
+        self.entropy.run_id = None;
+        self.entropy.overflowed = false;
+        self.entropy.verify_after = Some(true);
+        // Late bytes of the deposed leader land within its last ttl or so: one more
+        // (throttled) pass two ttls after the takeover's finds what landed after it.
+        let ttl = self.lease.as_ref().map_or(Duration::ZERO, |(g, _)| g.ttl());
+        self.entropy.verify_again_after = Some(2 * ttl);
+        self.dirty = true;
+        self.retry_at = Instant::now();
+        tracing::info!(url = %self.config.target, "HA: this replica leads; reconciling Redis with its index before its first write.");
+    }
+
+    /// Stops writing at once: what is pending is dropped (the index keeps the truth and the
+    /// next takeover rewrites it), pipelines in flight are abandoned, background passes end.
+    pub(super) fn step_down(&mut self) {
+        if self.standby {
+            return;
+        }
+        self.standby = true;
+        self.dirty = true;
+        self.pending.clear();
+        self.pending_entries = 0;
+        self.shrink_pending();
+        for batch in self.inflight.abandon() {
+            self.unsent(batch);
+        }
+        self.stamps.clear();
+        self.on_dirty();
+        self.touched.clear();
+        self.touched_before.clear();
+        self.window_ends = Instant::now();
+        self.entropy.overflowed = false;
+        self.entropy.verify_after = None;
+        self.entropy.verify_again_after = None;
+        self.entropy.adopt.clear();
+        self.first_write_due = None;
+        self.shared.dirty.store(false, Ordering::Relaxed);
+        self.shared.healthy.store(true, Ordering::Relaxed);
+        self.answer_waiters();
+        tracing::info!(url = %self.config.target, "HA: this replica stands by; its mirror writes nothing.");
+    }
+
+    /// Stands by because the gate closed under the writer (no renewal within ttl/2): the
+    /// lease task is told, so the writer writes again only after a new acquisition.
+    pub(super) fn lease_expired(&mut self) {
+        if self.standby {
+            return;
+        }
+        if let Some((gate, _)) = &self.lease {
+            gate.abandon();
+        }
+        self.step_down();
+    }
+
+    /// Counts the time from the previous lease's end to the first write after a takeover.
+    pub(super) fn note_first_write(&mut self) {
+        if let Some(from) = self.first_write_due.take() {
+            let took = from.elapsed();
+            crate::metrics::ha_first_write(took.as_secs_f64());
+            tracing::info!(
+                since_lease_end_ms = took.as_millis() as u64,
+                "HA: the new leader's first write is on its way."
+            );
+        }
     }
 }
 
