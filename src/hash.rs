@@ -1,4 +1,4 @@
-//! Block hashes a router can compute from a prompt (DESIGN.md §3).
+//! Block hashes a router can compute from a prompt (docs/architecture.md §2).
 //!
 //! Engine hashes are chained and salted per process, so a router cannot recompute them.
 //! Two router-side identities are kept instead:

@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 
 use parking_lot::RwLock;
 
-/// Canonical media in kthena's tie-break order (DESIGN.md §6); their index + 1 is their id.
+/// Canonical media in kthena's tie-break order (docs/architecture.md §6); their index + 1 is their id.
 const KNOWN: [&str; 12] = [
     "GPU",
     "CPU_PINNED",
@@ -297,7 +297,7 @@ pub enum WeightError {
     EmptyName,
 }
 
-/// Score weight per storage tier (DESIGN.md §7): keys are case-insensitive.
+/// Score weight per storage tier (docs/architecture.md §4): keys are case-insensitive.
 pub struct TierWeights {
     by_canonical: BTreeMap<String, f64>,
     unknown: f64,

@@ -1,4 +1,4 @@
-//! kthena's Redis layout (DESIGN.md §6), both directions, byte for byte: the mirror in
+//! kthena's Redis layout (docs/architecture.md §6), both directions, byte for byte: the mirror in
 //! [`crate::store`] writes it and the Redis scoring backend in [`crate::score`] reads it, so
 //! a spelling can change in one place only. It also owns the one Redis URL redactor, since
 //! every layer that reports a Redis error needs it.

@@ -1,5 +1,5 @@
 //! Sharded replicas: which of `count` kvindex replicas owns a pod, by rendezvous
-//! (highest-random-weight) hashing of its identifier `{pod}.{namespace}` (DESIGN.md §9).
+//! (highest-random-weight) hashing of its identifier `{pod}.{namespace}` (docs/architecture.md §8).
 //!
 //! Every replica loads the same config and computes the same answer with no coordination:
 //! for each shard number `s` in `0..count` the pod gets the weight

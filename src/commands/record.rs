@@ -1,4 +1,4 @@
-//! `kvindex record`: live engine frames → fixture lines (DESIGN.md §8).
+//! `kvindex record`: live engine frames → fixture lines (`schemas/fixture-line.schema.json`).
 
 use std::io::Write;
 use std::path::PathBuf;

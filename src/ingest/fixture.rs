@@ -1,4 +1,5 @@
-//! The fixture line format (DESIGN.md §8): one recorded ZMQ message per JSON line.
+//! The fixture line format (`schemas/fixture-line.schema.json`): one recorded ZMQ message per
+//! JSON line.
 
 use std::io::BufRead;
 

@@ -1,4 +1,4 @@
-//! Per-source sequence tracking (DESIGN.md §4), pure so tests drive it without sockets.
+//! Per-source sequence tracking (docs/architecture.md §3), pure so tests drive it without sockets.
 
 /// What to do with a message of a given seq.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

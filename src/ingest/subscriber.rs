@@ -1,7 +1,7 @@
 //! One SUB socket and one task per (target, DP rank): connect loop, recv and replay I/O.
 //!
 //! The `zeromq` crate's own reconnect backs off to 30 s and its `connect` waits 30 s by
-//! default (DESIGN.md §4), so each task owns its connect loop: a short connect timeout, a
+//! default (docs/architecture.md §3), so each task owns its connect loop: a short connect timeout, a
 //! fresh socket after any failure or disconnect (seen through the socket monitor), and a
 //! backoff capped at [`MAX_BACKOFF`]. `recv` errors are transient. Everything a message
 //! means (decode, seq, apply, counters, logs) is [`SourcePipeline`]'s job; this task only

@@ -1,5 +1,5 @@
 //! Longest-prefix, tier-weighted scoring of pods for a prompt (kthena semantics), and the
-//! memoized prefill/decode (PD) group scheduler (DESIGN.md §7).
+//! memoized prefill/decode (PD) group scheduler (docs/architecture.md §4).
 //!
 //! | file | job |
 //! | --- | --- |

@@ -2,7 +2,7 @@
 //! Cluster, one sub-pipeline per master holding some of the prompt's keys, concurrently).
 //!
 //! Key `matrix:kv:block:{model}@{std_hash}` is a hash whose fields are pod identifiers and
-//! whose values are `"{unix_seconds}"` or `"{unix_seconds}|{MEDIUM}"` (DESIGN.md §6). Every
+//! whose values are `"{unix_seconds}"` or `"{unix_seconds}|{MEDIUM}"` (docs/architecture.md §6). Every
 //! block of the prompt is fetched in one pipeline of `HGETALL`, as kthena's router does, so
 //! a lookup costs one round trip whatever the prompt length. Keys are built and values parsed
 //! by [`crate::redis_layout`], the module the mirror writes with.

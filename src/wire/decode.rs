@@ -580,7 +580,7 @@ fn tenant_salt(
     field.or_else(from_keys).filter(|salt| !salt.is_empty())
 }
 
-/// The checks DESIGN.md §2 asks for: each failure rejects only this event.
+/// A `BlockStored`'s checks (docs/architecture.md §3): each failure rejects only this event.
 fn validate_stored(stored: &BlockStored) -> Result<(), EventError> {
     let blocks = stored.block_hashes.len();
     if blocks == 0 {

@@ -1,6 +1,6 @@
 //! Model-based tests of the index: random event streams from several sources (two DP ranks
 //! of one pod, a second pod) are applied to an [`Index`] and to a simple reference of
-//! DESIGN.md §5 — per source, engine hash → (model, std hash, media); a pod holds (model,
+//! docs/architecture.md §5 — per source, engine hash → (model, std hash, media); a pod holds (model,
 //! std) on medium M iff some engine block of one of its ranks maps there with M — and
 //! `Index::dump()` must equal the reference after every batch. Block contents come from a
 //! small pool, so one std hash often stands for several engine hashes (the case kthena gets
@@ -128,7 +128,7 @@ fn to_event(op: &Op) -> Event {
     }
 }
 
-/// The reference: DESIGN.md §5 written as plainly as possible.
+/// The reference: docs/architecture.md §5 written as plainly as possible.
 #[derive(Default, Clone)]
 struct Reference {
     /// Per source: engine hash → (model, std hash, media bits).

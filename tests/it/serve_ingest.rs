@@ -1,5 +1,5 @@
 //! The daemon over real ZMQ sockets on 127.0.0.1: fixture streams in, index out, and every
-//! seq fault of DESIGN.md §4 (restart, gaps with and without replay, bad replays, bad frames).
+//! seq fault of docs/architecture.md §3 (restart, gaps with and without replay, bad replays, bad frames).
 
 use crate::util;
 

@@ -1,4 +1,4 @@
-//! Targets found at run time instead of written in the config (DESIGN.md §9).
+//! Targets found at run time instead of written in the config (docs/architecture.md §8).
 //!
 //! | file | job |
 //! | --- | --- |

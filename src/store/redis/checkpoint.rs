@@ -1,4 +1,4 @@
-//! kvindex's own checkpoint in Redis (DESIGN.md §8): what a restarted kvindex needs to go on
+//! kvindex's own checkpoint in Redis (docs/architecture.md §7): what a restarted kvindex needs to go on
 //! exactly where the previous one stopped. It lives under the `kvindex:` prefix, apart from
 //! kthena's keys, and is written by the mirror in the same pipeline as the data it covers.
 //!

@@ -1,5 +1,5 @@
 //! High availability: one writer per shard, the holder of a lease key in the same Redis
-//! (DESIGN.md §12).
+//! (docs/architecture.md §8).
 //!
 //! Replicas with the same config (and shard) all keep a live index; only the holder of
 //! [`lease_key`] writes Redis. A standby takes the lease with `SET key token NX PX ttl` once

@@ -1,4 +1,4 @@
-//! The Redis mirror of the index in kthena's exact layout (DESIGN.md §6).
+//! The Redis mirror of the index in kthena's exact layout (docs/architecture.md §6).
 //!
 //! | file | job |
 //! | --- | --- |
