@@ -54,6 +54,24 @@ pub fn model_seed(model: &str) -> ChainHash {
     xxh3_64(model.as_bytes())
 }
 
+/// The seed of a chain whose first block was stored under tenant `salt` (vLLM's and
+/// SGLang's `cache_salt`): chains of different salts, and salted and unsalted chains, never
+/// share a hash, so a salted block matches only prompts carrying the same salt.
+pub fn salted_seed(seed: ChainHash, salt: &str) -> ChainHash {
+    const SALT_DOMAIN: u64 = 0x6b76_7361_6c74_0001;
+    xxh3_64_with_seed(salt.as_bytes(), seed ^ SALT_DOMAIN).max(1)
+}
+
+/// The seed a prompt of `model` starts its chain at: the model's own, or salted by a
+/// non-empty tenant `salt` ([`salted_seed`]).
+pub fn prompt_seed(model: &str, salt: Option<&str>) -> ChainHash {
+    let seed = model_seed(model);
+    match salt.filter(|salt| !salt.is_empty()) {
+        Some(salt) => salted_seed(seed, salt),
+        None => seed,
+    }
+}
+
 /// The chain hash of a block of `tokens` whose parent block has chain hash `parent` (the
 /// model's [`model_seed`] for a first block).
 ///
@@ -129,7 +147,18 @@ pub fn prompt_chain_hashes(
     block_size: usize,
     max_blocks: usize,
 ) -> Vec<ChainHash> {
-    let mut parent = model_seed(model);
+    prompt_chain_hashes_from(model_seed(model), tokens, block_size, max_blocks)
+}
+
+/// The chain hashes of a prompt whose chain starts at `seed` ([`prompt_seed`]), cut like
+/// [`prompt_block_hashes`].
+pub fn prompt_chain_hashes_from(
+    seed: ChainHash,
+    tokens: &[u32],
+    block_size: usize,
+    max_blocks: usize,
+) -> Vec<ChainHash> {
+    let mut parent = seed;
     prompt_chunks(tokens, block_size, max_blocks)
         .map(|block| {
             parent = chain_hash(parent, block);
@@ -224,6 +253,20 @@ mod tests {
         assert!(other.iter().zip(&chain).all(|(a, b)| a != b));
         assert_ne!(prompt_chain_hashes("lora", &tokens, 16, 128)[0], chain[0]);
         assert_ne!(chain_hash(seed, &[]), 0);
+    }
+
+    #[test]
+    fn salts_seed_chains_apart_and_an_empty_salt_is_none() {
+        let tokens: Vec<u32> = (0..32).collect();
+        let plain = prompt_chain_hashes("m", &tokens, 16, 8);
+        let seeded = |salt| prompt_chain_hashes_from(prompt_seed("m", salt), &tokens, 16, 8);
+        assert_eq!(seeded(None), plain);
+        assert_eq!(seeded(Some("")), plain);
+        let a = seeded(Some("tenant-a"));
+        assert_ne!(a, plain);
+        assert_ne!(a, seeded(Some("tenant-b")));
+        assert_eq!(a[1], chain_hash(a[0], &tokens[16..]));
+        assert_ne!(prompt_seed("m", Some("x")), prompt_seed("n", Some("x")));
     }
 
     #[test]

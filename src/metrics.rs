@@ -73,6 +73,12 @@ const API_DURATION_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 5.0,
 ];
 
+/// How far a routed request's prediction was from the engine's reported reuse, in blocks.
+const PREDICTION_ERROR: &str = "kvindex_route_prediction_error_blocks";
+/// Its buckets: exact, off by a block or two, by a share of a long prompt.
+const PREDICTION_ERROR_BUCKETS: [f64; 10] =
+    [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 256.0, 1024.0, 8192.0];
+
 /// The mirror's write latency histogram: from ingest handing deltas over to Redis answering.
 const MIRROR_WRITE_LATENCY: &str = "kvindex_mirror_write_latency_seconds";
 /// Its buckets, in seconds: a flush interval is 5 ms, a Redis response timeout 3 s.
@@ -96,6 +102,11 @@ pub fn install() -> Option<PrometheusHandle> {
                 .set_buckets_for_metric(
                     Matcher::Full(MIRROR_WRITE_LATENCY.to_owned()),
                     &MIRROR_WRITE_LATENCY_BUCKETS,
+                )
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full(PREDICTION_ERROR.to_owned()),
+                    &PREDICTION_ERROR_BUCKETS,
                 )
                 .ok()?
                 .install_recorder()
@@ -192,6 +203,7 @@ fn describe() {
     );
     describe_histogram!(API_DURATION, "API request latency, by route.");
     describe_mirror_upkeep();
+    describe_routing();
     describe_histogram!(
         MIRROR_WRITE_LATENCY,
         "Time from ingest handing a message's deltas to the Redis mirror to Redis answering the pipeline that wrote them."
@@ -451,6 +463,57 @@ pub fn api_request(route: &'static str, status: u16, seconds: f64) {
     counter!("kvindex_api_requests_total", "route" => route, "status" => status.to_string())
         .increment(1);
     histogram!(API_DURATION, "route" => route).record(seconds);
+}
+
+fn describe_routing() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "kvindex_route_predictions_total",
+        "Routed requests whose engine reported its reuse, by how the prediction compared: exact, over (a false hit), under."
+    );
+    describe_histogram!(
+        PREDICTION_ERROR,
+        "|predicted - reported| reused blocks of a routed request."
+    );
+    describe_counter!(
+        "kvindex_route_feedback_unknown_total",
+        "Feedback for a request id with no prediction (never routed with it, judged already, or expired)."
+    );
+    describe_gauge!(
+        "kvindex_speculative_entries",
+        "Routers' placements live now: chain blocks counted as held by a pod until its engine confirms them."
+    );
+    describe_counter!(
+        "kvindex_speculative_total",
+        "Speculative entries by what happened: placed, confirmed (by the engine's store), expired (TTL), dropped (remove, clear, restart, reset, removal), evicted (over max_entries)."
+    );
+}
+
+/// A routed request's prediction judged against the engine's report: its outcome
+/// (`exact`, `over`, `under`) and error in blocks.
+pub fn route_prediction(outcome: &'static str, error_blocks: u64) {
+    counter!("kvindex_route_predictions_total", "outcome" => outcome).increment(1);
+    histogram!(PREDICTION_ERROR).record(error_blocks as f64);
+}
+
+/// Feedback for a request id with no prediction.
+pub fn route_feedback_unknown() {
+    counter!("kvindex_route_feedback_unknown_total").increment(1);
+}
+
+/// The speculative overlay's figures ([`crate::index::SpeculativeStats`]).
+pub fn speculative(stats: &crate::index::SpeculativeStats) {
+    gauge!("kvindex_speculative_entries").set(stats.live as f64);
+    let events = [
+        ("placed", stats.placed),
+        ("confirmed", stats.confirmed),
+        ("expired", stats.expired),
+        ("dropped", stats.dropped),
+        ("evicted", stats.evicted),
+    ];
+    for (event, n) in events {
+        counter!("kvindex_speculative_total", "event" => event).absolute(n);
+    }
 }
 
 /// Resident (block, pod) entries on `medium` (`""` = none reported).

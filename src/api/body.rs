@@ -10,10 +10,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::state::ApiLimits;
+use super::state::{ApiLimits, PromptLimits};
 use super::tokens::split_tokens;
 use crate::medium::TierWeights;
-use crate::score::{MatchMode, PromptSettings, ScoreBackend};
+use crate::score::{MatchMode, ScoreBackend};
 
 /// A request type with a top-level `tokens` field, which [`parse_body`] reads by the fast
 /// path ([`split_tokens`]).
@@ -42,6 +42,14 @@ pub(super) fn parse_body<T: serde::de::DeserializeOwned + TokensField>(
 
 /// The body of a request that may be read as JSON: refused when it could not be read, is
 /// over the size limit or declares another content type.
+/// Parses a JSON request body without a `tokens` array.
+pub(super) fn parse_plain_body<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    parse_json(&json_body(headers, body)?)
+}
+
 fn json_body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     let body = body.map_err(|rejection| {
         let status = rejection.status();
@@ -166,28 +174,39 @@ pub(super) fn request_weights(
 /// `block_hashes` are kthena's std hashes, so they are matched in `kthena` mode. Asking for
 /// `prefix` with block hashes (a chain hash needs the tokens) or from a backend that holds
 /// only kthena's keys is refused.
+/// What a request says of its prompt: the fields every prompt-taking endpoint shares.
+pub(super) struct PromptArgs<'a> {
+    pub model: &'a str,
+    pub tokens: Option<&'a [u32]>,
+    pub hashes: Option<&'a [HashArg]>,
+    pub mode: Option<MatchMode>,
+    pub max_blocks: Option<usize>,
+    pub salt: Option<&'a str>,
+}
+
+/// The prompt's block hashes for the mode the request asks for (or the backend's default),
+/// cut at the request's `max_blocks` or the server's cap for that mode.
 pub(super) fn prompt_blocks(
-    prompt: &PromptSettings,
+    prompts: &PromptLimits,
     backend: &ScoreBackend,
-    model: &str,
-    tokens: Option<&[u32]>,
-    hashes: Option<&[HashArg]>,
-    mode: Option<MatchMode>,
+    args: &PromptArgs<'_>,
 ) -> Result<(Vec<u64>, MatchMode), ApiError> {
+    let mode = args.mode;
     if mode == Some(MatchMode::Prefix) && !backend.matches_prefix() {
         return Err(ApiError::bad_field(
             "match",
             "prefix matching needs the in-memory index: this replica scores from Redis, which holds kthena's keys",
         ));
     }
-    let kthena = mode == Some(MatchMode::Kthena) || (tokens.is_none() && hashes.is_some());
+    let kthena =
+        mode == Some(MatchMode::Kthena) || (args.tokens.is_none() && args.hashes.is_some());
     if kthena && !backend.matches_kthena() {
         return Err(ApiError::bad_field(
             if mode.is_some() { "match" } else { "block_hashes" },
             "kthena matching needs kthena's std hashes: this index is prefix-only (ingest.std_hashes: false); send `tokens` with `\"match\": \"prefix\"`",
         ));
     }
-    match (tokens, hashes) {
+    match (args.tokens, args.hashes) {
         (Some(_), Some(_)) => Err(ApiError::bad_field(
             "block_hashes",
             "give either tokens or block_hashes, not both",
@@ -198,27 +217,35 @@ pub(super) fn prompt_blocks(
         )),
         (Some(tokens), None) => {
             let mode = mode.unwrap_or(backend.default_mode());
-            Ok((backend.prompt_blocks(prompt, model, tokens, mode), mode))
+            let prompt = prompts.settings(mode, args.max_blocks)?;
+            let blocks = backend.prompt_blocks(&prompt, args.model, args.salt, tokens, mode);
+            Ok((blocks, mode))
         }
         (None, Some(_)) if mode == Some(MatchMode::Prefix) => Err(ApiError::bad_field(
             "match",
             "prefix matching needs `tokens`: block_hashes are kthena std hashes",
         )),
         (None, Some(hashes)) => {
-            let mut out = Vec::with_capacity(hashes.len().min(prompt.max_blocks()));
-            for (i, h) in hashes.iter().take(prompt.max_blocks()).enumerate() {
-                let (HashArg::Num(v) | HashArg::Str(v)) = *h;
-                if v > i64::MAX as u64 {
-                    return Err(ApiError::bad_field(
-                        format!("block_hashes[{i}]"),
-                        "a standardized block hash is below 2^63",
-                    ));
-                }
-                out.push(v);
-            }
-            Ok((out, MatchMode::Kthena))
+            let prompt = prompts.settings(MatchMode::Kthena, args.max_blocks)?;
+            Ok((std_hashes(hashes, prompt.max_blocks())?, MatchMode::Kthena))
         }
     }
+}
+
+/// Caller-supplied std hashes, at most `max_blocks` of them.
+fn std_hashes(hashes: &[HashArg], max_blocks: usize) -> Result<Vec<u64>, ApiError> {
+    let mut out = Vec::with_capacity(hashes.len().min(max_blocks));
+    for (i, h) in hashes.iter().take(max_blocks).enumerate() {
+        let (HashArg::Num(v) | HashArg::Str(v)) = *h;
+        if v > i64::MAX as u64 {
+            return Err(ApiError::bad_field(
+                format!("block_hashes[{i}]"),
+                "a standardized block hash is below 2^63",
+            ));
+        }
+        out.push(v);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

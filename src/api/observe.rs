@@ -14,6 +14,8 @@ fn route_label(path: Option<&str>) -> &'static str {
         Some("/v1/score") => "/v1/score",
         Some("/v1/pd/schedule") => "/v1/pd/schedule",
         Some("/v1/pods") => "/v1/pods",
+        Some("/v1/routed") => "/v1/routed",
+        Some("/v1/feedback") => "/v1/feedback",
         _ => "other",
     }
 }

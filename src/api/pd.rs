@@ -12,9 +12,11 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::body::{
-    check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg, TokensField,
+    check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg, PromptArgs,
+    TokensField,
 };
 use super::error::ApiError;
+use super::routed::place;
 use super::state::{ApiLimits, ApiState};
 use crate::medium::TierWeights;
 use crate::score::{schedule, DecodeCandidate, KvScorer, MatchMode, Pair, PdError, DEFAULT_TOP_N};
@@ -45,6 +47,13 @@ struct PdRequest {
     /// `prefix` (default with tokens) or `kthena` (the only mode for block_hashes).
     #[serde(default, rename = "match")]
     match_mode: Option<MatchMode>,
+    #[serde(default)]
+    max_blocks: Option<usize>,
+    #[serde(default)]
+    cache_salt: Option<String>,
+    /// Record the first pair's prefill pod as holding the prompt ([`super::routed`]).
+    #[serde(default)]
+    speculate: bool,
 }
 
 /// A PD request that passed every check, borrowing its pods from the request.
@@ -76,14 +85,21 @@ impl PdRequest {
             return Err(ApiError::bad_field("top_n", "top_n must be at least 1"));
         }
         let weights = request_weights(&state.weights, self.weights.as_ref())?;
-        let (blocks, mode) = prompt_blocks(
-            &state.prompt,
-            &state.backend,
-            &self.model,
-            self.tokens.as_deref(),
-            self.block_hashes.as_deref(),
-            self.match_mode,
-        )?;
+        let prompt = PromptArgs {
+            model: &self.model,
+            tokens: self.tokens.as_deref(),
+            hashes: self.block_hashes.as_deref(),
+            mode: self.match_mode,
+            max_blocks: self.max_blocks,
+            salt: self.cache_salt.as_deref(),
+        };
+        let (blocks, mode) = prompt_blocks(&state.prompt, &state.backend, &prompt)?;
+        if self.speculate && mode != MatchMode::Prefix {
+            return Err(ApiError::bad_field(
+                "speculate",
+                "speculative entries are chain blocks: they need `tokens` in prefix mode",
+            ));
+        }
         Ok(ValidPd {
             blocks,
             mode,
@@ -199,5 +215,8 @@ pub(super) async fn pd_handler(
         .map_err(ApiError::backend)?;
     let mut scorer = KvScorer::from_scores(&scores);
     let pairs = schedule(&pd.decodes, &pd.groups, pd.top_n, &mut scorer).map_err(pd_error)?;
+    if let Some(first) = pairs.first().filter(|_| req.speculate) {
+        place(&state, first.prefill, &pd.blocks)?;
+    }
     Ok(Json(PdBody::new(&pairs)).into_response())
 }

@@ -14,6 +14,7 @@ use super::error::ApiError;
 use super::observe::track;
 use super::pd::pd_handler;
 use super::pods::pods_handler;
+use super::routed::{feedback_handler, routed_handler};
 use super::score::score_handler;
 use super::state::ApiState;
 
@@ -39,6 +40,8 @@ pub fn router(state: ApiState) -> axum::Router {
         .route("/v1/score", post(score_handler))
         .route("/v1/pd/schedule", post(pd_handler))
         .route("/v1/pods", get(pods_handler))
+        .route("/v1/routed", post(routed_handler))
+        .route("/v1/feedback", post(feedback_handler))
         .fallback(not_found)
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))

@@ -12,7 +12,8 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::body::{
-    check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg, TokensField,
+    check_model, check_pods, parse_body, prompt_blocks, request_weights, HashArg, PromptArgs,
+    TokensField,
 };
 use super::error::ApiError;
 use super::state::ApiState;
@@ -33,6 +34,13 @@ struct ScoreRequest {
     /// `prefix` (default with tokens) or `kthena` (the only mode for block_hashes).
     #[serde(default, rename = "match")]
     match_mode: Option<MatchMode>,
+    /// At most this many blocks (up to the server's cap for the mode).
+    #[serde(default)]
+    max_blocks: Option<usize>,
+    /// The tenant salt the prompt is sent under (`prefix` mode matches only blocks stored
+    /// under it).
+    #[serde(default)]
+    cache_salt: Option<String>,
 }
 
 /// A score request that passed every check: what the scorer is called with.
@@ -49,19 +57,23 @@ impl TokensField for ScoreRequest {
 }
 
 impl ScoreRequest {
+    fn prompt(&self) -> PromptArgs<'_> {
+        PromptArgs {
+            model: &self.model,
+            tokens: self.tokens.as_deref(),
+            hashes: self.block_hashes.as_deref(),
+            mode: self.match_mode,
+            max_blocks: self.max_blocks,
+            salt: self.cache_salt.as_deref(),
+        }
+    }
+
     /// Checks the request against the server's limits, in the order fields are reported.
     fn validate(&self, state: &ApiState) -> Result<ValidScore, ApiError> {
         check_model(&self.model)?;
         check_pods("pods", &self.pods, &state.limits)?;
         let weights = request_weights(&state.weights, self.weights.as_ref())?;
-        let (blocks, mode) = prompt_blocks(
-            &state.prompt,
-            &state.backend,
-            &self.model,
-            self.tokens.as_deref(),
-            self.block_hashes.as_deref(),
-            self.match_mode,
-        )?;
+        let (blocks, mode) = prompt_blocks(&state.prompt, &state.backend, &self.prompt())?;
         Ok(ValidScore {
             blocks,
             mode,

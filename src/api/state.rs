@@ -3,10 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::error::ApiError;
 use crate::index::Index;
 use crate::ingest::PodsView;
 use crate::medium::TierWeights;
-use crate::score::{PromptSettings, ScoreBackend};
+use crate::score::{MatchMode, Predictions, PromptSettings, ScoreBackend};
 
 /// Protective limits of the service (axum's key-value-store example: shed, limit, time out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,13 +25,68 @@ pub struct ApiLimits {
 impl Default for ApiLimits {
     fn default() -> Self {
         ApiLimits {
-            max_body_bytes: 1 << 20,
+            max_body_bytes: 4 << 20,
             concurrency: 512,
             timeout: Duration::from_secs(5),
             max_pods: 4096,
         }
     }
 }
+
+/// How prompts are cut, per match mode: `prefix` scores long prompts whole, `kthena` keeps
+/// the cap kthena's router computes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptLimits {
+    /// `prefix` mode's block size and cap (`api.max_blocks`).
+    pub prefix: PromptSettings,
+    /// `kthena` mode's block size and cap (`api.kthena_max_blocks`).
+    pub kthena: PromptSettings,
+}
+
+impl Default for PromptLimits {
+    fn default() -> Self {
+        let kthena = PromptSettings::default();
+        let prefix =
+            PromptSettings::new(kthena.block_size(), DEFAULT_PREFIX_MAX_BLOCKS).unwrap_or(kthena);
+        PromptLimits { prefix, kthena }
+    }
+}
+
+impl PromptLimits {
+    /// The settings of `mode`, cut at a request's own `max_blocks` when it asks for fewer.
+    ///
+    /// # Errors
+    /// [`ApiError`] naming `max_blocks` when it is 0 or above the server's cap.
+    pub(super) fn settings(
+        &self,
+        mode: MatchMode,
+        asked: Option<usize>,
+    ) -> Result<PromptSettings, ApiError> {
+        let (settings, setting) = match mode {
+            MatchMode::Prefix => (self.prefix, "api.max_blocks"),
+            MatchMode::Kthena => (self.kthena, "api.kthena_max_blocks"),
+        };
+        match asked {
+            None => Ok(settings),
+            Some(0) => Err(ApiError::bad_field(
+                "max_blocks",
+                "max_blocks must be at least 1",
+            )),
+            Some(n) if n > settings.max_blocks() => Err(ApiError::bad_field(
+                "max_blocks",
+                format!(
+                    "at most {} blocks in {} mode ({setting})",
+                    settings.max_blocks(),
+                    mode.as_str()
+                ),
+            )),
+            Some(n) => Ok(settings.capped(n)),
+        }
+    }
+}
+
+/// Default of `api.max_blocks`: `prefix` mode scores prompts of up to 131,072 tokens whole.
+pub const DEFAULT_PREFIX_MAX_BLOCKS: usize = 8192;
 
 /// Everything the handlers need.
 #[derive(Clone)]
@@ -42,7 +98,8 @@ pub struct ApiState {
     pub(super) token: Option<Arc<str>>,
     pub(super) pods: Arc<dyn PodsView>,
     pub(super) limits: ApiLimits,
-    pub(super) prompt: PromptSettings,
+    pub(super) prompt: PromptLimits,
+    pub(super) predictions: Arc<Predictions>,
 }
 
 impl ApiState {
@@ -59,7 +116,8 @@ impl ApiState {
             token: token.filter(|t| !t.is_empty()).map(Arc::from),
             pods,
             limits: ApiLimits::default(),
-            prompt: PromptSettings::default(),
+            prompt: PromptLimits::default(),
+            predictions: Arc::new(Predictions::default()),
         }
     }
 
@@ -76,8 +134,8 @@ impl ApiState {
         self
     }
 
-    /// Replaces how prompts are cut into blocks (block size, max blocks).
-    pub fn with_prompt(mut self, prompt: PromptSettings) -> ApiState {
+    /// Replaces how prompts are cut into blocks, per match mode (block size, max blocks).
+    pub fn with_prompt(mut self, prompt: PromptLimits) -> ApiState {
         self.prompt = prompt;
         self
     }

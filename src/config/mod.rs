@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::index::SpeculativeOptions;
 use crate::medium::TierWeights;
 use crate::shard::Shard;
 use crate::store::redis::{RedisConfig, RedisTarget};
@@ -26,7 +27,9 @@ pub mod kubernetes;
 mod raw;
 mod validate;
 
-pub use raw::{RawApi, RawConfig, RawIngest, RawMetrics, RawRedis, RawShard, RawTarget};
+pub use raw::{
+    RawApi, RawConfig, RawIngest, RawMetrics, RawRedis, RawShard, RawSpeculative, RawTarget,
+};
 pub use validate::validate;
 
 use kubernetes::KubernetesConfig;
@@ -50,6 +53,8 @@ pub struct Config {
     pub ingest: IngestLimits,
     /// This replica's shard: it owns the targets that rendezvous hashing maps to it.
     pub shard: Shard,
+    /// Routers' placements: their lifetime and how many are kept.
+    pub speculative: SpeculativeOptions,
 }
 
 /// Limits on what engines may send, applied to every target.
@@ -86,6 +91,10 @@ pub struct ApiConfig {
     pub header_read_timeout: Duration,
     /// Open connections at most (before the fd budget lowers it).
     pub max_connections: usize,
+    /// Prompt blocks `prefix` scoring looks at, at most.
+    pub max_blocks: usize,
+    /// Prompt blocks `kthena` scoring looks at, at most.
+    pub kthena_max_blocks: usize,
 }
 
 /// Default of `api.header_read_timeout_ms` (hyper's own default).
@@ -176,6 +185,7 @@ impl Config {
             } else {
                 0
             },
+            speculative: self.speculative,
         }
     }
 
@@ -242,6 +252,8 @@ impl Config {
                 "token": if a.token.is_some() { "set" } else { "not set" },
                 "header_read_timeout_ms": a.header_read_timeout.as_millis() as u64,
                 "max_connections": a.max_connections,
+                "max_blocks": a.max_blocks,
+                "kthena_max_blocks": a.kthena_max_blocks,
             })
         });
         let weights: BTreeMap<&str, f64> = self.weights.entries().collect();
@@ -268,6 +280,10 @@ impl Config {
                 "max_frame_bytes": self.ingest.max_frame_bytes,
                 "max_models_per_source": self.ingest.max_models_per_source,
                 "std_hashes": self.ingest.std_hashes,
+            },
+            "speculative": {
+                "ttl_ms": self.speculative.ttl.as_millis() as u64,
+                "max_entries": self.speculative.max_entries,
             },
             "shard": {
                 "index": self.shard.index,

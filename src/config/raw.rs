@@ -40,6 +40,19 @@ pub struct RawConfig {
     /// This replica's share of the targets (sharded replicas); absent = it owns them all.
     #[serde(default)]
     pub shard: Option<RawShard>,
+    /// Routers' placements (`POST /v1/routed`) counted by `prefix` scoring until confirmed.
+    #[serde(default)]
+    pub speculative: Option<RawSpeculative>,
+}
+
+/// `speculative:` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSpeculative {
+    /// How long a placement counts unconfirmed, ms (default 2000; 0 turns it off).
+    pub ttl_ms: Option<Spanned<u64>>,
+    /// Placed blocks kept at most (default 1,048,576); the oldest make room.
+    pub max_entries: Option<Spanned<usize>>,
 }
 
 /// `shard:` as written.
@@ -106,6 +119,10 @@ pub struct RawApi {
     pub header_read_timeout_ms: Option<Spanned<u64>>,
     /// Open API connections at most (default 4096, less when the fd limit is low).
     pub max_connections: Option<Spanned<usize>>,
+    /// Prompt blocks `prefix` scoring looks at, at most (default 8192).
+    pub max_blocks: Option<Spanned<usize>>,
+    /// Prompt blocks `kthena` scoring looks at, at most (default 128, kthena's router's).
+    pub kthena_max_blocks: Option<Spanned<usize>>,
 }
 
 /// `metrics:` as written.

@@ -8,11 +8,14 @@ use std::time::Duration;
 use serde_saphyr::Spanned;
 
 use super::kubernetes::validate_kubernetes;
-use super::raw::{RawApi, RawConfig, RawIngest, RawMetrics, RawRedis, RawShard, RawTarget};
+use super::raw::{
+    RawApi, RawConfig, RawIngest, RawMetrics, RawRedis, RawShard, RawSpeculative, RawTarget,
+};
 use super::{
     ApiConfig, Config, ConfigError, ConfigIssue, Env, IngestLimits, Target, TcpEndpoint,
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_DP_RANKS,
 };
+use crate::index::SpeculativeOptions;
 use crate::medium::{TierWeights, WeightError};
 use crate::shard::{Shard, MAX_SHARDS};
 use crate::store::redis::{RedisConfig, RedisTarget, ValueFormat};
@@ -97,6 +100,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
         .and_then(|k| validate_kubernetes(k, env, &mut issues));
     let ingest = validate_ingest(raw.ingest.unwrap_or_default(), redis.is_some(), &mut issues);
     let shard = validate_shard(raw.shard, env, redis.is_some(), &mut issues);
+    let speculative = validate_speculative(raw.speculative.unwrap_or_default(), &mut issues);
     if issues.0.is_empty() {
         Ok(Config {
             redis,
@@ -107,6 +111,7 @@ pub fn validate(raw: RawConfig, env: &impl Env) -> Result<Config, ConfigError> {
             discovery,
             ingest,
             shard,
+            speculative,
         })
     } else {
         Err(ConfigError::Invalid(issues.0))
@@ -289,12 +294,54 @@ fn validate_api(section: Option<RawApi>, env: &impl Env, issues: &mut Issues) ->
     .map_or(DEFAULT_HEADER_READ_TIMEOUT, Duration::from_millis);
     let max_connections = at_least_one("api.max_connections", section.max_connections, issues)
         .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+    let max_blocks = blocks_cap("api.max_blocks", section.max_blocks, issues)
+        .unwrap_or(crate::api::DEFAULT_PREFIX_MAX_BLOCKS);
+    let kthena_max_blocks = blocks_cap("api.kthena_max_blocks", section.kthena_max_blocks, issues)
+        .unwrap_or(crate::hash::DEFAULT_MAX_BLOCKS);
     Some(ApiConfig {
         listen,
         token,
         header_read_timeout,
         max_connections,
+        max_blocks,
+        kthena_max_blocks,
     })
+}
+
+/// Most prompt blocks a cap may allow: 16 M tokens at 16 per block.
+const MAX_BLOCKS_CAP: usize = 1 << 20;
+
+/// A cap on the prompt blocks scored: 1 to [`MAX_BLOCKS_CAP`].
+fn blocks_cap(field: &str, value: Option<Spanned<usize>>, issues: &mut Issues) -> Option<usize> {
+    let line = value.as_ref().and_then(line_of);
+    let cap = at_least_one(field, value, issues)?;
+    if cap > MAX_BLOCKS_CAP {
+        issues.add(field, line, format!("must be at most {MAX_BLOCKS_CAP}"));
+        return None;
+    }
+    Some(cap)
+}
+
+/// Longest `speculative.ttl_ms`: a placement lives for a prefill, not a session.
+const MAX_SPECULATIVE_TTL_MS: u64 = 600_000;
+
+/// `speculative:`: defaults when absent.
+fn validate_speculative(section: RawSpeculative, issues: &mut Issues) -> SpeculativeOptions {
+    let mut options = SpeculativeOptions::default();
+    if let Some(ttl) = section.ttl_ms {
+        if ttl.value > MAX_SPECULATIVE_TTL_MS {
+            let what =
+                format!("must be at most {MAX_SPECULATIVE_TTL_MS} (0 turns speculation off)");
+            issues.add("speculative.ttl_ms", line_of(&ttl), what);
+        } else {
+            options.ttl = Duration::from_millis(ttl.value);
+        }
+    }
+    let max = at_least_one("speculative.max_entries", section.max_entries, issues);
+    if let Some(max) = max {
+        options.max_entries = max;
+    }
+    options
 }
 
 /// The variable that overrides `shard.index`.

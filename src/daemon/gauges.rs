@@ -58,6 +58,9 @@ fn refresh(
     media_seen: &mut BTreeSet<&'static str>,
 ) {
     supervisor.publish_ages();
+    let speculative = index.speculative();
+    speculative.purge(std::time::Instant::now());
+    crate::metrics::speculative(&speculative.stats());
     let (_, by_medium) = index.entry_counts();
     for medium in media_seen.iter() {
         if !by_medium.iter().any(|(m, _)| m == medium) {

@@ -183,13 +183,15 @@ impl Daemon {
         self.tasks.push(metrics);
         if let Some((bound, api)) = listeners.api {
             let auth = api.token.is_some();
+            let prompt = prompt_limits(&api);
             let state = crate::api::ApiState::new(
                 self.index.clone(),
                 config.weights.clone(),
                 api.token,
                 self.supervisor.clone(),
             )
-            .with_backend(backend);
+            .with_backend(backend)
+            .with_prompt(prompt);
             if !auth {
                 warn!("The API is served without auth: api.token is not set.");
             }
@@ -430,4 +432,16 @@ fn spawn_server(
             warn!(error = %err, listener = name, "A listener failed.");
         }
     })
+}
+
+/// How the API cuts prompts: `api.max_blocks` for `prefix`, `api.kthena_max_blocks` for
+/// `kthena`, kthena's block size for both.
+fn prompt_limits(api: &crate::config::ApiConfig) -> crate::api::PromptLimits {
+    let defaults = crate::api::PromptLimits::default();
+    let cut =
+        |max_blocks| crate::score::PromptSettings::new(crate::hash::DEFAULT_BLOCK_SIZE, max_blocks);
+    crate::api::PromptLimits {
+        prefix: cut(api.max_blocks).unwrap_or(defaults.prefix),
+        kthena: cut(api.kthena_max_blocks).unwrap_or(defaults.kthena),
+    }
 }

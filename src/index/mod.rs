@@ -13,6 +13,7 @@
 //! | `delta.rs` | [`Delta`]s for mirrors, [`DeltaSink`] |
 //! | `intern.rs` | pod name interning; model names and block maps, freed when unreferenced |
 //! | `walk.rs` | chunked walks, point lookups and refreshes for the mirror's background passes |
+//! | `speculative.rs` | [`Speculative`]: chain blocks a router placed on a pod, until its engine confirms them or a TTL |
 //!
 //! Two residency layers, one index: kthena's **std blocks** (per model, keyed by the
 //! content-only std hash: what the Redis mirror writes and `kthena` matching reads) and the
@@ -39,6 +40,7 @@ mod query;
 mod residents;
 mod runs;
 mod source;
+mod speculative;
 mod walk;
 
 use std::sync::Arc;
@@ -52,6 +54,10 @@ pub use delta::{
     EngineState, FieldValue,
 };
 pub use query::{DumpEntry, IndexStats, LayerReader, Visit};
+pub use speculative::{
+    Speculative, SpeculativeOptions, SpeculativeStats, DEFAULT_SPECULATIVE_MAX_ENTRIES,
+    DEFAULT_SPECULATIVE_TTL,
+};
 pub use walk::{OwnedPods, WalkCursor, WalkEntry};
 
 use crate::wire::Engine;
@@ -208,6 +214,8 @@ struct Inner {
     pod_entries: PodCounters,
     /// Whether kthena's std layer is kept (see [`IndexOptions::std_layer`]).
     std_layer: bool,
+    /// Placements routers reported, beside the index's own structures.
+    speculative: Speculative,
 }
 
 impl Default for Inner {
@@ -230,6 +238,7 @@ impl Inner {
             entries: EntryCounter::default(),
             pod_entries: PodCounters::default(),
             std_layer: options.std_layer,
+            speculative: Speculative::new(options.speculative),
         }
     }
 }
@@ -251,6 +260,8 @@ pub struct IndexOptions {
     /// made it, possibly after the model's last block left. 0 when nothing consumes deltas
     /// (an in-memory index), so LoRA names that come and go leave nothing behind.
     pub freed_model_names: usize,
+    /// How long routers' placements count as speculative residents, and how many may.
+    pub speculative: SpeculativeOptions,
 }
 
 impl Default for IndexOptions {
@@ -259,6 +270,7 @@ impl Default for IndexOptions {
             max_models_per_source: DEFAULT_MAX_MODELS_PER_SOURCE,
             std_layer: true,
             freed_model_names: DEFAULT_FREED_MODEL_NAMES,
+            speculative: SpeculativeOptions::default(),
         }
     }
 }
@@ -289,6 +301,12 @@ impl Index {
     /// Whether the index keeps kthena's std layer ([`IndexOptions::std_layer`]).
     pub fn has_std_layer(&self) -> bool {
         self.inner.std_layer
+    }
+
+    /// Routers' placements not confirmed yet ([`Speculative`]): `prefix` scoring counts
+    /// them; the index's own answers, its counts and its mirror never do.
+    pub fn speculative(&self) -> &Speculative {
+        &self.inner.speculative
     }
 
     /// Registers a source, or returns the id it already has.

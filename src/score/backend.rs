@@ -104,10 +104,13 @@ impl ScoreBackend {
     /// blocks it holds are the ones its runs keep (a chain hash names its block's tokens):
     /// SHA-256 only for the rest (for every block of an index without the std layer, which
     /// answers none).
+    /// A tenant `salt` seeds `prefix` chains ([`PromptSettings::salted_blocks`]); `kthena`
+    /// hashes are content-only.
     pub fn prompt_blocks(
         &self,
         prompt: &PromptSettings,
         model: &str,
+        salt: Option<&str>,
         tokens: &[u32],
         mode: MatchMode,
     ) -> Vec<u64> {
@@ -115,7 +118,15 @@ impl ScoreBackend {
             (ScoreBackend::Index(index), MatchMode::Kthena) => {
                 prompt.hash_with_known(model, tokens, |chains| index.stored_std_hashes(chains))
             }
-            _ => prompt.blocks(model, tokens, mode),
+            _ => prompt.salted_blocks(model, salt, tokens, mode),
+        }
+    }
+
+    /// The in-memory index this backend scores from; `None` for Redis.
+    pub fn index(&self) -> Option<&Index> {
+        match self {
+            ScoreBackend::Index(index) => Some(index),
+            ScoreBackend::Redis(_) => None,
         }
     }
 

@@ -239,6 +239,21 @@ impl<'a> IndexLookup<'a> {
         IndexLookup::open(layer, blocks, Cow::Owned(slots), weights)
     }
 
+    /// [`Self::with_mode`] with every candidate resolved, even when nobody holds the first
+    /// block in the index (a placement may hold it: [`super::speculative`]).
+    pub(crate) fn resolved<S: AsRef<str>>(
+        index: &'a Index,
+        model: &str,
+        blocks: &'a [u64],
+        candidates: &[S],
+        weights: &'a TierWeights,
+        mode: MatchMode,
+    ) -> IndexLookup<'a> {
+        let layer = IndexLookup::layer(index, model, mode);
+        let slots = Slots::resolve(index, candidates);
+        IndexLookup::open(layer, blocks, Cow::Owned(slots), weights)
+    }
+
     /// The same among candidates resolved beforehand ([`Candidates`]), so a query pays no
     /// name lookups; `None` when nobody holds the prompt's first block (a prompt whose first
     /// block nobody holds scores nobody), decided before any of the lookup's set-up: a miss

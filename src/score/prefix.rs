@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::lookup::{Candidates, IndexLookup, Lookup, Owners};
 use super::prompt::MatchMode;
+use super::speculative::{Placed, WithPlaced};
 use crate::hash::StdHash;
 use crate::index::Index;
 use crate::medium::TierWeights;
@@ -426,9 +427,52 @@ pub fn score_index_with<S: AsRef<str>>(
     started_at: &[Option<u64>],
     mode: MatchMode,
 ) -> PrefixScores {
+    if let Some(placed) = placements(index, blocks, candidates, weights, mode) {
+        let inner = IndexLookup::resolved(index, model, blocks, candidates, weights, mode);
+        let slots = score_prefix(
+            &mut WithPlaced::new(inner, placed),
+            candidates.len(),
+            started_at,
+        );
+        return PrefixScores::from_slots(blocks.len(), candidates, &slots);
+    }
     let mut lookup = IndexLookup::with_mode(index, model, blocks, candidates, weights, mode);
     let slots = score_prefix(&mut lookup, candidates.len(), started_at);
     PrefixScores::from_slots(blocks.len(), candidates, &slots)
+}
+
+/// Blocks of the prompt's `blocks` that `pod` holds in the index itself, placements aside:
+/// what kvindex predicts an engine will report reused.
+pub fn confirmed_match(
+    index: &Index,
+    model: &str,
+    blocks: &[u64],
+    pod: &str,
+    mode: MatchMode,
+) -> u32 {
+    let weights = TierWeights::default();
+    let mut lookup = IndexLookup::with_mode(index, model, blocks, &[pod], &weights, mode);
+    let slots = score_prefix(&mut lookup, 1, &[]);
+    slots.first().map_or(0, |s| s.matched_blocks)
+}
+
+/// Routers' live placements on `candidates` of the prompt's chain `blocks`, which `prefix`
+/// scoring counts ([`crate::index::Speculative`]); `None` in `kthena` mode, which is
+/// kthena's content-only view, and while nothing is placed.
+fn placements<S: AsRef<str>>(
+    index: &Index,
+    blocks: &[u64],
+    candidates: &[S],
+    weights: &TierWeights,
+    mode: MatchMode,
+) -> Option<Placed> {
+    if mode != MatchMode::Prefix || index.speculative().is_empty() {
+        return None;
+    }
+    let pods: Vec<Option<u32>> = (index.pod_ids(candidates).into_iter())
+        .map(|id| id.map(|p| p.0))
+        .collect();
+    Placed::of(index, &pods, blocks, weights)
 }
 
 /// Scores `candidates` (resolved beforehand, so a router that keeps its pod list pays no
@@ -445,6 +489,11 @@ pub fn score_candidates(
     started_at: &[Option<u64>],
     mode: MatchMode,
 ) -> Vec<SlotScore> {
+    if let Some(placed) = placements(index, blocks, candidates.names(), weights, mode) {
+        let names = candidates.names();
+        let inner = IndexLookup::resolved(index, model, blocks, names, weights, mode);
+        return score_prefix(&mut WithPlaced::new(inner, placed), names.len(), started_at);
+    }
     match IndexLookup::with_candidates(index, model, blocks, candidates, weights, mode) {
         Some(mut lookup) => score_prefix(&mut lookup, candidates.len(), started_at),
         None => Vec::new(),

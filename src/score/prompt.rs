@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::hash::{
-    prompt_block_hashes, prompt_chain_hashes, prompt_chunks, std_hash, ChainHash, StdHash,
-    DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS,
+    prompt_block_hashes, prompt_chain_hashes, prompt_chain_hashes_from, prompt_chunks, prompt_seed,
+    std_hash, ChainHash, StdHash, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS,
 };
 
 /// How a prompt's blocks are matched against what pods hold.
@@ -123,11 +123,33 @@ impl PromptSettings {
     /// The prompt's block hashes for `mode`: std hashes ([`Self::hash`]) for `kthena`, chain
     /// hashes of `model` for `prefix`; cut the same way.
     pub fn blocks(&self, model: &str, tokens: &[u32], mode: MatchMode) -> Vec<u64> {
+        self.salted_blocks(model, None, tokens, mode)
+    }
+
+    /// [`Self::blocks`] of a prompt sent under tenant `salt`: in `prefix` mode its chain
+    /// starts at the salted seed ([`prompt_seed`]), so it matches only blocks stored under
+    /// the same salt; `kthena` mode is content-only and ignores it.
+    pub fn salted_blocks(
+        &self,
+        model: &str,
+        salt: Option<&str>,
+        tokens: &[u32],
+        mode: MatchMode,
+    ) -> Vec<u64> {
         match mode {
             MatchMode::Kthena => self.hash(tokens),
             MatchMode::Prefix => {
-                prompt_chain_hashes(model, tokens, self.block_size, self.max_blocks)
+                let seed = prompt_seed(model, salt);
+                prompt_chain_hashes_from(seed, tokens, self.block_size, self.max_blocks)
             }
+        }
+    }
+
+    /// The same settings with at most `max_blocks` blocks (a request's own, smaller cap).
+    pub fn capped(self, max_blocks: usize) -> PromptSettings {
+        PromptSettings {
+            max_blocks: max_blocks.clamp(1, self.max_blocks),
+            ..self
         }
     }
 

@@ -288,6 +288,10 @@ struct Fields {
     kv_cache_spec_kind: Option<String>,
     kv_cache_spec_sliding_window: Option<i64>,
     locality: Option<String>,
+    /// The tenant salt sent as a field (SGLang's `cache_salt`).
+    cache_salt: Option<String>,
+    /// The strings among the first block's `extra_keys` (vLLM), one of which is the salt.
+    first_block_keys: Vec<String>,
     /// Boxed and created on first use: most events carry no display-only field, and an
     /// inline `StoredExtras` made every event pay for building, moving and dropping it.
     extras: Option<Box<StoredExtras>>,
@@ -311,6 +315,8 @@ impl Fields {
             kv_cache_spec_kind: None,
             kv_cache_spec_sliding_window: None,
             locality: None,
+            cache_salt: None,
+            first_block_keys: Vec::new(),
             extras: None,
             error: None,
         }
@@ -393,12 +399,9 @@ impl Fields {
                 read_i64(r)?.map(|v| self.kv_cache_spec_sliding_window = Some(v))
             }
             Field::Locality => read_string(r)?.map(|s| self.locality = Some(s)),
-            Field::ExtraKeys
-            | Field::Ownership
-            | Field::SessionId
-            | Field::LookaheadTokenIds
-            | Field::CacheSalt
-            | Field::MmKeys
+            Field::ExtraKeys => self.read_extra_keys(r)?,
+            Field::CacheSalt => self.read_cache_salt(r)?,
+            Field::Ownership | Field::SessionId | Field::LookaheadTokenIds | Field::MmKeys
                 if keep =>
             {
                 let value = r.read_value()?;
@@ -432,10 +435,10 @@ impl Fields {
             // A nil value is consumed inside the arm: eating it in a match guard and then
             // falling through to `skip` would skip the next key and desync the cursor.
             match read_key(r)? {
-                Some(b"cache_salt") if self.options.keep_extras => {
+                Some(b"cache_salt") => {
                     if !r.eat_nil()? {
-                        let salt = r.read_value()?;
-                        self.extras.get_or_insert_with(Box::default).cache_salt = Some(salt);
+                        // A salt of another type is no salt: the metadata map is optional.
+                        let _ = self.read_cache_salt(r)?;
                     }
                 }
                 Some(b"lora_name") => {
@@ -449,6 +452,29 @@ impl Fields {
             }
         }
         Ok(Ok(()))
+    }
+
+    /// vLLM's per-block `extra_keys`: the strings of the first block's entry are kept (the
+    /// salt is among them, [`tenant_salt`]); the value itself only for display.
+    fn read_extra_keys(&mut self, r: &mut Reader<'_>) -> FieldResult<()> {
+        if self.options.keep_extras {
+            let mut probe = r.clone();
+            self.first_block_keys = first_block_strings(&mut probe)?;
+            let value = r.read_value()?;
+            self.extras.get_or_insert_with(Box::default).extra_keys = Some(value);
+        } else {
+            self.first_block_keys = first_block_strings(r)?;
+        }
+        Ok(Ok(()))
+    }
+
+    /// SGLang's `cache_salt` (a field from 0.5.20, in a metadata map in 0.5.18–0.5.19).
+    fn read_cache_salt(&mut self, r: &mut Reader<'_>) -> FieldResult<()> {
+        if self.options.keep_extras {
+            let value = r.clone().read_value()?;
+            self.extras.get_or_insert_with(Box::default).cache_salt = Some(value);
+        }
+        Ok(read_string(r)?.map(|salt| self.cache_salt = Some(salt)))
     }
 
     fn finish(self) -> Result<Event, SkipReason> {
@@ -477,6 +503,8 @@ impl Fields {
                 }))
             }
             Some(Tag::Stored) => {
+                let lora = self.lora_name.as_deref();
+                let cache_salt = tenant_salt(self.cache_salt, self.first_block_keys, lora);
                 let stored = BlockStored {
                     block_hashes: self.block_hashes.unwrap_or_default(),
                     parent_block_hash: self.parent_block_hash,
@@ -489,6 +517,7 @@ impl Fields {
                     kv_cache_spec_kind: self.kv_cache_spec_kind,
                     kv_cache_spec_sliding_window: self.kv_cache_spec_sliding_window,
                     locality: self.locality,
+                    cache_salt,
                     // Only ever created to hold a value, so never empty.
                     extras: self.extras,
                 };
@@ -511,6 +540,44 @@ impl StoredExtras {
             _ => &mut self.mm_keys,
         }
     }
+}
+
+/// The strings of the first entry of a per-block `extra_keys` list (a tuple per block, or
+/// nil); anything else in it is skipped. A value that is not a list holds none.
+fn first_block_strings(r: &mut Reader<'_>) -> Result<Vec<String>, DecodeError> {
+    if r.peek_kind()? != Kind::Array {
+        r.skip()?;
+        return Ok(Vec::new());
+    }
+    let blocks = r.read_array_len()?;
+    let mut strings = Vec::new();
+    if blocks > 0 && r.peek_kind()? == Kind::Array {
+        for _ in 0..r.read_array_len()? {
+            match r.peek_kind()? {
+                Kind::Str => strings.extend(r.read_str()?.map(str::to_owned)),
+                _ => r.skip()?,
+            }
+        }
+    } else if blocks > 0 {
+        r.skip()?;
+    }
+    r.skip_n(blocks.saturating_sub(1))?;
+    Ok(strings)
+}
+
+/// The tenant salt of a store: SGLang's `cache_salt` field, else the last string among the
+/// first block's vLLM `extra_keys` that is not the LoRA name (vLLM orders them LoRA name,
+/// multimodal identifiers, cache salt, prompt-embedding digests; digests are bytes). An
+/// empty salt is none, as in the engines. A multimodal identifier sent as a bare string by
+/// older eras is taken for a salt too, which only keeps such a chain apart from text-only
+/// prompts: never a false hit.
+fn tenant_salt(
+    field: Option<String>,
+    first_keys: Vec<String>,
+    lora: Option<&str>,
+) -> Option<String> {
+    let from_keys = || (first_keys.into_iter().rev()).find(|key| Some(key.as_str()) != lora);
+    field.or_else(from_keys).filter(|salt| !salt.is_empty())
 }
 
 /// The checks DESIGN.md §2 asks for: each failure rejects only this event.

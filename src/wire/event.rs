@@ -159,6 +159,10 @@ pub struct BlockStored {
     pub kv_cache_spec_sliding_window: Option<i64>,
     /// `LOCAL` or `REMOTE` for storage tiers (vLLM 0.26+).
     pub locality: Option<String>,
+    /// The tenant salt the blocks were stored under (vLLM: in the first block's
+    /// `extra_keys`; SGLang: `cache_salt`): a chain it starts matches only prompts with the
+    /// same salt.
+    pub cache_salt: Option<String>,
     /// Fields kept only for display (present only when the decoder was asked to keep them).
     pub extras: Option<Box<StoredExtras>>,
 }
@@ -184,6 +188,7 @@ impl BlockStored {
             kv_cache_spec_kind: None,
             kv_cache_spec_sliding_window: None,
             locality: None,
+            cache_salt: None,
             extras: None,
         }
     }

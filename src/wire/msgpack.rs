@@ -53,6 +53,7 @@ pub(crate) enum Kind {
 }
 
 /// A cursor over a msgpack buffer.
+#[derive(Clone)]
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,

@@ -36,6 +36,8 @@ mod readme_claims;
 mod redis_upkeep;
 /// The writer's ordering with several pipelines in flight.
 mod redis_writer_order;
+/// Speculative placements, the accuracy signal, tenant salts and long prompts over HTTP.
+mod routing_api;
 /// The JSON Schemas in `schemas/`.
 mod schemas;
 /// `kvindex score` against Redis.

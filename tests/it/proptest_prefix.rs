@@ -11,12 +11,17 @@
 //! block's content (std hash) under the model, whatever came before. Contents come from a
 //! small pool and parents from a small hash pool, so spliced prefixes, mid-chain removals,
 //! reused hashes, tier copies and duplicate engine blocks are all frequent.
+//!
+//! Engine restarts and routers' placements come in the same streams: a placed prompt's
+//! chains count as held on GPU by its pod in `prefix` mode until a rank of the pod stores
+//! that chain (confirmed) or removes it, clears or restarts (dropped).
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use kvindex::index::{Discard, Index, IndexOptions, SourceId, SourceSpec};
+use kvindex::index::{Discard, Index, IndexOptions, SourceId, SourceSpec, SpeculativeOptions};
 use kvindex::medium::{MediaSet, Medium, TierWeights};
 use kvindex::score::{score_candidates, score_index_with, Candidates, MatchMode, PromptSettings};
 use kvindex::store::redis::checkpoint;
@@ -44,6 +49,13 @@ enum Op {
         medium: &'static str,
     },
     Clear,
+    /// The source's engine restarted (its blocks are dropped, it stays registered).
+    Restart,
+    /// A router placed a prompt (content ids, adapter or base model) on the source's pod.
+    Route {
+        prompt: Vec<u8>,
+        lora: bool,
+    },
 }
 
 fn gen_op() -> impl Strategy<Value = Op> {
@@ -67,6 +79,9 @@ fn gen_op() -> impl Strategy<Value = Op> {
         3 => (proptest::collection::vec(0u64..16, 1..3), medium())
             .prop_map(|(hashes, medium)| Op::Remove { hashes, medium }),
         1 => Just(Op::Clear),
+        1 => Just(Op::Restart),
+        2 => (proptest::collection::vec(0u8..4, 1..6), proptest::bool::weighted(0.1))
+            .prop_map(|(prompt, lora)| Op::Route { prompt, lora }),
     ]
 }
 
@@ -120,6 +135,7 @@ fn to_event(op: &Op) -> Event {
             Medium::intern(medium),
         )),
         Op::Clear => Event::AllBlocksCleared,
+        Op::Restart | Op::Route { .. } => unreachable!("not an engine event"),
     }
 }
 
@@ -134,15 +150,32 @@ struct Block {
     media: MediaSet,
 }
 
-/// The naive model: per source, engine hash → block.
+/// The naive model: per source, engine hash → block; per pod, the chains routers placed
+/// on it and its engine has not confirmed (stored) or dropped (removed, cleared) since.
 #[derive(Default)]
 struct Model {
     sources: [BTreeMap<u64, Block>; 3],
+    placed: BTreeMap<&'static str, std::collections::BTreeSet<Chain>>,
 }
 
 impl Model {
     fn apply(&mut self, source: usize, op: &Op) {
+        let placed = self.placed.entry(SOURCES[source].0).or_default();
         let map = &mut self.sources[source];
+        match op {
+            Op::Route { prompt, lora } => {
+                let model = if *lora { ADAPTER } else { BASE };
+                placed.extend((1..=prompt.len()).map(|n| (model, prompt[..n].to_vec())));
+                return;
+            }
+            Op::Clear | Op::Restart => placed.clear(),
+            Op::Remove { hashes, .. } => {
+                for chain in hashes.iter().filter_map(|h| map.get(h)?.chain.as_ref()) {
+                    placed.remove(chain);
+                }
+            }
+            Op::Store { .. } => {}
+        }
         match op {
             Op::Store {
                 parent,
@@ -175,6 +208,9 @@ impl Model {
                         ids.push(*content);
                         (root, ids)
                     });
+                    if let Some(chain) = &chain {
+                        placed.remove(chain);
+                    }
                     let kept = match map.get_mut(h) {
                         // The same block again: gains the medium; a known chain replaces.
                         Some(b) if b.model == model && b.content == *content => {
@@ -215,7 +251,8 @@ impl Model {
                     }
                 }
             }
-            Op::Clear => map.clear(),
+            Op::Clear | Op::Restart => map.clear(),
+            Op::Route { .. } => {}
         }
     }
 
@@ -229,6 +266,10 @@ impl Model {
         mode: MatchMode,
     ) -> MediaSet {
         let mut media = MediaSet::EMPTY;
+        let chain = (model, prompt[..=i].to_vec());
+        if mode == MatchMode::Prefix && self.placed.get(pod).is_some_and(|p| p.contains(&chain)) {
+            media.insert(Medium::GPU);
+        }
         for (s, map) in self.sources.iter().enumerate() {
             if SOURCES[s].0 != pod {
                 continue;
@@ -284,7 +325,15 @@ fn new_index() -> (Index, Vec<SourceId>) {
 }
 
 fn index_with(options: IndexOptions) -> (Index, Vec<SourceId>) {
-    let index = Index::with_options(options);
+    // Placements outlive any test case: their expiry is tested on its own.
+    let speculative = SpeculativeOptions {
+        ttl: Duration::from_secs(3600),
+        ..SpeculativeOptions::default()
+    };
+    let index = Index::with_options(IndexOptions {
+        speculative,
+        ..options
+    });
     let ids = SOURCES
         .iter()
         .map(|(pod, rank)| {
@@ -362,6 +411,44 @@ fn wide_candidates() -> Vec<String> {
     names
 }
 
+/// Applies `ops` of `source` in order: runs of engine events as one batch each, restarts and
+/// placements between them ([`outside_event`]).
+fn apply_ops(index: &Index, source: SourceId, ops: &[Op], now: u32) {
+    let outside = |op: &Op| matches!(op, Op::Restart | Op::Route { .. });
+    for part in ops.split_inclusive(outside) {
+        let (events, last) = match part.split_last() {
+            Some((last, events)) if outside(last) => (events, Some(last)),
+            _ => (part, None),
+        };
+        let batch = EngineBatch::of(events.iter().map(to_event).collect());
+        index
+            .apply(source, &batch, now, &mut Discard)
+            .expect("registered");
+        if let Some(op) = last {
+            outside_event(index, source, op);
+        }
+    }
+}
+
+/// An op that is no engine event: a restart clears the source; a placement goes to the
+/// source's pod's speculative entries, as `POST /v1/routed` puts it there.
+fn outside_event(index: &Index, source: SourceId, op: &Op) {
+    match op {
+        Op::Restart => index
+            .clear_source(source, &mut Discard)
+            .expect("registered"),
+        Op::Route { prompt, lora } => {
+            let model = if *lora { ADAPTER } else { BASE };
+            let tokens: Vec<u32> = prompt.iter().flat_map(|c| tokens_of(*c)).collect();
+            let chains = PromptSettings::default().blocks(model, &tokens, MatchMode::Prefix);
+            let spec = index.source_spec(source).expect("registered");
+            let pod = index.pod_id(&spec.pod).expect("registered");
+            index.speculative().place(pod.0, &chains, Instant::now());
+        }
+        _ => {}
+    }
+}
+
 /// The first (batch, prompt, mode) where index and model disagree, if any.
 /// Also checks a `prefix`-only index (no std layer) fed the same stream: its `prefix` scores
 /// equal the model's, and its O(1) entry counters equal both its own walk and the full
@@ -374,10 +461,10 @@ fn first_divergence(stream: &[(usize, Vec<Op>)], prompts: &[(Vec<u8>, bool)]) ->
     });
     let mut model = Model::default();
     for (n, (source, ops)) in stream.iter().enumerate() {
-        let batch = EngineBatch::of(ops.iter().map(to_event).collect());
         let now = 1_000 + n as u32;
-        index.apply(ids[*source], &batch, now, &mut Discard).ok()?;
-        lean.apply(ids[*source], &batch, now, &mut Discard).ok()?;
+        for index in [&index, &lean] {
+            apply_ops(index, ids[*source], ops, now);
+        }
         for op in ops {
             model.apply(*source, op);
         }
@@ -441,8 +528,10 @@ proptest! {
     ) {
         let (before, ids) = new_index();
         for (n, (source, ops)) in stream.iter().enumerate() {
-            let batch = EngineBatch::of(ops.iter().map(to_event).collect());
-            before.apply(ids[*source], &batch, 1_000 + n as u32, &mut Discard).unwrap();
+            // Placements are never checkpointed: only the engines' own blocks come back.
+            let engine_ops: Vec<Op> =
+                ops.iter().filter(|op| !matches!(op, Op::Route { .. })).cloned().collect();
+            apply_ops(&before, ids[*source], &engine_ops, 1_000 + n as u32);
         }
         let (after, _) = new_index();
         // Per source and model, as the checkpoint keeps them, and children first: a

@@ -473,6 +473,7 @@ fn expected_event(event: &GenEvent) -> Result<Event, SkipReason> {
                 kv_cache_spec_kind: s.spec_kind.map(str::to_owned),
                 kv_cache_spec_sliding_window: s.sliding_window,
                 locality: s.locality.map(str::to_owned),
+                cache_salt: expected_salt(s),
                 extras: (!extras.is_empty()).then(|| Box::new(extras)),
             }))
         }
@@ -486,6 +487,26 @@ fn expected_event(event: &GenEvent) -> Result<Event, SkipReason> {
         GenEvent::Cleared => Ok(Event::AllBlocksCleared),
         GenEvent::Unknown(tag, _) => Err(SkipReason::UnknownTag((*tag).to_owned())),
     }
+}
+
+/// The salt a correct decoder reads: SGLang's `cache_salt`, else the last string of the
+/// first block's `extra_keys` that is not the LoRA name; an empty one is none.
+fn expected_salt(s: &GenStored) -> Option<String> {
+    let from_keys = || {
+        let Some(V::Array(blocks)) = &s.extra_keys else {
+            return None;
+        };
+        let Some(V::Array(keys)) = blocks.first() else {
+            return None;
+        };
+        let lora = s.lora_name.as_deref();
+        (keys.iter().rev().filter_map(V::as_str))
+            .find(|k| Some(*k) != lora)
+            .map(str::to_owned)
+    };
+    (s.cache_salt.clone().flatten())
+        .or_else(from_keys)
+        .filter(|salt| !salt.is_empty())
 }
 
 #[derive(Debug, Clone)]

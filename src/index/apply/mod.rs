@@ -27,7 +27,7 @@ use super::layer::{self, Change, DupCounts, Editor};
 use super::runs::{ChainRuns, HeldRuns, Spot, Stretch};
 use super::source::{twin_of, HeldSlot, SourceState, TakenBlocks};
 use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
-use crate::hash::{chain_hash, content_hash, model_seed, std_hash};
+use crate::hash::{chain_hash, content_hash, model_seed, salted_seed, std_hash};
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
 use crate::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 
@@ -377,6 +377,11 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let Some((model, seed)) = self.stored_model(stored) else {
             return;
         };
+        // A salt seeds the chain it starts; a continued chain carries its parent's.
+        let seed = match (&stored.cache_salt, &stored.parent_block_hash) {
+            (Some(salt), None) => salted_seed(seed, salt),
+            _ => seed,
+        };
         let media = MediaSet::single(stored.medium);
         self.alone = stored.block_hashes.len() == 1;
         if stored.token_ids.is_empty() {
@@ -399,6 +404,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
         let std_layer = self.std_layer();
         let mut stretch = None;
         let starts = stored.parent_block_hash.is_none();
+        let mut confirmed = self.speculating().then(Vec::new);
         for (i, hash) in stored.block_hashes.iter().enumerate() {
             let tokens = stored.block_tokens(i);
             // The parent block's chain hash: the seed a chain starts at is no block.
@@ -408,6 +414,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             } else {
                 chain_hash(parent, tokens)
             };
+            if let Some(confirmed) = confirmed.as_mut().filter(|_| chain != 0) {
+                confirmed.push(chain);
+            }
             if first_copies && chain != 0 {
                 let placed = self.place_new_copy(hash, (chain, above), tokens, media);
                 if let Some((spot, std)) = placed {
@@ -433,6 +442,32 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             parent = self.store_block(model, hash, block, media);
         }
         self.add_stretch(stretch, media);
+        if let Some(confirmed) = confirmed {
+            self.out
+                .index
+                .speculative()
+                .confirm(self.out.pod, &confirmed);
+        }
+    }
+
+    /// Whether routers' placements are live, so stores confirm them and removes drop them.
+    fn speculating(&self) -> bool {
+        !self.out.index.speculative().is_empty()
+    }
+
+    /// The pod removes `hashes`: placements of their chain blocks on it go.
+    #[inline(never)]
+    fn drop_speculative(&mut self, hashes: &[BlockHash]) {
+        let (chains, state) = self.chain_edit();
+        let gone: Vec<u64> = (hashes.iter())
+            .filter_map(|hash| state.find(hash, chains))
+            .map(|(held, _)| held.chain())
+            .filter(|chain| *chain != 0)
+            .collect();
+        self.out
+            .index
+            .speculative()
+            .drop_blocks(self.out.pod, &gone);
     }
 
     /// The model a store is for and its chain seed: the source's base model, or the LoRA
@@ -905,6 +940,9 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
             mask
         };
         let base = self.state.base_model;
+        if self.speculating() {
+            self.drop_speculative(&removed.block_hashes);
+        }
         self.state.warm(&removed.block_hashes);
         let mut stretch: Option<Stretch> = None;
         for hash in &removed.block_hashes {
@@ -1008,6 +1046,7 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// takes clears whole gets the maps themselves ([`ClearedBlocks`]) instead of three
     /// deltas per block.
     fn clear(&mut self) {
+        self.out.index.speculative().drop_pod(self.out.pod);
         let who = self.editor();
         let wants_mappings = self.out.sink.wants_mappings();
         let whole = self.out.sink.takes_cleared();
