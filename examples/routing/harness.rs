@@ -18,8 +18,9 @@ use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::sim::SimEngine;
 use kvindex::{Config, Daemon};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
-use crate::engine::{block_ids, BlockId, PrefixCache, BLOCK_SIZE};
+use crate::engine::{block_ids, max_hit_blocks, BlockId, PrefixCache, BLOCK_SIZE};
 use crate::http::{get_text, metric_sum, Api};
 use crate::report::{DaemonPredictions, EngineTotals, IngestCheck, Latency, Predictions, RunStats};
 use crate::routers::{Router, RouterKind};
@@ -56,6 +57,10 @@ pub struct Setup {
     pub decode_ms_per_token: f64,
     /// `max_blocks` sent with every `/v1/score` (none: the daemon's default).
     pub max_blocks: Option<usize>,
+    /// The daemon's `api.max_blocks` (none: its default).
+    pub api_max_blocks: Option<usize>,
+    /// The daemon's `speculative.ttl_ms` (none: its default).
+    pub speculative_ttl_ms: Option<u64>,
     /// Sessions start within this; each then runs to its end.
     pub window: Duration,
     /// How long a run may go on after the window at most (later arrivals are cut).
@@ -74,7 +79,8 @@ struct Pod {
     /// When its last batch was (or will be) published: later batches never leave earlier.
     last_release: Duration,
     next_seq: u64,
-    outbox: mpsc::UnboundedSender<Vec<Vec<u8>>>,
+    /// The pod's publisher task: frames and when to send them.
+    outbox: mpsc::UnboundedSender<(Instant, Vec<Vec<u8>>)>,
 }
 
 /// A request in flight.
@@ -88,7 +94,6 @@ struct Flight {
 /// What happens at an instant of the run.
 enum Due {
     Step { session: usize, step: usize },
-    Publish { pod: usize, payload: Vec<u8> },
     Feedback { request: usize },
     Finish { request: usize },
 }
@@ -135,19 +140,24 @@ impl Run<'_> {
         self.queue.insert((when, self.order), due);
     }
 
-    /// Queues a pod's batch no earlier than `due` nor than its previous batch.
+    /// Hands a pod's batch to its publisher, to be sent no earlier than `due` nor than its
+    /// previous batch. The publisher runs on its own clock, as an engine does: a batch
+    /// leaves at its time whatever the router is doing.
     fn publish_after(&mut self, pod: usize, due: Duration, changes: &[crate::engine::Change]) {
         if changes.is_empty() {
             return;
         }
+        let start = self.start;
         let p = &mut self.pods[pod];
         let when = due.max(p.last_release);
         p.last_release = when;
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let payload = vllm::payload(ts, p.salt, changes);
-        self.at(when, Due::Publish { pod, payload });
+        let frames = vllm::frames(p.next_seq, vllm::payload(ts, p.salt, changes));
+        p.next_seq += 1;
+        // A closed outbox means the publisher failed, which the ingest check reports.
+        let _ = p.outbox.send((start + when, frames));
     }
 
     fn ms(&self, ms: f64) -> Duration {
@@ -192,7 +202,9 @@ impl Run<'_> {
             let pod = self.pods[chosen].name.clone();
             api.routed(&request.prompt, &pod, &request_id(id)).await?;
         }
-        Ok((chosen, Some(matched[chosen] as usize)))
+        // Capped like the daemon's own prediction: an engine always computes the last token.
+        let predicted = (matched[chosen] as usize).min(max_hit_blocks(request.prompt.len()));
+        Ok((chosen, Some(predicted)))
     }
 
     async fn arrive(&mut self, api: &mut Api, session: usize, step: usize) -> anyhow::Result<()> {
@@ -285,22 +297,12 @@ impl Run<'_> {
         Ok(())
     }
 
-    fn publish(&mut self, pod: usize, payload: Vec<u8>) {
-        let p = &mut self.pods[pod];
-        let frames = vllm::frames(p.next_seq, payload);
-        p.next_seq += 1;
-        // The publisher task outlives the run's loop; a closed outbox means it failed,
-        // which the ingest check reports.
-        let _ = p.outbox.send(frames);
-    }
-
     async fn handle(&mut self, api: &mut Api, due: Due) -> anyhow::Result<()> {
         match due {
             Due::Step { session, step } => {
                 self.arrivals_queued -= 1;
                 self.arrive(api, session, step).await?;
             }
-            Due::Publish { pod, payload } => self.publish(pod, payload),
             Due::Feedback { request } => {
                 self.feedback_queued -= 1;
                 self.feedback(api, request).await?;
@@ -368,8 +370,14 @@ async fn start(setup: &Setup) -> anyhow::Result<(Daemon, Vec<SimEngine>, Vec<Str
                 .context("binding a pod's sockets")?,
         );
     }
-    let mut yaml =
-        String::from("api:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: 127.0.0.1:0\ntargets:\n");
+    let mut yaml = String::from("api:\n  listen: 127.0.0.1:0\n");
+    if let Some(n) = setup.api_max_blocks {
+        yaml.push_str(&format!("  max_blocks: {n}\n"));
+    }
+    if let Some(ttl) = setup.speculative_ttl_ms {
+        yaml.push_str(&format!("speculative:\n  ttl_ms: {ttl}\n"));
+    }
+    yaml.push_str("metrics:\n  listen: 127.0.0.1:0\ntargets:\n");
     let mut names = Vec::new();
     for (i, e) in engines.iter().enumerate() {
         yaml.push_str(&format!(
@@ -474,23 +482,13 @@ pub async fn run(setup: &Setup, workload: &Workload, kind: RouterKind) -> anyhow
     let (daemon, mut engines, names) = start(setup).await?;
     let seqs = probe(&daemon, &mut engines, &names).await?;
     let probes: u64 = seqs.iter().sum();
+    let stop = CancellationToken::new();
     let mut outboxes = Vec::new();
     let mut publishers = Vec::new();
-    for mut engine in engines {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<Vec<u8>>>();
+    for engine in engines {
+        let (tx, rx) = mpsc::unbounded_channel();
         outboxes.push(tx);
-        publishers.push(tokio::spawn(async move {
-            let mut sent = 0u64;
-            while let Some(frames) = rx.recv().await {
-                if engine.publish(0, &frames).await.is_ok() {
-                    sent += 1;
-                }
-                // The zeromq crate's PUB stalls under a flat-out loop.
-                tokio::task::yield_now().await;
-            }
-            engine.close().await;
-            sent
-        }));
+        publishers.push(tokio::spawn(publisher(engine, rx, stop.clone())));
     }
     let api_addr = daemon.api_addr.context("the daemon serves no API")?;
     let mut api = Api::connect(api_addr, MODEL, &names).await?;
@@ -539,13 +537,14 @@ pub async fn run(setup: &Setup, workload: &Workload, kind: RouterKind) -> anyhow
     let played = run.play(&mut api).await;
     run.stats.seconds = run.start.elapsed().as_secs_f64();
     let mut stats = run.finish_stats();
-    let published_in_run: u64 = run.pods.iter().map(|p| p.next_seq).sum();
     drop(run);
+    // Batches still waiting for their time are never sent: the run is over.
+    stop.cancel();
     let mut sent = 0;
     for p in publishers {
         sent += p.await.unwrap_or(0);
     }
-    let published = published_in_run.max(sent + probes);
+    let published = sent + probes;
     let ingest = wait_ingest(&daemon, published).await;
     stats.ingest = ingest;
     if kind == RouterKind::KvindexSpeculative {
@@ -560,6 +559,38 @@ pub async fn run(setup: &Setup, workload: &Workload, kind: RouterKind) -> anyhow
     daemon.shutdown(Duration::from_secs(5)).await;
     played?;
     Ok(stats)
+}
+
+/// One pod's publisher: sends each batch at its time, in order, until the outbox closes or
+/// the run stops; returns how many it sent.
+async fn publisher(
+    mut engine: SimEngine,
+    mut outbox: mpsc::UnboundedReceiver<(Instant, Vec<Vec<u8>>)>,
+    stop: CancellationToken,
+) -> u64 {
+    let mut sent = 0u64;
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            next = outbox.recv() => next,
+        };
+        let Some((when, frames)) = next else {
+            break;
+        };
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep_until(when.into()) => {}
+        }
+        if engine.publish(0, &frames).await.is_ok() {
+            sent += 1;
+        }
+        // The zeromq crate's PUB stalls under a flat-out loop.
+        tokio::task::yield_now().await;
+    }
+    engine.close().await;
+    sent
 }
 
 /// Waits (bounded) until the daemon has received `published` messages; what it saw.
@@ -680,6 +711,8 @@ mod tests {
             prefill_ms_per_token: 0.08,
             decode_ms_per_token: 1.0,
             max_blocks: None,
+            api_max_blocks: None,
+            speculative_ttl_ms: None,
             window: Duration::from_secs(1),
             drain: Duration::from_secs(10),
             seed: 1,

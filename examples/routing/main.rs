@@ -99,6 +99,13 @@ struct Args {
     /// `max_blocks` sent with every `/v1/score` (default: none, the daemon's own cap).
     #[arg(long)]
     max_blocks: Option<usize>,
+    /// The daemon's `api.max_blocks`: prompt blocks `prefix` scoring looks at (default: the
+    /// daemon's).
+    #[arg(long)]
+    api_max_blocks: Option<usize>,
+    /// The daemon's `speculative.ttl_ms` (default: the daemon's).
+    #[arg(long)]
+    speculative_ttl_ms: Option<u64>,
     /// Multiplies every workload's arrival rate.
     #[arg(long, default_value_t = 1.0)]
     rate_scale: f64,
@@ -167,6 +174,8 @@ fn setup(args: &Args, workload: &str) -> Setup {
         prefill_ms_per_token: args.prefill_ms_per_token,
         decode_ms_per_token: args.decode_ms_per_token,
         max_blocks: args.max_blocks,
+        api_max_blocks: args.api_max_blocks,
+        speculative_ttl_ms: args.speculative_ttl_ms,
         window: Duration::from_secs_f64(args.duration),
         drain: Duration::from_secs_f64(args.drain),
         seed: args.seed,
@@ -258,7 +267,7 @@ async fn main() -> anyhow::Result<()> {
         }
         let table = report::table(&runs.iter().collect::<Vec<_>>());
         if args.json {
-            eprintln!("{}\n{table}", header(&name, &w, &s));
+            eprintln!("{table}");
         } else {
             println!("{}\n\n{table}", header(&name, &w, &s));
         }
