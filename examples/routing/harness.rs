@@ -160,22 +160,18 @@ impl Run<'_> {
         let _ = p.outbox.send((start + when, frames));
     }
 
-    fn ms(&self, ms: f64) -> Duration {
-        Duration::from_secs_f64(ms.max(0.0) / 1000.0)
-    }
-
     async fn route(
         &mut self,
         api: &mut Api,
         request: &RequestSpec,
+        ids: &[BlockId],
         id: usize,
     ) -> anyhow::Result<(usize, Option<usize>)> {
         let loads: Vec<u32> = self.pods.iter().map(|p| p.load).collect();
-        let ids = block_ids(&request.prompt);
         let true_hits: Vec<u32> = self
             .pods
             .iter()
-            .map(|p| p.cache.prefix_len(&ids) as u32)
+            .map(|p| p.cache.prefix_len(ids) as u32)
             .collect();
         if !self.kind.asks_kvindex() {
             let chosen = self.router.choose(&loads, &true_hits);
@@ -212,8 +208,8 @@ impl Run<'_> {
         self.progress[session] = (step, requests.len());
         for request in requests {
             let id = self.flights.len();
-            let (chosen, predicted) = self.route(api, &request, id).await?;
             let ids = block_ids(&request.prompt);
+            let (chosen, predicted) = self.route(api, &request, &ids, id).await?;
             let admission = self.pods[chosen].cache.admit(&ids, &request.prompt);
             let hit = admission.hit_blocks;
             if let Some(predicted) = predicted {
@@ -228,9 +224,9 @@ impl Run<'_> {
             pod.load += 1;
             pod.routed += 1;
             let now = self.now();
-            let prefill = self.ms(self.setup.prefill_base_ms
+            let prefill = ms(self.setup.prefill_base_ms
                 + self.setup.prefill_ms_per_token * (len - hit * BLOCK_SIZE) as f64);
-            let decode = self.ms(self.setup.decode_ms_per_token * request.output.len() as f64);
+            let decode = ms(self.setup.decode_ms_per_token * request.output.len() as f64);
             self.publish_after(
                 chosen,
                 now + prefill.mul_f64(self.setup.lag_scale),
@@ -353,6 +349,11 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+/// A duration of `ms` milliseconds (negative: none).
+fn ms(ms: f64) -> Duration {
+    Duration::from_secs_f64(ms.max(0.0) / 1000.0)
 }
 
 fn request_id(id: usize) -> String {
