@@ -1,13 +1,14 @@
-//! End-to-end `POST /v1/score` under load (issue 12, "Also"; not a test, nothing asserted):
-//! the real HTTP router over an index of 64 pods, 4 of which hold a 2,048-token prompt (128
-//! blocks of 16), every pod holding 128 blocks of its own besides. It serves on 127.0.0.1,
-//! runs `wrk` against it twice in the same run — a one-block request (16 tokens) as the
-//! floor, then the 2,048-token prompt, both naming all 64 pods — and prints requests/s and
-//! latency percentiles of each and their ratio. Then it exits.
+//! End-to-end `POST /v1/score` under load (not a test, nothing asserted): the real HTTP
+//! router over an index of 64 pods, 4 of which hold a 32,768-token prompt (2,048 blocks of
+//! 16), every pod holding 128 blocks of its own besides. It serves on 127.0.0.1 and runs
+//! `wrk` against it in the same run: a one-block request (16 tokens) as the floor, the
+//! prompt's first 2,048 tokens, the whole 32,768-token prompt, all naming the 64 pods, and
+//! `POST /v1/routed` of the 2,048-token prompt; it prints requests/s and latency
+//! percentiles of each and their ratios. Then it exits.
 //!
 //! Run: `cargo run --release --example score_load -- [seconds per case] [match]`
-//! (default 10 s, `prefix`; `kthena` scores by std hashes). Needs `wrk` on the PATH
-//! (`apt-get install wrk`).
+//! (default 10 s, `prefix`; `kthena` scores by std hashes, and cuts prompts at 128 blocks).
+//! Needs `wrk` on the PATH (`apt-get install wrk`).
 
 use std::process::Command;
 
@@ -29,6 +30,8 @@ const PODS: u32 = 64;
 const HOLDERS: u32 = 4;
 const BLOCK_SIZE: u32 = 16;
 const PROMPT_BLOCKS: u32 = 128;
+/// Blocks of the long prompt the holders keep.
+const LONG_BLOCKS: u32 = 2048;
 const MODEL: &str = "m";
 
 fn pod(n: u32) -> String {
@@ -73,6 +76,11 @@ fn body(tokens: &[u32], mode: MatchMode) -> String {
     let pods: Vec<String> = (0..PODS).map(pod).collect();
     let mode = mode.as_str();
     serde_json::json!({ "model": MODEL, "tokens": tokens, "pods": pods, "match": mode }).to_string()
+}
+
+/// A `/v1/routed` body placing `tokens` on the first pod.
+fn routed_body(tokens: &[u32]) -> String {
+    serde_json::json!({ "model": MODEL, "tokens": tokens, "pod": pod(0) }).to_string()
 }
 
 /// Requests/s and the latency percentiles wrk printed.
@@ -141,25 +149,34 @@ struct Args {
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     let Args { seconds, mode } = Args::parse();
-    let prompt: Vec<u32> = (0..PROMPT_BLOCKS * BLOCK_SIZE).collect();
+    let prompt: Vec<u32> = (0..LONG_BLOCKS * BLOCK_SIZE).collect();
     let index = filled_index(&prompt);
+    let short = &prompt[..(PROMPT_BLOCKS * BLOCK_SIZE) as usize];
 
     let cancel = CancellationToken::new();
     let supervisor = Supervisor::new(index.clone(), None, cancel.clone(), ReplayLimits::default());
     let state = ApiState::new(index, TierWeights::default(), None, supervisor.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/v1/score", listener.local_addr()?);
+    let base = format!("http://{}", listener.local_addr()?);
     let stop = cancel.clone();
     let server = tokio::spawn(serve(listener, router(state), async move {
         stop.cancelled().await;
     }));
 
+    let score = format!("{base}/v1/score");
     let cases = [
         (
             "one block (16 tokens)",
+            &score,
             body(&prompt[..BLOCK_SIZE as usize], mode),
         ),
-        ("2,048 tokens (128 blocks)", body(&prompt, mode)),
+        ("2,048 tokens (128 blocks)", &score, body(short, mode)),
+        ("32,768 tokens (2,048 blocks)", &score, body(&prompt, mode)),
+        (
+            "/v1/routed, 2,048 tokens",
+            &format!("{base}/v1/routed"),
+            routed_body(short),
+        ),
     ];
     println!(
         "POST /v1/score, {PODS} candidate pods ({HOLDERS} hold the prompt), match {}, \
@@ -168,8 +185,8 @@ async fn main() -> std::io::Result<()> {
         kvindex::allocator::NAME
     );
     let mut figures = Vec::new();
-    for (name, body) in &cases {
-        let url = url.clone();
+    for (name, url, body) in &cases {
+        let url = (*url).clone();
         let body = body.clone();
         let f = tokio::task::spawn_blocking(move || run_wrk(&url, &body, seconds))
             .await
@@ -182,12 +199,10 @@ async fn main() -> std::io::Result<()> {
         );
         figures.push(f.requests_per_s);
     }
-    if figures[0] > 0.0 {
-        println!(
-            "2,048 tokens ÷ one block: {:.1} %",
-            100.0 * figures[1] / figures[0]
-        );
-    }
+    let ratio = |a: usize, b: usize| 100.0 * figures[a] / figures[b].max(f64::MIN_POSITIVE);
+    println!("2,048 tokens ÷ one block: {:.1} %", ratio(1, 0));
+    println!("32,768 tokens ÷ 2,048 tokens: {:.1} %", ratio(2, 1));
+    println!("/v1/routed ÷ /v1/score, 2,048 tokens: {:.1} %", ratio(3, 1));
     cancel.cancel();
     let _ = server.await;
     supervisor.shutdown(std::time::Duration::from_secs(2)).await;

@@ -1,7 +1,7 @@
 //! The Grafana dashboard, the Prometheus alerts and the README name only metrics a running
 //! daemon exports: a daemon is driven through every path those panels and alerts watch (ingest, a
-//! filled gap, a failed replay and reset, a bad message, an invalid event, API calls, the
-//! Redis mirror) and its `/metrics` is scraped.
+//! filled gap, a failed replay and reset, a bad message, an invalid event, API calls, a
+//! routed request judged by feedback, the Redis mirror) and its `/metrics` is scraped.
 
 mod util;
 
@@ -71,6 +71,7 @@ fn used_names() -> (BTreeSet<String>, usize) {
         "KvindexMirrorDirty",
         "KvindexSourceResets",
         "KvindexDecodeErrors",
+        "KvindexRouteOverPredictions",
     ];
     for alert in wanted {
         assert!(rules.iter().any(|r| r["alert"] == alert), "{alert} missing");
@@ -178,6 +179,19 @@ async fn every_metric_in_the_dashboard_and_alerts_is_exported() {
     let score = r#"{"model": "m", "tokens": [1, 2, 3], "pods": ["good.t"]}"#;
     assert_eq!(http_request(api, "POST", "/v1/score", score).await.0, 200);
     assert_eq!(http_get(api, "/v1/nothing-here").await.0, 404);
+    // A routed request judged by its feedback, and feedback for an id never routed.
+    let routed = r#"{"model": "m", "tokens": [1, 2, 3], "pod": "good.t", "request_id": "r1"}"#;
+    assert_eq!(http_request(api, "POST", "/v1/routed", routed).await.0, 204);
+    let feedback = r#"{"request_id": "r1", "cached_tokens": 0}"#;
+    assert_eq!(
+        http_request(api, "POST", "/v1/feedback", feedback).await.0,
+        204
+    );
+    let unknown = r#"{"request_id": "never", "cached_tokens": 0}"#;
+    assert_eq!(
+        http_request(api, "POST", "/v1/feedback", unknown).await.0,
+        404
+    );
 
     // Gauges are refreshed every 5 s: poll until every name shows up.
     let mut missing = used.clone();
@@ -210,6 +224,10 @@ async fn every_metric_in_the_dashboard_and_alerts_is_exported() {
     );
     assert!(
         text.contains(r#"kvindex_api_requests_total{route="other",status="404"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"kvindex_route_predictions_total{outcome="exact"} 1"#),
         "{text}"
     );
     assert!(

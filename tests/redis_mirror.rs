@@ -5,11 +5,12 @@
 
 mod util;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use kvindex::index::{Delta, Index, SourceId, SourceSpec};
+use kvindex::index::{Checkpoint, Delta, Index, SourceId, SourceSpec};
 use kvindex::ingest::{load_files, unix_now, OfflineReplay};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
@@ -215,9 +216,26 @@ struct Rig {
 
 impl Rig {
     async fn new(url: &str, format: ValueFormat) -> Rig {
-        let index = Index::new();
         let pod = format!("{}.ns", unique("pod"));
-        let model = unique("model");
+        Rig::named(url, format, pod, unique("model")).await
+    }
+
+    /// A rig whose pod and model are named as given (two rigs on two Redis servers can then
+    /// be compared key for key), keeping the checkpoint.
+    async fn checkpointed(url: &str, pod: String, model: String) -> Rig {
+        let config = RedisConfig {
+            checkpoint: true,
+            ..config(url, ValueFormat::Tiered)
+        };
+        Rig::with_config(config, pod, model).await
+    }
+
+    async fn named(url: &str, format: ValueFormat, pod: String, model: String) -> Rig {
+        Rig::with_config(config(url, format), pod, model).await
+    }
+
+    async fn with_config(config: RedisConfig, pod: String, model: String) -> Rig {
+        let index = Index::new();
         let source = index
             .register_source(&SourceSpec {
                 pod: pod.clone(),
@@ -226,10 +244,9 @@ impl Rig {
                 dp_rank: 0,
             })
             .unwrap();
-        let mirror =
-            MirrorHandle::start(config(url, format), index.clone(), TierWeights::default())
-                .await
-                .unwrap();
+        let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default())
+            .await
+            .unwrap();
         Rig {
             index,
             source,
@@ -245,6 +262,17 @@ impl Rig {
             .apply(self.source, &batch(events), unix_now(), &mut deltas)
             .unwrap();
         self.mirror.sender().send(deltas, None).await;
+    }
+
+    /// Applies `events` as message `seq`, stored at unix second `now`, with its watermark.
+    async fn apply_at(&self, events: Vec<Event>, seq: u64, now: u32) {
+        let mut deltas: Vec<Delta> = Vec::new();
+        self.index
+            .apply(self.source, &batch(events), now, &mut deltas)
+            .unwrap();
+        let source = self.source;
+        let covered = Checkpoint { source, seq };
+        self.mirror.sender().send(deltas, Some(covered)).await;
     }
 
     async fn flush(&self) {
@@ -717,4 +745,88 @@ async fn mapping_keys_and_fields_stay_while_any_dp_rank_of_the_pod_holds_the_blo
     rig.flush().await;
     assert_eq!(redis_state(REDIS, &rig.pod).await, RedisDump::default());
     rig.mirror.shutdown(WAIT).await;
+}
+
+/// Every key of the Redis at `url` with its value (a hash's fields, a string's value), but
+/// the writer's sentinel, which names its process and run.
+fn every_key(url: &str) -> BTreeMap<String, String> {
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    let mut out = BTreeMap::new();
+    for key in keys
+        .into_iter()
+        .filter(|k| !k.starts_with("kvindex:sentinel:"))
+    {
+        let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).unwrap();
+        let value = match kind.as_str() {
+            "hash" => {
+                let fields: BTreeMap<String, String> =
+                    redis::cmd("HGETALL").arg(&key).query(&mut conn).unwrap();
+                format!("{fields:?}")
+            }
+            "string" => redis::cmd("GET").arg(&key).query(&mut conn).unwrap(),
+            other => format!("a {other}"),
+        };
+        out.insert(key, value);
+    }
+    out
+}
+
+/// Routers' placements live beside the index: with them, Redis (kthena's keys and the
+/// checkpoint) ends exactly as without them, through stores that confirm placements,
+/// removes and a clear that drop them, and placements never confirmed.
+#[tokio::test]
+async fn placements_leave_redis_and_the_checkpoint_as_without_them() {
+    use kvindex::hash::prompt_chain_hashes;
+    let tokens: Vec<u32> = (0..16 * 6).collect();
+    let other: Vec<u32> = (1000..1000 + 16 * 3).collect();
+    let mut snapshots = Vec::new();
+    for speculate in [false, true] {
+        let redis = OwnRedis::start(None, &[]);
+        let pod = "spec-pod.ns".to_owned();
+        let rig = Rig::checkpointed(&redis.url(), pod.clone(), "spec-model".into()).await;
+        let place = |prompt: &[u32]| {
+            if speculate {
+                let chains = prompt_chain_hashes("spec-model", prompt, 16, 8192);
+                let id = rig.index.pod_id(&pod).unwrap();
+                rig.index
+                    .speculative()
+                    .place(id.0, &chains, std::time::Instant::now());
+            }
+        };
+        place(&tokens);
+        place(&other);
+        let chain = |first: u64, tokens: &[u32]| {
+            let hashes = (first..first + tokens.len() as u64 / 16)
+                .map(|h| BlockHash::from_i64(h as i64))
+                .collect();
+            Event::BlockStored(BlockStored::new(hashes, tokens.to_vec(), 16, Medium::GPU))
+        };
+        rig.apply_at(vec![chain(1, &tokens[..64])], 1, 1_700_000_000)
+            .await;
+        rig.apply_at(vec![removed(2, Medium::GPU)], 2, 1_700_000_001)
+            .await;
+        place(&tokens);
+        rig.apply_at(vec![chain(10, &tokens)], 3, 1_700_000_002)
+            .await;
+        rig.apply_at(vec![Event::AllBlocksCleared], 4, 1_700_000_003)
+            .await;
+        place(&tokens);
+        rig.apply_at(vec![chain(20, &tokens[..32])], 5, 1_700_000_004)
+            .await;
+        rig.flush().await;
+        let stats = rig.index.speculative().stats();
+        assert_eq!(stats.placed > 0, speculate);
+        snapshots.push(every_key(&redis.url()));
+        rig.mirror.shutdown(WAIT).await;
+    }
+    assert!(
+        snapshots[0].keys().any(|k| k.starts_with("kvindex:src:")),
+        "the checkpoint is compared: {:?}",
+        snapshots[0].keys()
+    );
+    assert!(snapshots[0]
+        .keys()
+        .any(|k| k.starts_with("matrix:kv:block:")));
+    assert_eq!(snapshots[0], snapshots[1]);
 }

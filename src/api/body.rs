@@ -40,8 +40,6 @@ pub(super) fn parse_body<T: serde::de::DeserializeOwned + TokensField>(
     parse_json(&body)
 }
 
-/// The body of a request that may be read as JSON: refused when it could not be read, is
-/// over the size limit or declares another content type.
 /// Parses a JSON request body without a `tokens` array.
 pub(super) fn parse_plain_body<T: serde::de::DeserializeOwned>(
     headers: &HeaderMap,
@@ -50,6 +48,8 @@ pub(super) fn parse_plain_body<T: serde::de::DeserializeOwned>(
     parse_json(&json_body(headers, body)?)
 }
 
+/// The body of a request that may be read as JSON: refused when it could not be read, is
+/// over the size limit or declares another content type.
 fn json_body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     let body = body.map_err(|rejection| {
         let status = rejection.status();
@@ -169,11 +169,6 @@ pub(super) fn request_weights(
     Ok(Arc::new(weights))
 }
 
-/// The prompt's blocks and the match mode they are for. `tokens` are matched in `mode`, or
-/// the backend's default (`prefix` over the in-memory index, `kthena` over Redis);
-/// `block_hashes` are kthena's std hashes, so they are matched in `kthena` mode. Asking for
-/// `prefix` with block hashes (a chain hash needs the tokens) or from a backend that holds
-/// only kthena's keys is refused.
 /// What a request says of its prompt: the fields every prompt-taking endpoint shares.
 pub(super) struct PromptArgs<'a> {
     pub model: &'a str,
@@ -184,8 +179,12 @@ pub(super) struct PromptArgs<'a> {
     pub salt: Option<&'a str>,
 }
 
-/// The prompt's block hashes for the mode the request asks for (or the backend's default),
-/// cut at the request's `max_blocks` or the server's cap for that mode.
+/// The prompt's blocks and the match mode they are for, cut at the request's `max_blocks`
+/// or the server's cap for that mode. `tokens` are matched in the mode asked for, or the
+/// backend's default (`prefix` over the in-memory index, `kthena` over Redis);
+/// `block_hashes` are kthena's std hashes, so they are matched in `kthena` mode. Asking for
+/// `prefix` with block hashes (a chain hash needs the tokens) or from a backend that holds
+/// only kthena's keys is refused.
 pub(super) fn prompt_blocks(
     prompts: &PromptLimits,
     backend: &ScoreBackend,

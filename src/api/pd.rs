@@ -16,7 +16,7 @@ use super::body::{
     TokensField,
 };
 use super::error::ApiError;
-use super::routed::place;
+use super::routed::{place, whole_blocks};
 use super::state::{ApiLimits, ApiState};
 use crate::medium::TierWeights;
 use crate::score::{schedule, DecodeCandidate, KvScorer, MatchMode, Pair, PdError, DEFAULT_TOP_N};
@@ -216,7 +216,9 @@ pub(super) async fn pd_handler(
     let mut scorer = KvScorer::from_scores(&scores);
     let pairs = schedule(&pd.decodes, &pd.groups, pd.top_n, &mut scorer).map_err(pd_error)?;
     if let Some(first) = pairs.first().filter(|_| req.speculate) {
-        place(&state, first.prefill, &pd.blocks)?;
+        let tokens = req.tokens.as_deref().unwrap_or_default();
+        let whole = whole_blocks(&pd.blocks, tokens, state.prompt.prefix.block_size());
+        place(&state, first.prefill, whole)?;
     }
     Ok(Json(PdBody::new(&pairs)).into_response())
 }

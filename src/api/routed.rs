@@ -4,7 +4,11 @@
 //! A placement makes the prompt's chain blocks speculative residents of the chosen pod
 //! ([`crate::index::Speculative`]) until the engine's own events confirm them or the TTL
 //! passes; with a `request_id`, the index's confirmed match on that pod is kept as the
-//! prediction the engine's reported reuse is judged against ([`Predictions`]).
+//! prediction the engine's reported reuse is judged against
+//! ([`crate::score::Predictions`]).
+//!
+//! Only a prompt's whole blocks are placed: engines never store a partial last block, so
+//! its placement could never be confirmed.
 
 use std::time::Instant;
 
@@ -69,16 +73,19 @@ impl RoutedRequest {
                 "pod identifier must not be empty",
             ));
         }
-        if let Some(id) = &self.request_id {
-            if id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES {
-                return Err(ApiError::bad_field(
-                    "request_id",
-                    format!("a request id has 1 to {MAX_REQUEST_ID_BYTES} bytes"),
-                ));
-            }
-        }
-        Ok(())
+        self.request_id.as_deref().map_or(Ok(()), check_request_id)
     }
+}
+
+/// A request id of 1 to [`MAX_REQUEST_ID_BYTES`] bytes.
+fn check_request_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES {
+        return Err(ApiError::bad_field(
+            "request_id",
+            format!("a request id has 1 to {MAX_REQUEST_ID_BYTES} bytes"),
+        ));
+    }
+    Ok(())
 }
 
 /// The in-memory index placements go to, or the answer for a replica that scores from Redis.
@@ -119,19 +126,32 @@ pub(super) async fn routed_handler(
     let (blocks, mode) = prompt_blocks(&state.prompt, &state.backend, &req.prompt())?;
     if let Some(request_id) = &req.request_id {
         let matched = confirmed_match(index, &req.model, &blocks, &req.pod, mode);
-        let block_size = state.prompt.settings(mode, None)?.block_size();
         let prompt_tokens = req.tokens.as_ref().map(Vec::len);
-        let prediction = Prediction::new(matched, prompt_tokens, block_size);
+        let prediction = Prediction::new(matched, prompt_tokens, block_size(&state, mode)?);
         state
             .predictions
             .record(request_id, prediction, Instant::now());
     }
     // Speculative entries are chain blocks: a prompt sent as kthena's std hashes only
     // records its prediction.
-    if mode == MatchMode::Prefix {
-        place(&state, &req.pod, &blocks)?;
+    if let Some(tokens) = req.tokens.as_deref().filter(|_| mode == MatchMode::Prefix) {
+        place(
+            &state,
+            &req.pod,
+            whole_blocks(&blocks, tokens, block_size(&state, mode)?),
+        )?;
     }
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Tokens per block in `mode`.
+fn block_size(state: &ApiState, mode: MatchMode) -> Result<usize, ApiError> {
+    Ok(state.prompt.settings(mode, None)?.block_size())
+}
+
+/// The chain hashes of `blocks` that name whole blocks of `tokens`.
+pub(super) fn whole_blocks<'b>(blocks: &'b [u64], tokens: &[u32], block_size: usize) -> &'b [u64] {
+    &blocks[..blocks.len().min(tokens.len() / block_size.max(1))]
 }
 
 #[derive(Debug, Deserialize)]
@@ -147,6 +167,7 @@ pub(super) async fn feedback_handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: FeedbackRequest = parse_plain_body(&headers, body)?;
+    check_request_id(&req.request_id)?;
     let Some(judged) = state
         .predictions
         .judge(&req.request_id, req.cached_tokens, Instant::now())

@@ -13,15 +13,20 @@
 //! - it is never written to Redis or the checkpoint and never counted as resident;
 //! - at most `max_entries` live at once: a placement beyond that evicts the oldest entries.
 //!
-//! Every entry of a pod has one TTL, so entries expire in the order they were placed: a queue
-//! in placement order finds the expired ones without a scan. A placement that refreshes an
-//! entry leaves its older queue slot behind; a slot whose time no longer matches its entry is
-//! skipped when it comes up.
+//! Every entry has the same TTL, so entries expire in the order they were placed: a queue of
+//! slots in placement order finds the expired ones without a scan. Each entry has exactly one
+//! slot (the entry remembers which), so a placement that refreshes a live entry only moves
+//! its expiry; when the entry's slot comes up and the entry was refreshed since, the slot goes
+//! to the back with the new expiry. A slot whose entry was confirmed or dropped is discarded
+//! when it comes up, so the queue holds at most the entries placed within one TTL. A slot
+//! moved back may sit behind later ones and be purged up to a TTL late; reads check each
+//! entry's own expiry, so an entry never counts past it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use hashbrown::hash_map::Entry::{Occupied, Vacant};
 use hashbrown::HashMap;
 use parking_lot::RwLock;
 
@@ -80,10 +85,19 @@ pub struct Speculative {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Pod id → chain hash → expiry.
-    pods: HashMap<u32, HashMap<ChainHash, Instant>>,
-    /// (expiry, pod, chain) in placement order.
-    queue: VecDeque<(Instant, u32, ChainHash)>,
+    /// Pod id → chain hash → entry.
+    pods: HashMap<u32, HashMap<ChainHash, Entry>>,
+    /// (time, pod, chain) in placement order: the entry's one slot when its `slot` is that
+    /// time, else a leftover of an entry confirmed, dropped or placed again since.
+    queue: VecDeque<Slot>,
+}
+
+/// One placed (pod, chain block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    expires: Instant,
+    /// The time of the entry's slot in the queue.
+    slot: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -128,23 +142,25 @@ impl Speculative {
         let expires = now + self.options.ttl;
         let mut state = self.state.write();
         self.purge_locked(&mut state, now);
-        let held = state.pods.entry(pod).or_default();
+        let State { pods, queue } = &mut *state;
+        let held = pods.entry(pod).or_default();
         let mut added = 0;
         for &chain in chains {
-            added += usize::from(held.insert(chain, expires).is_none());
+            match held.entry(chain) {
+                Occupied(mut entry) => entry.get_mut().expires = expires,
+                Vacant(vacant) => {
+                    let slot = expires;
+                    vacant.insert(Entry { expires, slot });
+                    queue.push_back((slot, pod, chain));
+                    added += 1;
+                }
+            }
         }
-        state
-            .queue
-            .extend(chains.iter().map(|&c| (expires, pod, c)));
         let len = self.len.fetch_add(added, Ordering::Relaxed) + added;
-        self.counts
-            .placed
-            .fetch_add(chains.len() as u64, Ordering::Relaxed);
+        let placed = chains.len() as u64;
+        self.counts.placed.fetch_add(placed, Ordering::Relaxed);
         if len > self.options.max_entries {
             self.evict_locked(&mut state, len - self.options.max_entries);
-        }
-        if state.queue.len() > 2 * self.options.max_entries.max(chains.len()) {
-            compact(&mut state);
         }
         chains.len()
     }
@@ -206,7 +222,7 @@ impl Speculative {
                 continue;
             };
             let mut flags = vec![false; chains.len()];
-            let live = |expires: &Instant| *expires > now;
+            let live = |entry: &Entry| entry.expires > now;
             if held.len() < chains.len() {
                 // Fewer entries than prompt blocks: look each entry up in the prompt.
                 let positions = positions.get_or_insert_with(|| positions_of(chains));
@@ -263,43 +279,50 @@ impl Speculative {
 
     fn purge_locked(&self, state: &mut State, now: Instant) {
         let mut expired = 0;
-        while let Some(&(expires, pod, chain)) = state.queue.front() {
-            if expires > now {
+        while let Some(&(slot, pod, chain)) = state.queue.front() {
+            if slot > now {
                 break;
             }
             state.queue.pop_front();
-            expired += remove_if_expires(state, pod, chain, expires);
+            expired += take_slot(state, (slot, pod, chain), Some(now));
         }
         self.len.fetch_sub(expired, Ordering::Relaxed);
-        self.counts
-            .expired
-            .fetch_add(expired as u64, Ordering::Relaxed);
+        let expired = expired as u64;
+        self.counts.expired.fetch_add(expired, Ordering::Relaxed);
     }
 
     fn evict_locked(&self, state: &mut State, mut excess: usize) {
         let mut evicted = 0;
         while excess > 0 {
-            let Some((expires, pod, chain)) = state.queue.pop_front() else {
+            let Some(slot) = state.queue.pop_front() else {
                 break;
             };
-            let gone = remove_if_expires(state, pod, chain, expires);
+            let gone = take_slot(state, slot, None);
             evicted += gone;
             excess -= gone;
         }
         self.len.fetch_sub(evicted, Ordering::Relaxed);
-        self.counts
-            .evicted
-            .fetch_add(evicted as u64, Ordering::Relaxed);
+        let evicted = evicted as u64;
+        self.counts.evicted.fetch_add(evicted, Ordering::Relaxed);
     }
 }
 
-/// Removes entry (`pod`, `chain`) if its expiry is still `expires` (not refreshed since, nor
-/// confirmed or dropped); returns 1 if it did.
-fn remove_if_expires(state: &mut State, pod: u32, chain: ChainHash, expires: Instant) -> usize {
+/// A queue slot.
+type Slot = (Instant, u32, ChainHash);
+
+/// A slot taken off the queue's front: removes its entry, and returns 1, if the slot is the
+/// entry's and the entry expired by `now` (`None`: whatever its expiry, to make room); an
+/// entry placed again since lives on, its slot back in the queue at its new expiry.
+fn take_slot(state: &mut State, (slot, pod, chain): Slot, now: Option<Instant>) -> usize {
     let Some(held) = state.pods.get_mut(&pod) else {
         return 0;
     };
-    if held.get(&chain) != Some(&expires) {
+    let Some(entry) = held.get_mut(&chain).filter(|e| e.slot == slot) else {
+        return 0;
+    };
+    if now.is_some_and(|now| entry.expires > now) {
+        entry.slot = entry.expires;
+        state.queue.push_back((entry.expires, pod, chain));
         return 0;
     }
     held.remove(&chain);
@@ -307,14 +330,6 @@ fn remove_if_expires(state: &mut State, pod: u32, chain: ChainHash, expires: Ins
         state.pods.remove(&pod);
     }
     1
-}
-
-/// Drops the queue slots whose entry is gone or was refreshed since.
-fn compact(state: &mut State) {
-    let pods = &state.pods;
-    state.queue.retain(|(expires, pod, chain)| {
-        (pods.get(pod)).is_some_and(|held| held.get(chain) == Some(expires))
-    });
 }
 
 /// Each chain hash's positions in `chains` (a prompt may repeat a chain only if hashes

@@ -10,6 +10,8 @@
 //! Engines never report a whole prompt as cached: the last prompt token is always computed
 //! (vLLM and SGLang both keep at least one token to prefill), so a prompt of `n` tokens
 //! reuses at most `(n - 1) / block_size` whole blocks, and the prediction is capped there.
+//! A pod's match is over all its DP ranks, while the engine reports the rank that served the
+//! request: with several ranks holding different prefixes, a prediction can read `over`.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

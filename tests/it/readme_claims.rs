@@ -534,6 +534,28 @@ async fn pd_schedule_takes_five_decodes_by_default() {
     assert_eq!(v["pairs"].as_array().unwrap().len(), 5, "{v}");
 }
 
+/// README (HTTP API, "Prompt length and tenants"): a prompt is looked at up to its mode's cap,
+/// 8,192 blocks (131,072 tokens) in `prefix` mode and 128 in `kthena` mode; "bodies may be up
+/// to 4 MiB" (and the errors: "413 for a body over 4 MiB").
+#[tokio::test]
+async fn prompts_are_cut_at_their_modes_cap_and_bodies_at_4_mib() {
+    let app = api_over(1, kvindex::api::ApiLimits::default());
+    let long: Vec<u32> = (0..131_072 + 16).map(|t| 100_000 + t).collect();
+    for (mode, blocks) in [("prefix", 8192), ("kthena", 128)] {
+        let body =
+            serde_json::json!({"model": "m", "tokens": long, "pods": ["d0.ns"], "match": mode});
+        let (status, v) = post(app.clone(), "/v1/score", body).await;
+        assert_eq!(
+            (status, &v["total_blocks"]),
+            (200, &serde_json::json!(blocks)),
+            "{mode}"
+        );
+    }
+    let huge = serde_json::json!({"model": "m", "tokens": vec![1_000_000u32; 600_000], "pods": []});
+    assert!(huge.to_string().len() > 4 << 20);
+    assert_eq!(post(app, "/v1/score", huge).await.0, 413);
+}
+
 /// README (HTTP API): "503 under overload": a request still running at its deadline (here
 /// its body never finishes arriving) is answered 503 with a JSON body, and while it holds the
 /// only slot another request is shed with 503.

@@ -120,6 +120,42 @@ pub struct Totals {
     pub resident: BTreeMap<String, f64>,
     /// The mirror, when the daemon runs one.
     pub mirror: Option<Mirror>,
+    /// Routed requests' predictions and routers' placements.
+    pub routing: Routing,
+}
+
+/// Routed requests' predictions judged by feedback, and routers' speculative placements.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Routing {
+    /// Predictions the engine's reported reuse matched exactly.
+    pub exact: f64,
+    /// Predictions above it: false hits.
+    pub over: f64,
+    /// Predictions below it: blocks the index did not know yet.
+    pub under: f64,
+    /// Feedback for request ids with no prediction.
+    pub unknown_feedback: f64,
+    /// Speculative entries live now.
+    pub speculative_live: f64,
+    /// Speculative entries the engine's own store confirmed.
+    pub confirmed: f64,
+    /// Speculative entries that reached their TTL unconfirmed.
+    pub expired: f64,
+    /// Speculative entries dropped by a remove, clear, restart, reset or removal.
+    pub dropped: f64,
+}
+
+impl Routing {
+    /// Predictions judged so far.
+    pub fn judged(&self) -> f64 {
+        self.exact + self.over + self.under
+    }
+
+    /// The share of judged predictions that were exact, in percent; `None` before any.
+    pub fn exact_percent(&self) -> Option<f64> {
+        let judged = self.judged();
+        (judged > 0.0).then(|| 100.0 * self.exact / judged)
+    }
 }
 
 /// The Redis mirror's figures.
@@ -160,6 +196,24 @@ impl Totals {
             dirty: sum("kvindex_mirror_dirty") > 0.0,
             reconciling: sum("kvindex_mirror_reconciling") > 0.0,
         });
+        let labelled = |name: &str, key: &str, value: &str| {
+            (samples.iter())
+                .filter(|s| s.name == name && s.label(key) == Some(value))
+                .map(|s| s.value)
+                .sum::<f64>()
+        };
+        let outcome = |o| labelled("kvindex_route_predictions_total", "outcome", o);
+        let event = |e| labelled("kvindex_speculative_total", "event", e);
+        let routing = Routing {
+            exact: outcome("exact"),
+            over: outcome("over"),
+            under: outcome("under"),
+            unknown_feedback: sum("kvindex_route_feedback_unknown_total"),
+            speculative_live: sum("kvindex_speculative_entries"),
+            confirmed: event("confirmed"),
+            expired: event("expired"),
+            dropped: event("dropped"),
+        };
         Totals {
             messages: sum("kvindex_messages_total"),
             events: sum("kvindex_events_total"),
@@ -172,6 +226,7 @@ impl Totals {
             api_requests: sum("kvindex_api_requests_total"),
             resident,
             mirror,
+            routing,
         }
     }
 }
@@ -290,6 +345,34 @@ garbage line without value
         let with = format!("{TEXT}kvindex_mirror_queue_depth 3\nkvindex_mirror_dirty 1\n");
         let m = Totals::from_samples(&parse_metrics(&with)).mirror.unwrap();
         assert_eq!((m.queue_depth, m.dirty, m.reconciling), (3.0, true, false));
+    }
+
+    #[test]
+    fn routing_counts_predictions_by_outcome_and_placements_by_event() {
+        let none = Totals::from_samples(&parse_metrics(TEXT)).routing;
+        assert_eq!((none.judged(), none.exact_percent()), (0.0, None));
+        let text = format!(
+            "{TEXT}kvindex_route_predictions_total{{outcome=\"exact\"}} 6\n\
+             kvindex_route_predictions_total{{outcome=\"over\"}} 1\n\
+             kvindex_route_predictions_total{{outcome=\"under\"}} 1\n\
+             kvindex_route_feedback_unknown_total 2\n\
+             kvindex_route_prediction_error_blocks_count 8\n\
+             kvindex_speculative_entries 40\n\
+             kvindex_speculative_total{{event=\"placed\"}} 90\n\
+             kvindex_speculative_total{{event=\"confirmed\"}} 30\n\
+             kvindex_speculative_total{{event=\"expired\"}} 15\n\
+             kvindex_speculative_total{{event=\"dropped\"}} 5\n"
+        );
+        let r = Totals::from_samples(&parse_metrics(&text)).routing;
+        assert_eq!(
+            (r.exact, r.over, r.under, r.unknown_feedback),
+            (6.0, 1.0, 1.0, 2.0)
+        );
+        assert_eq!(r.exact_percent(), Some(75.0));
+        assert_eq!(
+            (r.speculative_live, r.confirmed, r.expired, r.dropped),
+            (40.0, 30.0, 15.0, 5.0)
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 
-use super::model::{Pod, PodRates, Totals};
+use super::model::{Pod, PodRates, Routing, Totals};
 
 /// Whether the daemon answered the last poll.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,7 +65,7 @@ pub fn draw(frame: &mut Frame, screen: &Screen) {
         errors.len() as u16 + 2
     };
     let [head, body, errs, foot] = Layout::vertical([
-        Constraint::Length(7),
+        Constraint::Length(8),
         Constraint::Min(3),
         Constraint::Length(error_height.min(10)),
         Constraint::Length(1),
@@ -148,11 +148,33 @@ fn header(screen: &Screen) -> Paragraph<'static> {
             r.api_requests,
             count(t.api_requests)
         )));
+        lines.push(Line::from(routing_line(&t.routing)));
     }
     Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(format!(
         " kvindex top · {} · api {} ",
         screen.url, screen.api_url
     )))
+}
+
+/// Predictions judged by routers' feedback, and the speculative placements live.
+fn routing_line(g: &Routing) -> String {
+    let predictions = match g.exact_percent() {
+        None => "no feedback yet".to_owned(),
+        Some(exact) => format!(
+            "{} exact / {} over / {} under ({exact:.1} % exact)",
+            count(g.exact),
+            count(g.over),
+            count(g.under)
+        ),
+    };
+    format!(
+        "routing  predictions {predictions}   unknown feedback {}   speculative {} live ({} confirmed, {} expired, {} dropped)",
+        count(g.unknown_feedback),
+        count(g.speculative_live),
+        count(g.confirmed),
+        count(g.expired),
+        count(g.dropped)
+    )
 }
 
 /// A counter or gauge read as a float, shown as a whole number (never `-0`).
@@ -251,4 +273,66 @@ fn pod_row(p: &Pod, r: &PodRates) -> Row<'static> {
         )),
         Cell::from(format!("{}/{}", c.source_resets, c.restarts)),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    use super::*;
+
+    fn shown(screen: &Screen) -> String {
+        let mut terminal = Terminal::new(TestBackend::new(180, 24)).unwrap();
+        terminal.draw(|f| draw(f, screen)).unwrap();
+        let buffer = terminal.backend().buffer();
+        let width = buffer.area.width as usize;
+        let cells: Vec<&str> = buffer.content.iter().map(|c| c.symbol()).collect();
+        cells.chunks(width).map(|row| row.concat() + "\n").collect()
+    }
+
+    fn screen(routing: Routing) -> Screen {
+        Screen {
+            url: "http://127.0.0.1:9090".into(),
+            api_url: "http://127.0.0.1:8080".into(),
+            interval: 1.0,
+            reach: Reach::Up,
+            totals: Some(Totals {
+                routing,
+                ..Totals::default()
+            }),
+            rates: TotalRates::default(),
+            pods: Ok(Vec::new()),
+        }
+    }
+
+    #[test]
+    fn the_routing_line_shows_predictions_and_live_placements() {
+        let text = shown(&screen(Routing::default()));
+        assert!(
+            text.contains(
+                "routing  predictions no feedback yet   unknown feedback 0   speculative 0 live"
+            ),
+            "{text}"
+        );
+        let routing = Routing {
+            exact: 6.0,
+            over: 1.0,
+            under: 1.0,
+            unknown_feedback: 2.0,
+            speculative_live: 40.0,
+            confirmed: 30.0,
+            expired: 15.0,
+            dropped: 5.0,
+        };
+        let text = shown(&screen(routing));
+        assert!(
+            text.contains("predictions 6 exact / 1 over / 1 under (75.0 % exact)   unknown feedback 2   speculative 40 live (30 confirmed, 15 expired, 5 dropped)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(" targets "),
+            "the table keeps its place: {text}"
+        );
+    }
 }
