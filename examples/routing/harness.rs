@@ -22,7 +22,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{block_ids, max_hit_blocks, BlockId, PrefixCache, BLOCK_SIZE};
 use crate::http::{get_text, metric_sum, Api};
-use crate::report::{DaemonPredictions, EngineTotals, IngestCheck, Latency, Predictions, RunStats};
+use crate::report::{
+    DaemonPredictions, EngineTotals, IngestCheck, Latency, Placements, Predictions, RunStats,
+};
 use crate::routers::{Router, RouterKind};
 use crate::vllm;
 use crate::workloads::{RequestSpec, Workload};
@@ -549,6 +551,14 @@ pub async fn run(setup: &Setup, workload: &Workload, kind: RouterKind) -> anyhow
     let ingest = wait_ingest(&daemon, published).await;
     stats.ingest = ingest;
     if kind == RouterKind::KvindexSpeculative {
+        let p = daemon.index.speculative().stats();
+        stats.placements = Some(Placements {
+            placed: p.placed,
+            confirmed: p.confirmed,
+            expired: p.expired,
+            dropped: p.dropped,
+            evicted: p.evicted,
+        });
         let after = daemon_counters(&daemon).await?;
         stats.daemon_predictions = Some(DaemonPredictions {
             exact: (after[0] - before[0]) as u64,

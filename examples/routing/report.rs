@@ -42,6 +42,21 @@ pub struct DaemonPredictions {
     pub unknown_feedback: u64,
 }
 
+/// The daemon's placements over a run (`kvindex+speculative`), by what became of them.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Placements {
+    /// Entries placed.
+    pub placed: u64,
+    /// Confirmed by the engine's own store.
+    pub confirmed: u64,
+    /// Reached their TTL unconfirmed.
+    pub expired: u64,
+    /// Dropped by the pod's remove, clear, restart or reset.
+    pub dropped: u64,
+    /// Evicted to stay within `speculative.max_entries`.
+    pub evicted: u64,
+}
+
 /// `/v1/score` round trips as the router saw them.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Latency {
@@ -123,6 +138,8 @@ pub struct RunStats {
     pub score_latency: Option<Latency>,
     /// The daemon's counters (`kvindex+speculative`).
     pub daemon_predictions: Option<DaemonPredictions>,
+    /// The daemon's placements (`kvindex+speculative`).
+    pub placements: Option<Placements>,
     /// Ingest sanity.
     pub ingest: IngestCheck,
     /// Engine counters.
@@ -226,6 +243,12 @@ pub fn table(runs: &[&RunStats]) -> String {
             out.push_str(&format!(
                 "note: {}: the daemon received {} of {} messages, {} gaps, {} resets, {} refused or unresolved events\n",
                 run.router, i.received, i.published, i.gaps, i.resets, i.invalid
+            ));
+        }
+        if let Some(p) = run.placements {
+            out.push_str(&format!(
+                "note: {}: the daemon's placements: {} placed, {} confirmed, {} expired, {} dropped, {} evicted\n",
+                run.router, p.placed, p.confirmed, p.expired, p.dropped, p.evicted
             ));
         }
         if run.cut_requests > 0 {
