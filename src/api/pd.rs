@@ -218,7 +218,7 @@ pub(super) async fn pd_handler(
     if let Some(first) = pairs.first().filter(|_| req.speculate) {
         let tokens = req.tokens.as_deref().unwrap_or_default();
         let whole = whole_blocks(&pd.blocks, tokens, state.prompt.prefix.block_size());
-        place(&state, first.prefill, whole)?;
+        place(&state, &req.model, first.prefill, whole)?;
     }
     Ok(Json(PdBody::new(&pairs)).into_response())
 }

@@ -98,14 +98,22 @@ fn placement_index(state: &ApiState) -> Result<&Index, ApiError> {
     })
 }
 
-/// Places chain `blocks` on `pod` as speculative residents; `false` when the index does not
-/// know the pod.
-pub(super) fn place(state: &ApiState, pod: &str, blocks: &[u64]) -> Result<bool, ApiError> {
+/// Places chain `blocks` of `model` on `pod` as speculative residents, after the prefix the
+/// pod already holds (the engine will not store those again, so a placement of them could
+/// only expire); `false` when the index does not know the pod.
+pub(super) fn place(
+    state: &ApiState,
+    model: &str,
+    pod: &str,
+    blocks: &[u64],
+) -> Result<bool, ApiError> {
     let index = placement_index(state)?;
     let Some(id) = index.pod_id(pod) else {
         return Ok(false);
     };
-    index.speculative().place(id.0, blocks, Instant::now());
+    let held = confirmed_match(index, model, blocks, pod, MatchMode::Prefix) as usize;
+    let new = blocks.get(held..).unwrap_or_default();
+    index.speculative().place(id.0, new, Instant::now());
     Ok(true)
 }
 
@@ -137,6 +145,7 @@ pub(super) async fn routed_handler(
     if let Some(tokens) = req.tokens.as_deref().filter(|_| mode == MatchMode::Prefix) {
         place(
             &state,
+            &req.model,
             &req.pod,
             whole_blocks(&blocks, tokens, block_size(&state, mode)?),
         )?;

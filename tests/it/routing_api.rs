@@ -144,6 +144,9 @@ async fn a_placement_counts_at_once_and_the_engines_store_confirms_it() {
     let stats = index.speculative().stats();
     assert_eq!((stats.live, stats.confirmed), (1, 3));
     assert_eq!(matched(&api, ask.clone()).await, [("a.ns".into(), 4)]);
+    // Placed again, only what the pod does not hold yet is placed.
+    route(&api, "a.ns", &prompt, None).await;
+    assert_eq!(index.speculative().stats().placed, 4 + 1);
     // Once confirmed, an entry is the engine's: its eviction is not hidden by the placement.
     apply(
         &index,
