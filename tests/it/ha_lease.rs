@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvindex::index::Index;
@@ -26,7 +26,9 @@ use kvindex::store::redis::{checkpoint, dump, MappingEntry, RedisDump};
 use kvindex::wire::Engine;
 use rmpv::Value as V;
 use util::own_redis::OwnRedis;
-use util::{http_get, http_request, spawn_router, vllm_frames, write_fixture, FakePub};
+use util::{
+    body_of, http_get, http_request, listeners, spawn_router, vllm_frames, write_fixture, FakePub,
+};
 
 const MODEL: &str = "ha-model";
 /// The lease of these tests: short, so takeovers are quick.
@@ -268,7 +270,7 @@ struct Replica {
 impl Replica {
     fn start(config: &Path, env: &[(&str, String)]) -> Replica {
         let (mut child, rx) = util::spawn_serve(config, env);
-        match listeners(&rx) {
+        match listeners(&rx, WAIT) {
             Some((metrics, api)) => Replica {
                 child,
                 metrics,
@@ -368,34 +370,6 @@ impl Drop for Replica {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn body_of(reply: &str) -> &str {
-    reply.split_once("\r\n\r\n").map_or("", |(_, b)| b)
-}
-
-/// The metrics and API addresses from the "Listening." log lines.
-fn listeners(lines: &mpsc::Receiver<String>) -> Option<(SocketAddr, SocketAddr)> {
-    let end = Instant::now() + WAIT;
-    let (mut metrics, mut api) = (None, None);
-    while metrics.is_none() || api.is_none() {
-        let line = lines
-            .recv_timeout(end.saturating_duration_since(Instant::now()))
-            .ok()?;
-        let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if json["message"] == "Listening." {
-            let addr = json["addr"].as_str()?.parse().ok();
-            match json["listener"].as_str() {
-                Some("metrics") => metrics = addr,
-                Some("API") => api = addr,
-                _ => {}
-            }
-        }
-    }
-    // Later lines are not read; the channel's buffer is unbounded and small.
-    Some((metrics?, api?))
 }
 
 /// One engine pod of a test: its name, PUB ports and replay port.

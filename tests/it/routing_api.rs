@@ -5,8 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::{to_bytes, Body};
-use axum::http::{header, Request, StatusCode};
+use axum::http::StatusCode;
 use kvindex::api::{router, ApiState};
 use kvindex::index::{Discard, Index, IndexOptions, SourceId, SourceSpec, SpeculativeOptions};
 use kvindex::ingest::{PodStatus, PodsView};
@@ -16,7 +15,6 @@ use kvindex::wire::{
 };
 use rmpv::Value as V;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 const PODS: [&str; 2] = ["a.ns", "b.ns"];
 
@@ -64,19 +62,7 @@ fn app(index: &Index) -> axum::Router {
 }
 
 async fn post(api: &axum::Router, uri: &str, body: Value) -> (StatusCode, Value) {
-    let req = Request::builder()
-        .method("POST")
-        .uri(uri)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let resp = api.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    crate::util::post_json(api, uri, &body).await
 }
 
 /// Matched blocks per pod for `body` (a `/v1/score` request without `pods`).

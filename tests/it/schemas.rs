@@ -6,8 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::body::{to_bytes, Body};
-use axum::http::{header, Request, StatusCode};
+use axum::http::StatusCode;
 use kvindex::api::{router, ApiState};
 use kvindex::config::Config;
 use kvindex::index::{Index, SourceSpec};
@@ -16,7 +15,6 @@ use kvindex::ingest::{PodStatus, PodsView};
 use kvindex::medium::TierWeights;
 use kvindex::wire::{self, DecodeOptions, Engine, MessageErrorKind};
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
@@ -126,19 +124,7 @@ fn routing_app() -> axum::Router {
 }
 
 async fn post(app: &axum::Router, uri: &str, body: &Value) -> (StatusCode, Value) {
-    let req = Request::builder()
-        .method("POST")
-        .uri(uri)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    crate::util::post_json(app, uri, body).await
 }
 
 /// The routing requests' schemas (`/v1/routed`, `/v1/feedback`, and the prompt fields

@@ -13,14 +13,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use kvindex::shard::owner;
 use kvindex::store::redis::{dump, RedisDump};
 use rmpv::Value as V;
 use util::own_redis::OwnRedis;
-use util::{http_get, http_request, vllm_frames, FakePub};
+use util::{body_of, http_get, http_request, listeners, vllm_frames, FakePub};
 
 const MODEL: &str = "shard-model";
 const PODS: usize = 12;
@@ -75,7 +74,7 @@ struct Kvindex {
 impl Kvindex {
     fn start(config: &Path, env: &[(&str, String)]) -> Kvindex {
         let (mut child, rx) = util::spawn_serve(config, env);
-        match listeners(&rx) {
+        match listeners(&rx, WAIT) {
             Some((metrics, api)) => Kvindex {
                 child,
                 metrics,
@@ -162,33 +161,6 @@ impl Drop for Kvindex {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn body_of(reply: &str) -> &str {
-    reply.split_once("\r\n\r\n").map_or("", |(_, b)| b)
-}
-
-/// The metrics and API addresses from the "Listening." log lines.
-fn listeners(lines: &mpsc::Receiver<String>) -> Option<(SocketAddr, SocketAddr)> {
-    let end = Instant::now() + WAIT;
-    let (mut metrics, mut api) = (None, None);
-    while metrics.is_none() || api.is_none() {
-        let line = lines
-            .recv_timeout(end.saturating_duration_since(Instant::now()))
-            .ok()?;
-        let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if json["message"] == "Listening." {
-            let addr = json["addr"].as_str()?.parse().ok();
-            match json["listener"].as_str() {
-                Some("metrics") => metrics = addr,
-                Some("API") => api = addr,
-                _ => {}
-            }
-        }
-    }
-    Some((metrics?, api?))
 }
 
 /// One config file for every replica (the shard count in the file, the index from the

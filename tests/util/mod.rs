@@ -446,3 +446,58 @@ pub fn spawn_serve(
     });
     (child, rx)
 }
+
+/// The body of a raw HTTP/1 reply.
+pub fn body_of(reply: &str) -> &str {
+    reply.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+}
+
+/// The metrics and API addresses from a daemon's "Listening." log lines, waiting up to
+/// `wait` for both.
+pub fn listeners(
+    lines: &std::sync::mpsc::Receiver<String>,
+    wait: Duration,
+) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
+    let end = Instant::now() + wait;
+    let (mut metrics, mut api) = (None, None);
+    while metrics.is_none() || api.is_none() {
+        let line = lines
+            .recv_timeout(end.saturating_duration_since(Instant::now()))
+            .ok()?;
+        let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if json["message"] == "Listening." {
+            let addr = json["addr"].as_str()?.parse().ok();
+            match json["listener"].as_str() {
+                Some("metrics") => metrics = addr,
+                Some("API") => api = addr,
+                _ => {}
+            }
+        }
+    }
+    // Later lines are not read; the channel's buffer is unbounded and small.
+    Some((metrics?, api?))
+}
+
+/// POSTs `body` as JSON to `uri` of `app`: the status and the JSON answer (null when none).
+pub async fn post_json(
+    app: &axum::Router,
+    uri: &str,
+    body: &serde_json::Value,
+) -> (axum::http::StatusCode, serde_json::Value) {
+    use tower::ServiceExt;
+    let req = axum::http::Request::builder()
+        .method("POST")
+        .uri(uri)
+        .header(axum::http::header::CONTENT_TYPE, "application/json")
+        .body(axum::body::Body::from(body.to_string()))
+        .expect("a valid request");
+    let resp = app.clone().oneshot(req).await.expect("the router answers");
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .expect("a readable body");
+    let value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (status, value)
+}
