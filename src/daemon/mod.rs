@@ -314,11 +314,6 @@ impl Daemon {
         )));
     }
 
-    /// The daemon's cancellation token (cancelling it starts shutdown).
-    pub fn cancel_token(&self) -> CancellationToken {
-        self.cancel.clone()
-    }
-
     /// The Redis mirror's current figures, when Redis is configured.
     pub fn mirror_stats(&self) -> Option<crate::store::redis::MirrorStats> {
         self.mirror.as_ref().map(|m| m.stats())

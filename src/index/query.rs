@@ -85,30 +85,6 @@ impl Index {
         self.inner.pods.name(id.0)
     }
 
-    /// Calls `visit(pod, media, stored_at)` for every resident of a block. A pod with several
-    /// DP ranks holding the block is visited once per rank; callers combine them.
-    pub fn for_each_resident(
-        &self,
-        model: ModelId,
-        std_hash: u64,
-        visit: impl FnMut(PodId, MediaSet, u32),
-    ) {
-        if let Some(layer) = self.std_layer(model) {
-            layer.visit(std_hash, None, visit);
-        }
-    }
-
-    /// Calls `visit(pod, media, stored_at)` for every resident of chain block `chain` (the
-    /// block together with its whole prefix, [`crate::hash::chain_hash`]): what `prefix`
-    /// matching reads. A pod with several DP ranks holding it is visited once per rank.
-    pub fn for_each_chain_resident(
-        &self,
-        chain: crate::hash::ChainHash,
-        visit: impl FnMut(PodId, MediaSet, u32),
-    ) {
-        self.chain_layer().visit(chain, None, visit);
-    }
-
     /// The chain hash of chain block `chain`'s parent as the runs place it (what its
     /// checkpoint entry keeps): 0 for a chain start, for a block without a chain (0) and
     /// for one not here.

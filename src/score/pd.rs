@@ -16,7 +16,6 @@ use smallvec::SmallVec;
 use super::lookup::IndexLookup;
 use super::prefix::{score_prefix, PrefixScores, SlotScore};
 use super::prompt::MatchMode;
-use crate::hash::StdHash;
 use crate::index::Index;
 use crate::medium::TierWeights;
 
@@ -292,19 +291,9 @@ impl KvScorer {
         }
     }
 
-    /// Scores `pods` (every decode and prefill the call may ask about) for std-hash `blocks`
-    /// of `model` from the in-memory index, in one pass (`kthena` mode).
-    pub fn from_index<S: AsRef<str>>(
-        index: &Index,
-        model: &str,
-        blocks: &[StdHash],
-        pods: &[S],
-        weights: &TierWeights,
-    ) -> KvScorer {
-        KvScorer::from_index_with(index, model, blocks, pods, weights, MatchMode::Kthena)
-    }
-
-    /// The same in `mode` (`blocks` as [`super::PromptSettings::blocks`] makes them).
+    /// Scores `pods` (every decode and prefill the call may ask about) for `blocks` of
+    /// `model` from the in-memory index in `mode`, in one pass (`blocks` as
+    /// [`super::PromptSettings::blocks`] makes them).
     pub fn from_index_with<S: AsRef<str>>(
         index: &Index,
         model: &str,
