@@ -21,7 +21,7 @@ use base64::Engine as _;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
-use super::MirrorError;
+use super::error::MirrorError;
 use crate::index::{EngineState, Index, SourceId, SourceSpec};
 use crate::medium::{MediaSet, Medium};
 use crate::redis_conn::{RedisConn, RedisTarget};

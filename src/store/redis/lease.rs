@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::MirrorError;
+use super::error::MirrorError;
 use crate::redis_conn::{RedisConn, RedisTarget};
 use crate::shard::Shard;
 

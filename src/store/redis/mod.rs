@@ -11,6 +11,7 @@
 //! | `lease.rs` | high availability: the per-shard lease that lets one replica write, [`lease::LeaseGate`] |
 //! | `watchdog.rs` | noticing a Redis restart or FLUSHALL while idle (`run_id`, sentinel key) |
 //! | `adopt.rs` | removes of unknown engine hashes resolved through Redis's mapping keys |
+//! | `error.rs` | [`MirrorError`], at the bottom so every part reports it without importing `mod.rs` |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
 //! | `tests.rs` | unit tests of coalescing |
 //!
@@ -36,6 +37,7 @@ mod adopt;
 mod anti_entropy;
 pub mod checkpoint;
 mod dump;
+mod error;
 mod inflight;
 pub mod lease;
 mod mirror;
@@ -55,6 +57,7 @@ use tokio::task::JoinHandle;
 use crate::index::{Checkpoint, Delta, DeltaChunk, Index};
 use crate::medium::TierWeights;
 pub use crate::redis_conn::{RedisConn, RedisTarget};
+pub use error::MirrorError;
 
 /// The field value format is part of kthena's layout; re-exported as [`RedisConfig`] uses it.
 pub use crate::redis_layout::ValueFormat;
@@ -119,49 +122,6 @@ impl Default for RedisConfig {
             refresh_after_s: 43_200,
         }
     }
-}
-
-/// Why the mirror could not start or flush. URLs are always shown without their password.
-#[derive(Debug, thiserror::Error)]
-pub enum MirrorError {
-    /// The URL does not parse as a Redis URL.
-    #[error("invalid Redis URL {url}: {reason}")]
-    BadUrl {
-        /// URL without its password.
-        url: String,
-        /// Why it does not parse.
-        reason: String,
-    },
-    /// Redis did not answer (refused, unreachable, timed out, TLS failure).
-    #[error("cannot connect to Redis at {url}: {reason}")]
-    Connect {
-        /// URL without its password.
-        url: String,
-        /// What the connection attempt reported.
-        reason: String,
-    },
-    /// Redis refused the credentials (or wants some and got none).
-    #[error("Redis at {url} refused authentication: {reason}")]
-    Auth {
-        /// URL without its password.
-        url: String,
-        /// What Redis answered.
-        reason: String,
-    },
-    /// The writer task has stopped.
-    #[error("the Redis mirror for {url} has stopped")]
-    Stopped {
-        /// URL without its password.
-        url: String,
-    },
-    /// A Redis command failed (dump, offline tools).
-    #[error("Redis command failed at {url}: {reason}")]
-    Command {
-        /// URL without its password.
-        url: String,
-        /// What Redis answered.
-        reason: String,
-    },
 }
 
 /// Figures of a running mirror.

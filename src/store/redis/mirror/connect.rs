@@ -8,7 +8,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use super::MAX_BACKOFF;
 use crate::redis_conn::{ClusterConn, ClusterSettings, RedisConn, RedisTarget};
 use crate::store::redis::checkpoint::WATERMARKS_KEY;
-use crate::store::redis::MirrorError;
+use crate::store::redis::error::MirrorError;
 
 /// A command that takes longer than this counts as a failed write.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
