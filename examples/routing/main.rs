@@ -11,7 +11,7 @@
 //!
 //! Run: `cargo run --release --example routing -- [--workload chat,fanout,…|all]
 //! [--router kvindex,oracle,…|all] [--duration S] [--lag-scale X] [--json] …`
-//! (`--help` lists every option; the README's "Routing benchmark" explains the report).
+//! (`--help` lists every option; `docs/benchmarks.md`, "Routing benchmark", explains the report).
 //!
 //! | file | job |
 //! | --- | --- |
@@ -54,7 +54,7 @@ const LONG_GPU_BLOCKS: usize = 16_384;
 /// Every workload, in report order.
 const WORKLOADS: [&str; 6] = ["chat", "fanout", "mixed", "oneoff", "long", "mooncake"];
 
-/// kvindex's routing benchmark (see the README, "Routing benchmark").
+/// kvindex's routing benchmark (see `docs/benchmarks.md`, "Routing benchmark").
 #[derive(Parser, Debug)]
 struct Args {
     /// Workloads: chat, fanout, mixed, oneoff, long, mooncake, or all.
