@@ -13,6 +13,11 @@
 //!
 //! Run: `cargo bench --bench index_memory` (prints a table; takes a few seconds).
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 use std::sync::atomic::Ordering;
 
 use kvindex::index::{Discard, Index, IndexOptions, SourceSpec};

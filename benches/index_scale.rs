@@ -14,16 +14,21 @@
 //!
 //! Run: `cargo bench --bench index_scale` (about a minute; ~2.5 GB of RAM at its peak).
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kvindex::index::{Discard, SourceId, SourceSpec};
+use kvindex::index::{Index, IndexOptions};
+use kvindex::medium::{Medium, TierWeights};
 use kvindex::score::{score_candidates, Candidates};
+use kvindex::score::{MatchMode, PromptSettings};
 use kvindex::wire::BlockStored;
-use kvindex::{
-    BlockHash, Engine, EngineBatch, Event, Index, IndexOptions, MatchMode, Medium, PromptSettings,
-    TierWeights,
-};
+use kvindex::wire::{BlockHash, Engine, EngineBatch, Event};
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
@@ -217,7 +222,7 @@ fn run(std_layer: bool) {
 }
 
 fn main() {
-    println!("allocator: {}", kvindex::allocator::NAME);
+    println!("allocator: {}", allocator::NAME);
     println!("| index | entries | build (CPU) | query during the build: longest ms / over 1 ms | M entries/s | live heap B/entry | RSS MiB | swap MiB | full hit p50 / p99 µs | miss p50 / p99 µs |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     run(false);

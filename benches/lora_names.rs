@@ -21,6 +21,11 @@
 //! Run: `cargo bench --bench lora_names [-- CASE]` (a few seconds; `CASE` keeps only the
 //! cases whose name contains it, e.g. to profile one).
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -184,7 +189,7 @@ fn main() {
     let cases = cases
         .into_iter()
         .filter(|(name, ..)| only.as_deref().is_none_or(|o| name.contains(o)));
-    println!("allocator: {}", kvindex::allocator::NAME);
+    println!("allocator: {}", allocator::NAME);
     println!("| case | ns/block | vs first case | dropped | live MiB before / ingested / removed | RSS MiB before / ingested / removed / trimmed | RSS removed vs before |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     let mut reference = None;

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::redis_layout::{block_key, mapping_key};
+use kvindex::store::redis::{block_key, mapping_key};
 use kvindex::store::redis::{MirrorHandle, MirrorStats, RedisConfig, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 

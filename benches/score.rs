@@ -20,8 +20,8 @@ use kvindex::hash::{prompt_block_hashes, prompt_chain_hashes};
 use kvindex::index::{Discard, Index, SourceSpec};
 use kvindex::ingest::{PodStatus, PodsView};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::redis_layout::block_key;
 use kvindex::score::{score_index, score_index_with, score_prefix, MatchMode, RedisLookup};
+use kvindex::store::redis::block_key;
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -12,18 +12,23 @@
 //! Run: `cargo run --release --example churn_soak -- --duration 600 [--sample-secs 30]
 //! [--redis redis://127.0.0.1:6379/15]` (with `--redis` the mirror runs too).
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 use std::io::{BufRead, BufReader, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
 use kvindex::index::Index;
 use kvindex::ingest::fixture;
 use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::wire::Engine;
+use kvindex::Daemon;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 #[path = "common/churn.rs"]
@@ -115,7 +120,7 @@ async fn main() {
     child.stdin.flush().expect("start the publisher");
     let started = Instant::now();
     let mut next_sample = Duration::ZERO;
-    println!("allocator: {}", kvindex::allocator::NAME);
+    println!("allocator: {}", allocator::NAME);
     println!("| t s | messages sent | seen | mirror queue | RSS MiB | live heap MiB | index heap MiB (estimate) | goal: 2 × index + 32 MiB | entries | blocks |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     while started.elapsed() < a.duration {

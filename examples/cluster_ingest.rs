@@ -12,6 +12,11 @@
 //! Run: `cargo run --release --example cluster_ingest -- [--blocks N] [--rounds R]
 //! [--flush-max COMMANDS]` (`redis.flush_max_commands`, default 1000).
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -29,7 +34,7 @@ use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
 // The daemon's allocator (jemalloc by default), so the figures are the daemon's.
 #[global_allocator]
-static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+static GLOBAL: allocator::Chosen = allocator::Chosen;
 
 const BLOCK_SIZE: u32 = 16;
 

@@ -4,19 +4,24 @@
 //!
 //! Run: `cargo run --release --example e2e -- [messages_per_publisher]` (default 20000).
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
 use kvindex::ingest::fixture;
 use kvindex::ingest::replay_client::ReplayLimits;
+use kvindex::Daemon;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 // The daemon's allocator (jemalloc by default), so the figures are the daemon's.
 #[global_allocator]
-static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+static GLOBAL: allocator::Chosen = allocator::Chosen;
 
 fn proc_figures() -> (f64, u64) {
     // (user+system CPU seconds, RSS KiB) of this process.

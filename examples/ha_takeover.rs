@@ -16,6 +16,11 @@
 //! [--kills 20] [--terms 5] [--ttl-ms 1000] [--kvindex target/release/kvindex]`
 //! (about a minute and a half with the defaults).
 
+// The simulated engines of `kvindex demo`, included by path: private to the binary.
+#[allow(dead_code)]
+#[path = "../src/sim/mod.rs"]
+mod sim;
+
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -24,14 +29,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use kvindex::config::Shard;
 use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::shard::Shard;
-use kvindex::sim::SimEngine;
 use kvindex::store::redis::lease::{LeaseSettings, LeaseThread, Role};
 use kvindex::store::redis::{MirrorHandle, RedisConfig, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 use rmpv::Value as V;
+use sim::SimEngine;
 
 #[path = "common/redis_server.rs"]
 #[allow(dead_code)]

@@ -7,6 +7,11 @@
 //! (defaults `127.0.0.1:18080`, 12000), then
 //! `wrk -t2 -c16 -d 10s --latency http://127.0.0.1:18080/v1/pods`.
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 use clap::Parser;
 use kvindex::api::{router, serve, ApiState};
 use kvindex::config::{Target, TcpEndpoint};
@@ -19,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 // The daemon's allocator (jemalloc by default), so the figures are the daemon's.
 #[global_allocator]
-static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+static GLOBAL: allocator::Chosen = allocator::Chosen;
 
 const PODS: u32 = 4;
 const BLOCK_SIZE: u32 = 16;

@@ -10,6 +10,11 @@
 //! (default 10 s, `prefix`; `kthena` scores by std hashes, and cuts prompts at 128 blocks).
 //! Needs `wrk` on the PATH (`apt-get install wrk`).
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 use std::process::Command;
 
 use clap::Parser;
@@ -18,13 +23,13 @@ use kvindex::index::{Discard, Index, SourceSpec};
 use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::ingest::supervisor::Supervisor;
 use kvindex::medium::{Medium, TierWeights};
+use kvindex::score::MatchMode;
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
-use kvindex::MatchMode;
 use tokio_util::sync::CancellationToken;
 
 // The daemon's allocator (jemalloc by default), so the figures are the daemon's.
 #[global_allocator]
-static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+static GLOBAL: allocator::Chosen = allocator::Chosen;
 
 const PODS: u32 = 64;
 const HOLDERS: u32 = 4;
@@ -182,7 +187,7 @@ async fn main() -> std::io::Result<()> {
         "POST /v1/score, {PODS} candidate pods ({HOLDERS} hold the prompt), match {}, \
          wrk -t2 -c32 -d{seconds}s, allocator {}",
         mode.as_str(),
-        kvindex::allocator::NAME
+        allocator::NAME
     );
     let mut figures = Vec::new();
     for (name, url, body) in &cases {

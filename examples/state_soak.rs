@@ -11,6 +11,11 @@
 //! Run: `cargo run --release --example state_soak -- --duration 600 [--sample-secs 30]
 //! [--rate 500]`
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 #[path = "common/churn.rs"]
 mod churn;
 #[path = "common/cli.rs"]
@@ -29,22 +34,22 @@ use std::time::{Duration, Instant};
 
 use churn::{message, Rng};
 use clap::Parser;
-use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
 use kvindex::index::{DumpEntry, Index};
 use kvindex::ingest::fixture;
 use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::medium::TierWeights;
-use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
+use kvindex::store::redis::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, RedisDump};
 use kvindex::wire::Engine;
+use kvindex::Daemon;
 use measure::{messages_seen, rss_mib, strip};
 use redis_server::RedisServer;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 // The daemon's allocator (jemalloc by default), so the figures are the daemon's.
 #[global_allocator]
-static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+static GLOBAL: allocator::Chosen = allocator::Chosen;
 
 const POD: &str = "soak.default";
 

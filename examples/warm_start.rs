@@ -11,6 +11,11 @@
 //!
 //! Run: `cargo run --release --example warm_start -- --entries 1000000`
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -23,7 +28,7 @@ use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
 // The daemon's allocator (jemalloc by default), so the figures are the daemon's.
 #[global_allocator]
-static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+static GLOBAL: allocator::Chosen = allocator::Chosen;
 
 const BLOCKS_PER_EVENT: u64 = 8;
 const MODEL: &str = "warm-model";
@@ -180,9 +185,14 @@ async fn main() {
     let mut conn = RedisConn::Single(client.get_connection_manager().await.expect("Redis"));
     let target = RedisTarget::Single(args.redis.clone());
     let started = Instant::now();
-    let (summary, _) = checkpoint::restore(&mut conn, &target, &restored, kvindex::Shard::SINGLE)
-        .await
-        .expect("restore");
+    let (summary, _) = checkpoint::restore(
+        &mut conn,
+        &target,
+        &restored,
+        kvindex::config::Shard::SINGLE,
+    )
+    .await
+    .expect("restore");
     let took = started.elapsed();
     let got = restored.stats();
     println!(

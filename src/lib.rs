@@ -9,8 +9,9 @@
 //! # Layout
 //!
 //! Data flows one way: `wire` → `index` → `store` | `score` → `api`, with `ingest` feeding
-//! the index. `daemon` composes them into the running service; `commands` is the CLI edge
-//! over the rest.
+//! the index. [`Daemon`] composes them into the running service; the CLI (`src/main.rs`
+//! and its `commands`), the simulated engines of `kvindex demo` and the global allocator
+//! belong to the binary, not to the library.
 //!
 //! | module | job |
 //! | --- | --- |
@@ -18,56 +19,32 @@
 //! | [`hash`] | kthena's standardized block hash, the chained XXH3 hash of `prefix` matching, prompt chunking |
 //! | [`medium`] | storage media, media bitsets, tier weights |
 //! | [`index`] | in-memory residency index, emits deltas |
-//! | [`redis_layout`] | kthena's Redis keys and values, written by `store`, read by `score`; URL redaction |
-//! | [`redis_conn`] | one connection type for a single Redis or a Redis Cluster, shared by `store` and `score` |
 //! | [`store`] | Redis mirror of the index (kthena layout) |
 //! | [`ingest`] | ZMQ subscribers, sequence tracking, replay, fixtures, targets, Kubernetes discovery |
 //! | [`score`] | longest-prefix scoring, PD pairing |
 //! | [`api`] | HTTP query service |
 //! | [`config`] | the YAML config file |
-//! | [`metrics`] | Prometheus metrics |
-//! | [`daemon`] | the running service: composition root, health server, shutdown |
-//! | [`shard`] | which replica owns a pod: rendezvous hashing of `{pod}.{namespace}` |
-//! | [`sim`] | simulated engines (PUB + replay ROUTER) for `kvindex demo` and tests |
-//! | [`commands`] | the CLI commands, callable as library functions |
-//! | [`allocator`] | the global allocator the binary installs (build-time choice) |
 //!
-//! The types a library user needs are re-exported here by name, so
-//! `use kvindex::{Index, Engine, TierWeights, Config, Daemon};` is enough to embed the
-//! index, score from it, or run the daemon in-process.
+//! Each public type has one path: `kvindex::index::Index`, `kvindex::wire::Engine`,
+//! `kvindex::medium::TierWeights`, `kvindex::config::Config`, and the daemon as
+//! `kvindex::Daemon`.
 
-pub mod allocator;
 pub mod api;
-pub mod commands;
 pub mod config;
-pub mod daemon;
 pub mod hash;
 pub mod index;
 pub mod ingest;
 pub mod medium;
-pub mod metrics;
-pub mod redis_conn;
-pub mod redis_layout;
 pub mod score;
-pub mod shard;
-pub mod sim;
 pub mod store;
 pub mod wire;
 
-pub use config::{Config, ConfigError, Target};
+mod daemon;
+mod metrics;
+mod redis_conn;
+mod redis_layout;
+mod shard;
+
 pub use daemon::{Daemon, DaemonError};
-pub use hash::{
-    chain_hash, prompt_block_hashes, prompt_chain_hashes, std_hash, ChainHash, StdHash,
-};
-pub use index::{Delta, DeltaSink, DumpEntry, Index, IndexOptions, IndexStats};
-pub use medium::{MediaSet, Medium, TierWeights, WeightError};
-pub use redis_conn::{RedisConn, RedisTarget};
-pub use score::{
-    schedule, score_index, score_index_with, score_prefix, DecodeCandidate, IndexLookup, Lookup,
-    MatchMode, Pair, PodScore, PrefixScores, PromptSettings,
-};
-pub use shard::Shard;
-pub use store::redis::{MirrorError, MirrorHandle, MirrorStop, RedisConfig, ValueFormat};
-pub use wire::{
-    decode_batch, decode_message, BlockHash, DecodeError, DecodeOptions, Engine, EngineBatch, Event,
-};
+/// The Prometheus recorder an embedder installs to export the library's metrics, and its text.
+pub use metrics::{install as install_metrics, render as render_metrics};

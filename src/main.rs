@@ -1,13 +1,19 @@
-//! The `kvindex` binary: parses the command line and hands off to [`kvindex::commands`].
+//! The `kvindex` binary: parses the command line and hands off to `commands`.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kvindex::commands::{self, LogFormat};
+use commands::LogFormat;
 
-// The allocator is chosen by cargo feature; see `kvindex::allocator` for why.
+// `NAME` and `JEMALLOC_CONF` are for the benches and examples that include this file.
+#[allow(dead_code)]
+mod allocator;
+mod commands;
+mod sim;
+
+// The allocator is chosen by cargo feature; see `allocator` for why.
 #[global_allocator]
-static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+static GLOBAL: allocator::Chosen = allocator::Chosen;
 
 /// KV-cache event ingester and prefix index for LLM serving clusters.
 #[derive(Debug, Parser)]

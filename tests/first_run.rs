@@ -2,6 +2,11 @@
 //! said once at WARN (target and reason) and shown in `/v1/pods` and `/readyz`; `serve` says
 //! where its listeners are and what it flushed.
 
+// The simulated engines of `kvindex demo`, included by path: private to the binary.
+#[allow(dead_code)]
+#[path = "../src/sim/mod.rs"]
+mod sim;
+
 mod util;
 
 use std::io::Write;
@@ -42,7 +47,7 @@ async fn unreachable_targets_are_said_once_and_shown_with_their_error() {
         .with_writer(move || writer.clone())
         .init();
     let refused = unbound_port();
-    let mut live = kvindex::sim::SimEngine::bind(1, 0, 0).await.unwrap();
+    let mut live = sim::SimEngine::bind(1, 0, 0).await.unwrap();
     let yaml = format!(
         "api:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: 127.0.0.1:0\ntargets:\n\
          - {{pod: nowhere, namespace: t, model: m, engine: vllm, endpoint: 'tcp://kvindex-no-such-host.invalid:5557'}}\n\
@@ -72,7 +77,7 @@ async fn unreachable_targets_are_said_once_and_shown_with_their_error() {
     assert!(failing, "{:?}", d.supervisor.pods());
 
     // README: a dead target never delays the others: the live one ingests meanwhile.
-    let recording = kvindex::sim::bundled::VLLM_0_33.rank(0);
+    let recording = sim::bundled::VLLM_0_33.rank(0);
     let ingested = || {
         d.supervisor
             .pods()

@@ -8,8 +8,8 @@ mod util;
 
 use std::time::Duration;
 
-use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
+use kvindex::Daemon;
 use rmpv::Value as V;
 use util::vllm_frames::{self, message};
 use util::*;

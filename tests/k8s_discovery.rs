@@ -11,10 +11,10 @@ mod util;
 use std::time::Duration;
 
 use kube_api::{FakeApiServer, FakePod};
-use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
 use kvindex::ingest::subscriber::LinkState;
 use kvindex::ingest::supervisor::TargetSource;
+use kvindex::Daemon;
 use util::own_redis::OwnRedis;
 use util::*;
 
@@ -312,7 +312,7 @@ async fn a_sharded_replica_runs_only_the_discovered_and_static_pods_it_owns() {
     let r = rig("shard", setup, &pods).await;
     let owned = |ids: Vec<String>| -> Vec<String> {
         ids.into_iter()
-            .filter(|id| kvindex::shard::owner(id, 2) == 1)
+            .filter(|id| kvindex::config::Shard { index: 0, count: 2 }.owner_of(id) == 1)
             .collect()
     };
     let discovered = owned(pods.iter().map(FakePod::id).collect());
@@ -330,7 +330,7 @@ async fn a_sharded_replica_runs_only_the_discovered_and_static_pods_it_owns() {
     assert_eq!(listed.len(), pods.len() + 2);
     for p in listed {
         let id = p["pod"].as_str().unwrap();
-        let owner = kvindex::shard::owner(id, 2);
+        let owner = kvindex::config::Shard { index: 0, count: 2 }.owner_of(id);
         assert_eq!(p["shard"], owner, "{p}");
         assert_eq!(p["state"] == "other_shard", owner != 1, "{p}");
     }

@@ -3,6 +3,11 @@
 //! filled gap, a failed replay and reset, a bad message, an invalid event, API calls, a
 //! routed request judged by feedback, the Redis mirror) and its `/metrics` is scraped.
 
+// The simulated engines of `kvindex demo`, included by path: private to the binary.
+#[allow(dead_code)]
+#[path = "../src/sim/mod.rs"]
+mod sim;
+
 mod util;
 
 use std::collections::BTreeSet;
@@ -10,9 +15,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvindex::config::Config;
-use kvindex::sim::{bundled, SimEngine};
 use rmpv::Value as V;
 use serde_json::Value;
+use sim::{bundled, SimEngine};
 use util::{http_get, http_request, test_limits, unbound_port, wait_until};
 
 /// Redis db of this test (emptied at the end).

@@ -15,7 +15,7 @@ use kvindex::hash::prompt_block_hashes;
 use kvindex::index::Index;
 use kvindex::ingest::fixture::RecordedMessage;
 use kvindex::medium::TierWeights;
-use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
+use kvindex::store::redis::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump_target, MappingEntry, RedisDump, RedisTarget};
 use kvindex::wire::Engine;
 use rmpv::Value as V;
@@ -470,7 +470,7 @@ async fn a_failed_over_master_is_reconciled_by_the_running_mirror() {
         util::target_yaml("fo", MODEL, "vllm", port, None, 1)
     );
     let config = Config::from_str(&text).unwrap();
-    let daemon = kvindex::commands::serve::Daemon::start(config, None, util::test_limits())
+    let daemon = kvindex::Daemon::start(config, None, util::test_limits())
         .await
         .unwrap();
     wait_connected(&daemon, POD, 0, 1, &mut publisher).await;
@@ -519,7 +519,7 @@ async fn a_failed_over_master_is_reconciled_by_the_running_mirror() {
     let before = util::strip(daemon.index.dump());
     daemon.shutdown(Duration::from_secs(5)).await;
     let config = Config::from_str(&text).unwrap();
-    let again = kvindex::commands::serve::Daemon::start(config, None, util::test_limits())
+    let again = kvindex::Daemon::start(config, None, util::test_limits())
         .await
         .unwrap();
     assert_eq!(util::strip(again.index.dump()), before);
@@ -551,7 +551,7 @@ fn a_cluster_with_auth_is_written_and_a_wrong_password_is_never_shown() {
 }
 
 /// The holder's token of `shard`'s HA lease on the cluster (routed by the key's slot).
-async fn lease_holder(cluster: &Cluster, shard: kvindex::shard::Shard) -> Option<String> {
+async fn lease_holder(cluster: &Cluster, shard: kvindex::config::Shard) -> Option<String> {
     let client = redis::cluster::ClusterClient::new(cluster.urls()).ok()?;
     let mut conn = client.get_async_connection().await.ok()?;
     redis::cmd("GET")
@@ -575,13 +575,13 @@ async fn an_ha_lease_on_a_cluster_hands_the_writer_over() {
     );
     let start = || async {
         let config = Config::from_str(&text).unwrap();
-        kvindex::commands::serve::Daemon::start(config, None, util::test_limits())
+        kvindex::Daemon::start(config, None, util::test_limits())
             .await
             .unwrap()
     };
     let first = start().await;
     wait_connected(&first, POD, 0, 1, &mut publisher).await;
-    let shard = kvindex::shard::Shard::SINGLE;
+    let shard = kvindex::config::Shard::SINGLE;
     let end = Instant::now() + WAIT;
     while lease_holder(&cluster, shard).await.is_none() {
         assert!(Instant::now() < end, "nobody took the lease");

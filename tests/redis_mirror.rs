@@ -13,7 +13,7 @@ use std::time::Duration;
 use kvindex::index::{Checkpoint, Delta, Index, SourceId, SourceSpec};
 use kvindex::ingest::{load_files, unix_now, OfflineReplay};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
+use kvindex::store::redis::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, MirrorError, MirrorHandle, RedisConfig, RedisDump, RedisTarget};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 

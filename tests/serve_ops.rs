@@ -51,7 +51,7 @@ async fn reload_adds_and_removes_targets_at_run_time() {
     };
     write(target_yaml("a", "m", "vllm", pa, None, 1));
     let config = Config::from_path(&path, &kvindex::config::NoEnv).unwrap();
-    let daemon = kvindex::commands::serve::Daemon::start(config, Some(path.clone()), test_limits())
+    let daemon = kvindex::Daemon::start(config, Some(path.clone()), test_limits())
         .await
         .unwrap();
     wait_connected(&daemon, "a.test", 0, 1, &mut pub_a).await;
@@ -63,7 +63,7 @@ async fn reload_adds_and_removes_targets_at_run_time() {
     assert!(!of_pod(&daemon.index.dump(), "a.test").is_empty());
 
     write(target_yaml("b", "m", "vllm", pb, None, 1));
-    let ids = |d: &kvindex::commands::serve::Daemon| {
+    let ids = |d: &kvindex::Daemon| {
         d.supervisor
             .status()
             .iter()
@@ -134,25 +134,30 @@ async fn record_writes_what_replay_reads() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("rec.jsonl");
     let msgs = messages(E01, None);
-    let args = kvindex::commands::record::RecordArgs {
-        endpoint: format!("tcp://127.0.0.1:{port}"),
-        replay_endpoint: None,
-        topic: String::new(),
-        endpoint_index: 0,
-        out: out.clone(),
-        duration: Some(20.0),
-        count: Some(msgs.len() as u64),
-    };
-    let recorder = tokio::spawn(async move { kvindex::commands::record::record(&args).await });
+    let mut recorder = std::process::Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        .args([
+            "record",
+            "--endpoint",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--out",
+        ])
+        .arg(&out)
+        .args(["--duration", "20", "--count", &msgs.len().to_string()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     // Resend until the recorder has joined (slow joiner): it stops after `count` lines, so
-    // repeat the whole stream until it finishes.
-    while !recorder.is_finished() {
+    // repeat the whole stream until it exits.
+    let status = loop {
+        if let Some(status) = recorder.try_wait().unwrap() {
+            break status;
+        }
         for m in &msgs {
             publisher.send(&m.frames).await;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(recorder.await.unwrap().unwrap(), msgs.len() as u64);
+    };
+    assert!(status.success(), "{status}");
     let back = kvindex::ingest::fixture::read_file(&out).unwrap();
     assert_eq!(back.len(), msgs.len());
     assert!(back.iter().all(|m| m.as_ref().unwrap().frames.len() == 3));
@@ -245,7 +250,7 @@ async fn the_api_scores_what_the_daemon_ingested() {
         target_yaml("ap", "m", "vllm", port, None, 1)
     );
     let config = Config::from_str(&text).unwrap();
-    let daemon = kvindex::commands::serve::Daemon::start(config, None, test_limits())
+    let daemon = kvindex::Daemon::start(config, None, test_limits())
         .await
         .unwrap();
     let api = daemon.api_addr.expect("api listener bound");

@@ -1,5 +1,5 @@
 //! A counting global allocator for the memory benches and soak examples: live heap bytes,
-//! exactly, whichever allocator the binary installs (`kvindex::allocator`).
+//! exactly, whichever allocator the binary installs (`src/allocator.rs`, included by path).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -42,4 +42,4 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
 }
 
 #[global_allocator]
-static GLOBAL: Counting<kvindex::allocator::Chosen> = Counting(kvindex::allocator::Chosen);
+static GLOBAL: Counting<crate::allocator::Chosen> = Counting(crate::allocator::Chosen);

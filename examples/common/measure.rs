@@ -1,8 +1,8 @@
 //! What both soak examples measure and compare: process RSS, dumps without store times,
 //! messages a daemon has seen.
 
-use kvindex::commands::serve::Daemon;
 use kvindex::index::DumpEntry;
+use kvindex::Daemon;
 
 /// The process's resident set, MiB.
 pub fn rss_mib() -> f64 {

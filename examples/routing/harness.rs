@@ -13,10 +13,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::sim::SimEngine;
 use anyhow::{bail, Context};
 use kvindex::ingest::replay_client::ReplayLimits;
-use kvindex::sim::SimEngine;
-use kvindex::{Config, Daemon};
+use kvindex::{config::Config, Daemon};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

@@ -24,6 +24,16 @@
 //! | `harness.rs` | one run: pods, daemon, real-time event loop |
 //! | `report.rs` | what a run measured, tables |
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../../src/allocator.rs"]
+mod allocator;
+
+// The simulated engines of `kvindex demo`, included by path: private to the binary.
+#[allow(dead_code)]
+#[path = "../../src/sim/mod.rs"]
+mod sim;
+
 mod engine;
 mod harness;
 mod http;
@@ -46,7 +56,7 @@ use workloads::{Params, Workload};
 
 // The daemon's allocator (jemalloc by default), so the daemon's figures are its own.
 #[global_allocator]
-static GLOBAL: kvindex::allocator::Chosen = kvindex::allocator::Chosen;
+static GLOBAL: allocator::Chosen = allocator::Chosen;
 
 /// GPU blocks per pod of the `long` workload unless `--blocks` is given: twice its longest
 /// prompt, so a document fits.

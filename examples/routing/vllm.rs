@@ -72,7 +72,7 @@ pub fn frames(seq: u64, payload: Vec<u8>) -> Vec<Vec<u8>> {
 mod tests {
     use super::*;
     use crate::engine::{block_ids, Tier};
-    use kvindex::{BlockHash, Event, Medium};
+    use kvindex::{medium::Medium, wire::BlockHash, wire::Event};
 
     #[test]
     fn kvindex_decodes_what_a_pod_publishes() {
@@ -97,9 +97,11 @@ mod tests {
                 tier: Tier::Cpu,
             },
         ];
-        let batch =
-            kvindex::decode_batch(&payload(2.5, salt, &changes), kvindex::DecodeOptions::INDEX)
-                .expect("decodes");
+        let batch = kvindex::wire::decode_batch(
+            &payload(2.5, salt, &changes),
+            kvindex::wire::DecodeOptions::INDEX,
+        )
+        .expect("decodes");
         assert_eq!(batch.dp_rank, Some(0));
         assert_eq!(batch.events.len(), 3);
         let Event::BlockRemoved(removed) = &batch.events[0] else {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::UsageError;
-use crate::config::{Config, ProcessEnv};
+use kvindex::config::{Config, ProcessEnv};
 
 /// Arguments of `kvindex check-config`.
 #[derive(Debug, clap::Args)]

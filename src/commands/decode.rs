@@ -5,11 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::ingest::fixture;
-use crate::wire::{self, DecodeOptions, MessageErrorKind};
-
-/// The engine flag of `replay` and `score`, at its old path (tests name it here).
-pub use super::EngineArg;
+use kvindex::ingest::fixture;
+use kvindex::wire::{self, DecodeOptions, MessageErrorKind};
 
 /// Arguments of `kvindex decode`.
 // No engine flag: decoding recognises every engine and era from the data's shape, and the

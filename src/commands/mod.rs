@@ -24,7 +24,8 @@ pub mod top;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::wire;
+use kvindex::ingest::fixture;
+use kvindex::wire;
 
 /// Engine of recorded streams on the command line (`replay`, `score`): `auto` guesses from
 /// the file name, else vLLM.
@@ -47,19 +48,7 @@ impl EngineArg {
             EngineArg::Vllm => wire::Engine::Vllm,
             EngineArg::Sglang => wire::Engine::Sglang,
             EngineArg::Trtllm => wire::Engine::Trtllm,
-            EngineArg::Auto => {
-                let name = file
-                    .file_name()
-                    .map(|n| n.to_string_lossy().to_ascii_lowercase())
-                    .unwrap_or_default();
-                if name.starts_with("sglang") {
-                    wire::Engine::Sglang
-                } else if name.starts_with("trtllm") || name.starts_with("tensorrt") {
-                    wire::Engine::Trtllm
-                } else {
-                    wire::Engine::Vllm
-                }
-            }
+            EngineArg::Auto => fixture::engine_of_file(file),
         }
     }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use zeromq::{Socket, SocketOptions, SocketRecv, SubSocket};
 
-use crate::ingest::fixture::format_line;
-use crate::ingest::replay_client::{self, ReplayLimits};
+use kvindex::ingest::fixture::format_line;
+use kvindex::ingest::replay_client::{self, ReplayLimits};
 
 /// Arguments of `kvindex record`.
 #[derive(Debug, clap::Args)]

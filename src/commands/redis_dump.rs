@@ -1,6 +1,6 @@
 //! `kvindex redis-dump`: kvindex's Redis keys in a canonical sorted JSON form.
 
-use crate::store::redis::{dump_target, RedisTarget};
+use kvindex::store::redis::{dump_target, RedisTarget};
 
 /// Arguments of `kvindex redis-dump`.
 #[derive(Debug, clap::Args)]

@@ -7,10 +7,10 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::EngineArg;
-use crate::index::{Discard, Index, IndexStats};
-use crate::ingest::{load_files, IngestStats, LoadedFile, OfflineReplay};
-use crate::medium::TierWeights;
-use crate::store::redis::{MirrorHandle, MirrorStats, RedisConfig, RedisTarget, ValueFormat};
+use kvindex::index::{Discard, Index, IndexStats};
+use kvindex::ingest::{load_files, IngestStats, LoadedFile, OfflineReplay};
+use kvindex::medium::TierWeights;
+use kvindex::store::redis::{MirrorHandle, MirrorStats, RedisConfig, RedisTarget, ValueFormat};
 
 /// How long the end of a replay waits for Redis to take the last writes.
 const REDIS_DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);

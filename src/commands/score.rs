@@ -12,11 +12,11 @@ use anyhow::Context;
 
 use super::EngineArg;
 use super::UsageError;
-use crate::api::ScoreBody;
-use crate::index::Index;
-use crate::ingest::replay_files;
-use crate::medium::TierWeights;
-use crate::score::{
+use kvindex::api::ScoreBody;
+use kvindex::index::Index;
+use kvindex::ingest::replay_files;
+use kvindex::medium::TierWeights;
+use kvindex::score::{
     score_index_with, score_prefix, MatchMode, PrefixScores, PromptSettings, RedisLookup,
     RedisLookupError,
 };
@@ -50,10 +50,10 @@ pub struct ScoreArgs {
     #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
     pub engine: EngineArg,
     /// Tokens per block.
-    #[arg(long, default_value_t = crate::hash::DEFAULT_BLOCK_SIZE)]
+    #[arg(long, default_value_t = kvindex::hash::DEFAULT_BLOCK_SIZE)]
     pub block_size: usize,
     /// Cap on the number of prompt blocks scored.
-    #[arg(long, default_value_t = crate::hash::DEFAULT_MAX_BLOCKS)]
+    #[arg(long, default_value_t = kvindex::hash::DEFAULT_MAX_BLOCKS)]
     pub max_blocks: usize,
     /// Tier weight `MEDIUM=W` (repeatable; W in [0, 1]); on top of the defaults.
     #[arg(long = "weight", value_name = "MEDIUM=W")]

@@ -1,5 +1,5 @@
 //! `kvindex serve`: loads the config, starts the [`Daemon`], waits for SIGINT / SIGTERM and
-//! drains. The daemon itself lives in [`crate::daemon`].
+//! drains. The daemon itself is the library's [`kvindex::Daemon`].
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,11 +7,10 @@ use std::time::Duration;
 use tracing::info;
 
 use super::UsageError;
-use crate::config::{Config, ProcessEnv};
-use crate::ingest::replay_client::ReplayLimits;
+use kvindex::config::{Config, ProcessEnv};
+use kvindex::ingest::replay_client::ReplayLimits;
 
-/// The daemon, at the path tests and examples used before it moved to [`crate::daemon`].
-pub use crate::daemon::Daemon;
+use kvindex::Daemon;
 
 /// Arguments of `kvindex serve`.
 #[derive(Debug, clap::Args)]

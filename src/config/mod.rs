@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use crate::index::SpeculativeOptions;
 use crate::medium::TierWeights;
-use crate::shard::Shard;
+/// Replica sharding, set by the `shard:` section.
+pub use crate::shard::Shard;
 use crate::store::redis::{RedisConfig, RedisTarget};
 
 pub use crate::ingest::{Target, TcpEndpoint, MAX_DP_RANKS};

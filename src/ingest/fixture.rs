@@ -7,6 +7,22 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
+/// The engine that encoded a fixture file, guessed from its name: `sglang…` is SGLang,
+/// `trtllm…` or `tensorrt…` TensorRT-LLM, anything else vLLM.
+pub fn engine_of_file(file: &std::path::Path) -> crate::wire::Engine {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if name.starts_with("sglang") {
+        crate::wire::Engine::Sglang
+    } else if name.starts_with("trtllm") || name.starts_with("tensorrt") {
+        crate::wire::Engine::Trtllm
+    } else {
+        crate::wire::Engine::Vllm
+    }
+}
+
 /// One recorded message: which endpoint it came from and its frames.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordedMessage {

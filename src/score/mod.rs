@@ -30,7 +30,6 @@ mod prompt;
 mod redis_lookup;
 mod speculative;
 
-pub use crate::medium::{TierWeights, WeightError};
 pub use backend::ScoreBackend;
 pub use feedback::{Judgement, Outcome, Prediction, Predictions, MAX_PREDICTIONS, PREDICTION_TTL};
 pub use lookup::{Candidates, IndexLookup, Lookup, Owner, Owners};

@@ -1,14 +1,12 @@
 //! Recordings of the engines' own encoders, compiled into the binary so `kvindex demo` runs
 //! from an installed binary as well as from a clone (no path to the repo's `fixtures/`).
 
-use crate::ingest::fixture::{self, RecordedMessage};
-use crate::wire::Engine;
+use kvindex::ingest::fixture::{self, RecordedMessage};
+use kvindex::wire::Engine;
 
 /// One bundled recording: a fixture file of the repo, embedded.
 #[derive(Debug, Clone, Copy)]
 pub struct Recording {
-    /// The fixture's file name in `fixtures/`.
-    pub file: &'static str,
     /// The engine that encoded it.
     pub engine: Engine,
     /// Engine and version, for people.
@@ -18,7 +16,6 @@ pub struct Recording {
 
 /// vLLM 0.33, 32-byte hashes, two DP ranks, GPU / CPU / STORAGE tiers.
 pub const VLLM_0_33: Recording = Recording {
-    file: "vllm-e13-0.33.0-bytes.jsonl",
     engine: Engine::Vllm,
     label: "vLLM 0.33 (byte hashes)",
     text: include_str!("../../fixtures/vllm-e13-0.33.0-bytes.jsonl"),
@@ -26,7 +23,6 @@ pub const VLLM_0_33: Recording = Recording {
 
 /// vLLM 0.25, integer hashes, two DP ranks, GPU / CPU tiers.
 pub const VLLM_0_25: Recording = Recording {
-    file: "vllm-e08-0.25.1-int.jsonl",
     engine: Engine::Vllm,
     label: "vLLM 0.25 (int hashes)",
     text: include_str!("../../fixtures/vllm-e08-0.25.1-int.jsonl"),
@@ -34,7 +30,6 @@ pub const VLLM_0_25: Recording = Recording {
 
 /// vLLM 0.13, integer hashes, two DP ranks, GPU / CPU tiers.
 pub const VLLM_0_13: Recording = Recording {
-    file: "vllm-e03-0.13.0-int.jsonl",
     engine: Engine::Vllm,
     label: "vLLM 0.13 (int hashes)",
     text: include_str!("../../fixtures/vllm-e03-0.13.0-int.jsonl"),
@@ -42,7 +37,6 @@ pub const VLLM_0_13: Recording = Recording {
 
 /// SGLang 0.5.21, two DP ranks, GPU / CPU_PINNED tiers.
 pub const SGLANG_0_5_21: Recording = Recording {
-    file: "sglang-s06-0.5.21.jsonl",
     engine: Engine::Sglang,
     label: "SGLang 0.5.21",
     text: include_str!("../../fixtures/sglang-s06-0.5.21.jsonl"),
@@ -84,15 +78,16 @@ mod tests {
     fn every_bundled_line_parses() {
         for r in [VLLM_0_33, VLLM_0_25, VLLM_0_13, SGLANG_0_5_21] {
             let lines = r.text.lines().filter(|l| !l.trim().is_empty()).count();
-            assert_eq!(r.rank(0).len() + r.rank(1).len(), lines, "{}", r.file);
-            assert_eq!(r.rank(1).len(), 1, "{}", r.file);
+            assert_eq!(r.rank(0).len() + r.rank(1).len(), lines, "{}", r.label);
+            assert_eq!(r.rank(1).len(), 1, "{}", r.label);
         }
     }
 
     #[test]
     fn the_heartbeat_is_an_empty_batch_at_its_seq() {
         let (seq, batch) =
-            crate::wire::decode_message(&heartbeat(41), crate::wire::DecodeOptions::INDEX).unwrap();
+            kvindex::wire::decode_message(&heartbeat(41), kvindex::wire::DecodeOptions::INDEX)
+                .unwrap();
         assert_eq!(seq, 41);
         assert!(batch.events.is_empty() && batch.skipped.is_empty());
     }

@@ -162,7 +162,7 @@ impl SimEngine {
         let [_, seq, _] = frames else {
             return Err(SimError::Frames);
         };
-        let seq = crate::wire::read_seq(seq).map_err(|_| SimError::Frames)?;
+        let seq = kvindex::wire::read_seq(seq).map_err(|_| SimError::Frames)?;
         let buffer = &self
             .ranks
             .get(rank)

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
 use super::Buffer;
-use crate::wire::END_MARKER_SEQ;
+use kvindex::wire::END_MARKER_SEQ;
 
 /// Serves replay requests until the socket fails (or the task is aborted).
 pub(super) async fn serve(mut socket: RouterSocket, buffer: Buffer) {
@@ -19,7 +19,7 @@ pub(super) async fn serve(mut socket: RouterSocket, buffer: Buffer) {
         let (Some(identity), Some(start)) = (frames.first(), frames.get(2)) else {
             continue;
         };
-        let Ok(start) = crate::wire::read_seq(start) else {
+        let Ok(start) = kvindex::wire::read_seq(start) else {
             continue;
         };
         let replies: Vec<Vec<Bytes>> = buffer

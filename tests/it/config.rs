@@ -203,7 +203,10 @@ fn cluster_nodes_make_a_cluster_target_and_exclude_a_url() {
     let redis = Config::from_str(text).unwrap().redis.unwrap();
     assert_eq!(
         redis.target,
-        kvindex::RedisTarget::Cluster(vec!["redis://h:1".into(), "redis://:pw@h:2".into()])
+        kvindex::store::redis::RedisTarget::Cluster(vec![
+            "redis://h:1".into(),
+            "redis://:pw@h:2".into()
+        ])
     );
     assert!(!redis.target.shown().contains("pw"), "{}", redis.target);
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use kvindex::ingest::replay_client::ReplayLimits;
-use kvindex::{Config, Daemon, DaemonError};
+use kvindex::{config::Config, Daemon, DaemonError};
 
 fn listeners_on_free_ports() -> Config {
     Config::from_str("metrics:\n  listen: 127.0.0.1:0\napi:\n  listen: 127.0.0.1:0\n").unwrap()

@@ -94,21 +94,3 @@ fn the_printed_queries_get_the_printed_answers_and_ctrl_c_exits_cleanly() {
     }
     assert!(rest.iter().any(|l| l.contains("Stopped.")), "{rest:?}");
 }
-
-#[test]
-fn the_second_example_config_subscribes_to_the_demo_engines() {
-    use kvindex::commands::demo::{targets_yaml, DEFAULT_ENGINE_PORT};
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kvindex-demo.yaml");
-    let example = kvindex::Config::from_path(&path, &kvindex::config::ProcessEnv).unwrap();
-    // The demo's default layout: four ports per engine, PUB ranks then replay ranks.
-    let ports: Vec<(u16, u16)> = (0..4)
-        .map(|i| (DEFAULT_ENGINE_PORT + 4 * i, DEFAULT_ENGINE_PORT + 4 * i + 2))
-        .collect();
-    let demo = kvindex::Config::from_str(&targets_yaml(&ports)).unwrap();
-    assert_eq!(example.targets, demo.targets);
-    assert_ne!(
-        example.metrics_listen.port(),
-        9090,
-        "beside the demo's own listeners"
-    );
-}

@@ -16,11 +16,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvindex::config::Shard;
 use kvindex::index::Index;
 use kvindex::ingest::fixture::RecordedMessage;
 use kvindex::medium::TierWeights;
-use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
-use kvindex::shard::{owner, Shard};
+use kvindex::store::redis::{block_key, field_value, mapping_key, ValueFormat};
+
+fn owner(pod_id: &str, count: u32) -> u32 {
+    Shard { index: 0, count }.owner_of(pod_id)
+}
 use kvindex::store::redis::lease::lease_key;
 use kvindex::store::redis::{checkpoint, dump, MappingEntry, RedisDump};
 use kvindex::wire::Engine;

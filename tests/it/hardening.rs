@@ -7,8 +7,8 @@ use crate::util;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
+use kvindex::Daemon;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use util::*;

@@ -7,6 +7,11 @@
 //! the process's one Prometheus recorder (`gauges`, `ops_dashboards`, `serve_ops`,
 //! `k8s_discovery`, `redis_cluster`), which other tests' daemons would also write to.
 
+// The simulated engines of `kvindex demo`, included by path: private to the binary.
+#[allow(dead_code)]
+#[path = "../../src/sim/mod.rs"]
+mod sim;
+
 #[path = "../util/mod.rs"]
 mod util;
 

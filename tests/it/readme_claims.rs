@@ -133,7 +133,10 @@ fn the_five_environment_overrides_win_over_the_file() {
     let c = Config::from_str_with_env(file, &env).unwrap();
     let redis = c.redis.unwrap();
     assert_eq!(redis.target.urls(), ["redis://127.0.0.1:6380/2"]);
-    assert_eq!(redis.value_format, kvindex::ValueFormat::Timestamp);
+    assert_eq!(
+        redis.value_format,
+        kvindex::store::redis::ValueFormat::Timestamp
+    );
     let api = c.api.unwrap();
     assert_eq!(api.listen.port(), 18080);
     assert_eq!(api.token.as_deref(), Some("from-env"));
@@ -184,7 +187,7 @@ fn replay_dump_is_canonical_sorted_json() {
         }
         assert_eq!(e["pod"], "p.ns");
     }
-    let parsed: Vec<kvindex::DumpEntry> =
+    let parsed: Vec<kvindex::index::DumpEntry> =
         serde_json::from_value(serde_json::Value::from(dump)).unwrap();
     let mut sorted = parsed.clone();
     sorted.sort();
@@ -233,7 +236,7 @@ async fn readyz_is_503_while_redis_writes_fail() {
         eprintln!("SKIPPED: no redis-server binary (`.ci/run` installs it)");
         return;
     };
-    let mut engine = kvindex::sim::SimEngine::bind(1, 0, 0).await.unwrap();
+    let mut engine = crate::sim::SimEngine::bind(1, 0, 0).await.unwrap();
     let yaml = format!(
         "redis:\n  url: redis://127.0.0.1:{}/0\nmetrics:\n  listen: 127.0.0.1:0\ntargets:\n  - {{pod: p, model: m, engine: vllm, endpoint: 'tcp://127.0.0.1:{}'}}\n",
         redis.port,
@@ -245,7 +248,7 @@ async fn readyz_is_503_while_redis_writes_fail() {
     assert_eq!(util::http_get(d.metrics_addr, "/readyz").await.0, 200);
     redis.kill();
     // Each message stores blocks, so the mirror writes (and fails) after Redis is gone.
-    let recording = kvindex::sim::bundled::VLLM_0_33.rank(0);
+    let recording = crate::sim::bundled::VLLM_0_33.rank(0);
     let mut last = String::new();
     let end = std::time::Instant::now() + Duration::from_secs(30);
     for seq in 0u64.. {
@@ -341,7 +344,7 @@ impl Drop for RedisServer {
 /// spellings share one overflow slot, written as `OTHER`."
 #[test]
 fn media_spellings_past_the_slots_share_other() {
-    use kvindex::Medium;
+    use kvindex::medium::Medium;
     let media: Vec<Medium> = (0..40)
         .map(|i| Medium::intern(&format!("readme-tier-{i}")))
         .collect();
@@ -467,12 +470,12 @@ fn serve_keeps_its_targets_on_a_bad_reload_survives_sighup_and_exits_0_on_sigter
 fn api_over(n: usize, limits: kvindex::api::ApiLimits) -> axum::Router {
     use kvindex::index::{Discard, SourceSpec};
     use kvindex::wire::{BlockHash, BlockStored, EngineBatch, Event};
-    let index = kvindex::Index::new();
+    let index = kvindex::index::Index::new();
     for i in 0..n {
         let spec = SourceSpec {
             pod: format!("d{i}.ns"),
             model: "m".into(),
-            engine: kvindex::Engine::Vllm,
+            engine: kvindex::wire::Engine::Vllm,
             dp_rank: 0,
         };
         let source = index.register_source(&spec).unwrap();
@@ -480,7 +483,7 @@ fn api_over(n: usize, limits: kvindex::api::ApiLimits) -> axum::Router {
             vec![BlockHash::from_i64(1)],
             (0..16).collect(),
             16,
-            kvindex::Medium::GPU,
+            kvindex::medium::Medium::GPU,
         );
         index
             .apply(
@@ -499,7 +502,7 @@ fn api_over(n: usize, limits: kvindex::api::ApiLimits) -> axum::Router {
     }
     let state = kvindex::api::ApiState::new(
         index,
-        kvindex::TierWeights::default(),
+        kvindex::medium::TierWeights::default(),
         None,
         std::sync::Arc::new(NoPods),
     )

@@ -11,7 +11,7 @@ use std::time::Duration;
 use kvindex::index::{Delta, Index, SourceId, SourceSpec};
 use kvindex::ingest::unix_now;
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
+use kvindex::store::redis::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{
     dump, MappingEntry, MirrorHandle, RedisConfig, RedisDump, RedisTarget,
 };

@@ -10,7 +10,7 @@ use std::time::Duration;
 use kvindex::index::{Checkpoint, Delta, DeltaChunk, Index, SourceId, SourceSpec};
 use kvindex::ingest::{unix_now, MirrorSink, CHUNK_DELTAS};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
+use kvindex::store::redis::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, MappingEntry, MirrorHandle, RedisConfig, RedisDump};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 use proptest::prelude::*;

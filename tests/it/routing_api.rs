@@ -221,7 +221,7 @@ async fn pd_schedule_places_its_first_pairs_prefill_when_asked() {
 
 /// The value of counter `name{outcome}` in the rendered metrics (0 when absent).
 fn counter(handle: &metrics_exporter_prometheus::PrometheusHandle, series: &str) -> f64 {
-    let text = kvindex::metrics::render(handle);
+    let text = kvindex::render_metrics(handle);
     (text.lines())
         .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
@@ -230,7 +230,7 @@ fn counter(handle: &metrics_exporter_prometheus::PrometheusHandle, series: &str)
 
 #[tokio::test]
 async fn feedback_judges_the_prediction_made_at_route_time() {
-    let handle = kvindex::metrics::install().expect("the test binary's recorder");
+    let handle = kvindex::install_metrics().expect("the test binary's recorder");
     let (index, sources) = index_with_ttl(Duration::from_secs(60));
     let api = app(&index);
     // a.ns holds 4 blocks of a 6-block prompt (96 tokens): kvindex predicts 4.

@@ -3,7 +3,7 @@
 use std::process::Command;
 
 use kvindex::hash::prompt_block_hashes;
-use kvindex::redis_layout::block_key;
+use kvindex::store::redis::block_key;
 
 #[tokio::test]
 async fn score_json_from_redis_prints_the_api_body() {

@@ -5,8 +5,8 @@
 use kvindex::hash::{prompt_block_hashes, StdHash};
 use kvindex::index::{Discard, Index, SourceSpec};
 use kvindex::medium::{Medium, TierWeights};
-use kvindex::redis_layout::block_key;
 use kvindex::score::{score_index, score_prefix, PrefixScores, RedisLookup};
+use kvindex::store::redis::block_key;
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
 /// One pod's holdings: (block index, medium spelling or "" for none, unix second stored).

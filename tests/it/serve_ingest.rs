@@ -105,7 +105,7 @@ async fn publisher_restart_drops_old_blocks_and_indexes_new() {
 /// Publishes rank 0 of E03 skipping seqs 2 and 3; returns the daemon after it saw the rest,
 /// and the publisher, still bound: dropping it would disconnect the subscriber, and a test
 /// that checks the link is still up after a failed replay would then race the disconnect.
-async fn gap_run(mode: Option<RouterMode>) -> (kvindex::commands::serve::Daemon, FakePub) {
+async fn gap_run(mode: Option<RouterMode>) -> (kvindex::Daemon, FakePub) {
     let (mut publisher, port) = FakePub::bind_any().await;
     let stream = messages(E03, Some(0));
     let router = match mode {

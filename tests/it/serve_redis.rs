@@ -6,8 +6,8 @@ use crate::util;
 use std::time::Duration;
 
 use kvindex::config::Config;
-use kvindex::redis_layout::{block_key, parse_field_value};
 use kvindex::store::redis::MirrorStop;
+use kvindex::store::redis::{block_key, parse_field_value};
 use util::*;
 
 /// Regression (issue 8, bug 6d): the metrics routes and the gauge task hold the mirror too,
@@ -22,7 +22,7 @@ async fn shutdown_right_after_ingest_with_metrics_stops_the_mirror_in_order() {
         target_yaml("rd", &model, "vllm", port, None, 1)
     );
     let config = Config::from_str(&text).unwrap();
-    let daemon = kvindex::commands::serve::Daemon::start(config, None, test_limits())
+    let daemon = kvindex::Daemon::start(config, None, test_limits())
         .await
         .unwrap();
     wait_connected(&daemon, "rd.test", 0, 1, &mut publisher).await;

@@ -15,7 +15,11 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use kvindex::shard::owner;
+use kvindex::config::Shard;
+
+fn owner(pod_id: &str, count: u32) -> u32 {
+    Shard { index: 0, count }.owner_of(pod_id)
+}
 use kvindex::store::redis::{dump, RedisDump};
 use rmpv::Value as V;
 use util::own_redis::OwnRedis;
@@ -549,7 +553,7 @@ async fn sharded_replicas_split_the_pods_write_what_one_daemon_writes_and_grow_w
             .trim_end_matches(".team-a")
             .parse()
             .unwrap();
-        let key = kvindex::redis_layout::mapping_key(
+        let key = kvindex::store::redis::mapping_key(
             kvindex::wire::Engine::Vllm,
             p,
             &kvindex::wire::BlockHash::Int(engine_hash(i, 23, 0)),

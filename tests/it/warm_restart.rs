@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use kvindex::index::{EngineState, Index};
 use kvindex::ingest::fixture::RecordedMessage;
 use kvindex::medium::TierWeights;
-use kvindex::redis_layout::{block_key, field_value, mapping_key, ValueFormat};
+use kvindex::store::redis::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{checkpoint, dump, RedisDump};
 use kvindex::wire::Engine;
 use redis::AsyncCommands;

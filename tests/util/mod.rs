@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kvindex::commands::serve::Daemon;
 use kvindex::config::Config;
 use kvindex::index::DumpEntry;
 use kvindex::ingest::fixture::{self, RecordedMessage};
 use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::ingest::subscriber::{LinkState, RankStatus};
+use kvindex::Daemon;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 /// The repo's fixtures folder.
@@ -331,7 +331,7 @@ pub fn strip(dump: Vec<DumpEntry>) -> Vec<DumpEntry> {
 /// What `replay` leaves for these files as pod `pod_id`.
 pub fn offline(files: &[&str], pod_id: &str, model: &str) -> Vec<DumpEntry> {
     let files: Vec<PathBuf> = files.iter().map(|f| fixtures().join(f)).collect();
-    let engine = kvindex::commands::decode::EngineArg::Auto.resolve(&files[0]);
+    let engine = kvindex::ingest::fixture::engine_of_file(&files[0]);
     let index = kvindex::index::Index::new();
     let replay = kvindex::ingest::replay_files(index, pod_id, model, engine, &files).unwrap();
     strip(replay.index().dump())

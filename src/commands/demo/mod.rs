@@ -21,13 +21,13 @@ use anyhow::Context;
 use self::narrate::{intent, seen, Narrator};
 use self::scenario::{DemoPod, Role, BUSY_PACE, NAMESPACE, PODS};
 use super::UsageError;
-use crate::config::Config;
-use crate::daemon::Daemon;
-use crate::index::DumpEntry;
-use crate::ingest::replay_client::ReplayLimits;
-use crate::ingest::subscriber::{LinkState, RankStatus};
-use crate::ingest::unix_now;
 use crate::sim::SimEngine;
+use kvindex::config::Config;
+use kvindex::index::DumpEntry;
+use kvindex::ingest::replay_client::ReplayLimits;
+use kvindex::ingest::subscriber::{LinkState, RankStatus};
+use kvindex::ingest::unix_now;
+use kvindex::Daemon;
 
 /// First port of the simulated engines by default (`examples/kvindex-demo.yaml` uses it).
 pub const DEFAULT_ENGINE_PORT: u16 = 25557;
@@ -372,5 +372,29 @@ async fn wait_for(
         Ok(())
     } else {
         anyhow::bail!("gave up waiting for {what} after {} s", SETTLE.as_secs())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{targets_yaml, DEFAULT_ENGINE_PORT};
+
+    #[test]
+    fn the_second_example_config_subscribes_to_the_demo_engines() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kvindex-demo.yaml");
+        let example =
+            kvindex::config::Config::from_path(&path, &kvindex::config::ProcessEnv).unwrap();
+        // The demo's default layout: four ports per engine, PUB ranks then replay ranks.
+        let ports: Vec<(u16, u16)> = (0..4)
+            .map(|i| (DEFAULT_ENGINE_PORT + 4 * i, DEFAULT_ENGINE_PORT + 4 * i + 2))
+            .collect();
+        let demo = kvindex::config::Config::from_str(&targets_yaml(&ports)).unwrap();
+        assert_eq!(example.targets, demo.targets);
+        assert_ne!(
+            example.metrics_listen.port(),
+            9090,
+            "beside the demo's own listeners"
+        );
     }
 }

@@ -7,10 +7,10 @@ use std::time::Instant;
 use super::queries;
 use super::scenario::{self, DemoPod, Role, CORRUPT_SEQ, DROPPED_SEQ, PODS};
 use super::{rank_status, DemoArgs, DEFAULT_ENGINE_PORT};
-use crate::daemon::Daemon;
-use crate::ingest::subscriber::RankStatus;
-use crate::ingest::{unix_now, PodsView};
 use crate::sim::SimEngine;
+use kvindex::ingest::subscriber::RankStatus;
+use kvindex::ingest::{unix_now, PodsView};
+use kvindex::Daemon;
 
 /// What an engine is about to do, in words.
 pub(super) fn intent(pod: &DemoPod) -> String {
@@ -116,7 +116,7 @@ impl Narrator {
     pub(super) fn queries(
         &mut self,
         daemon: &Daemon,
-        weights: &crate::medium::TierWeights,
+        weights: &kvindex::medium::TierWeights,
         engine_port: u16,
     ) {
         let expected = scenario::expected_index(unix_now());

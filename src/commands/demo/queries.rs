@@ -7,10 +7,10 @@ use std::net::SocketAddr;
 use serde_json::{json, Value};
 
 use super::scenario::{prompt, MODEL, PODS};
-use crate::api::ScoreBody;
-use crate::index::Index;
-use crate::medium::TierWeights;
-use crate::score::{
+use kvindex::api::ScoreBody;
+use kvindex::index::Index;
+use kvindex::medium::TierWeights;
+use kvindex::score::{
     schedule, score_index_with, DecodeCandidate, KvScorer, MatchMode, PromptSettings, DEFAULT_TOP_N,
 };
 

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use crate::index::{Discard, Index, SourceSpec};
-use crate::ingest::fixture::RecordedMessage;
 use crate::sim::bundled::{self, Recording};
-use crate::wire::{decode_message, DecodeOptions};
+use kvindex::index::{Discard, Index, SourceSpec};
+use kvindex::ingest::fixture::RecordedMessage;
+use kvindex::wire::{decode_message, DecodeOptions};
 
 /// Namespace of every demo pod.
 pub const NAMESPACE: &str = "demo";
@@ -142,7 +142,7 @@ pub fn seq_of(message: &RecordedMessage) -> u64 {
     message
         .frames
         .get(1)
-        .and_then(|f| crate::wire::read_seq(f).ok())
+        .and_then(|f| kvindex::wire::read_seq(f).ok())
         .unwrap_or(u64::MAX)
 }
 
@@ -184,7 +184,7 @@ pub fn prompt() -> Vec<u32> {
         .and_then(|m| decode_message(&m.frames, DecodeOptions::INDEX).ok())
         .and_then(|(_, batch)| {
             batch.events.into_iter().find_map(|e| match e {
-                crate::wire::Event::BlockStored(s) => Some(s.token_ids),
+                kvindex::wire::Event::BlockStored(s) => Some(s.token_ids),
                 _ => None,
             })
         })

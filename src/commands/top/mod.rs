@@ -21,7 +21,7 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 
 use self::model::{parse_metrics, parse_pods, parse_writer, rate, PodRates, Totals};
 use self::view::{Reach, Screen, TotalRates};
-use crate::ingest::PodCounters;
+use kvindex::ingest::PodCounters;
 
 /// How long one HTTP request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::ingest::PodCounters;
+use kvindex::ingest::PodCounters;
 
 /// One sample of the Prometheus text format.
 #[derive(Debug, Clone, PartialEq)]

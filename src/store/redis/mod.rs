@@ -59,8 +59,10 @@ use crate::medium::TierWeights;
 pub use crate::redis_conn::{RedisConn, RedisTarget};
 pub use error::MirrorError;
 
-/// The field value format is part of kthena's layout; re-exported as [`RedisConfig`] uses it.
-pub use crate::redis_layout::ValueFormat;
+/// kthena's Redis layout (keys, field values), shared with `score`'s Redis reads.
+pub use crate::redis_layout::{
+    block_key, field_value, mapping_key, parse_field_value, ValueFormat,
+};
 pub use dump::{dump, dump_target, MappingEntry, RedisDump};
 use mirror::{Msg, Shared};
 

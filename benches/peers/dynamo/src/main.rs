@@ -56,7 +56,7 @@ use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
 use kvindex::index::{Discard, Index, IndexOptions, SourceId, SourceSpec};
 use kvindex::score::Candidates;
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
-use kvindex::{MatchMode, Medium, PromptSettings, TierWeights};
+use kvindex::{score::MatchMode, medium::Medium, score::PromptSettings, medium::TierWeights};
 
 // ---------------------------------------------------------------------------------------
 // Live heap bytes (for bytes per resident entry) and CPU time: kvindex's benches' own.
@@ -165,7 +165,7 @@ fn node_with(nodes: &mut Vec<Node>, tokens: [u32; BLOCK], parent: Option<usize>)
     let parent_engine = parent.map_or(0, |p| nodes[p].engine);
     let engine = splitmix(parent_engine ^ splitmix(SEED ^ id as u64));
     let local = compute_block_hash_for_seq(&tokens, BLOCK as u32, BlockHashOptions::default())[0];
-    let std = kvindex::std_hash(&tokens);
+    let std = kvindex::hash::std_hash(&tokens);
     nodes.push(Node {
         tokens,
         engine,
@@ -593,8 +593,8 @@ impl Kvindex {
         }
     }
 
-    fn scores(&self, hashes: &[u64]) -> kvindex::PrefixScores {
-        kvindex::score_index_with(
+    fn scores(&self, hashes: &[u64]) -> kvindex::score::PrefixScores {
+        kvindex::score::score_index_with(
             &self.index,
             MODEL,
             hashes,
