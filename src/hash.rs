@@ -100,9 +100,8 @@ pub fn chain_hash(parent: ChainHash, tokens: &[u32]) -> ChainHash {
 
 /// XXH3 of up to 64 tokens as little-endian bytes, seeded: on a little-endian machine the
 /// tokens' own memory, with no copy (a block is hashed on every store's path). Inlined,
-/// with [`chain_hash`] into a store's loop: two calls' register saves a block were stores
-/// queued behind the source map's cache miss (callgrind, `profile-store8`: −5 % of a
-/// store's instructions).
+/// with [`chain_hash`] into a store's loop, so that no call's register saves queue behind
+/// the source map's cache miss.
 #[cfg(target_endian = "little")]
 #[inline(always)]
 fn hash_le_tokens(tokens: &[u32], seed: u64) -> u64 {

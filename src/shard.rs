@@ -18,7 +18,7 @@
 //!
 //! Ownership decides everything a replica does to a pod's keys: it subscribes only to the
 //! pods it owns, restores only their checkpoint, and its anti-entropy, watchdog rewrites and
-//! forgetting touch only them. See the README's scale-out section for the rule during a
+//! forgetting touch only them. See docs/deploying.md (sharded replicas) for the rule during a
 //! change of `count`.
 
 use sha2::{Digest, Sha256};

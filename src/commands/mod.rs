@@ -97,7 +97,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 mod tests {
     use super::*;
 
-    /// README (replay): "`--engine auto` takes the engine from the file name (`sglang-…`,
+    /// docs/commands.md (replay): "`--engine auto` takes the engine from the file name (`sglang-…`,
     /// `trtllm-…`), vLLM otherwise".
     #[test]
     fn auto_engine_comes_from_the_file_name() {
