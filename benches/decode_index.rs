@@ -16,7 +16,7 @@
 //! the machines this runs on are shared, and CPU time leaves out the time other processes
 //! hold the core (cache interference from them still counts). Everything runs on one thread.
 //!
-//! Run: `cargo bench --bench decode_index` (one core is enough; figures in the README).
+//! Run: `cargo bench --bench decode_index` (one core is enough; figures in docs/benchmarks.md).
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The Grafana dashboard, the Prometheus alerts and the README name only metrics a running
+//! The Grafana dashboard, the Prometheus alerts and the user docs name only metrics a running
 //! daemon exports: a daemon is driven through every path those panels and alerts watch (ingest, a
 //! filled gap, a failed replay and reset, a bad message, an invalid event, API calls, a
 //! routed request judged by feedback, the Redis mirror) and its `/metrics` is scraped.
@@ -22,6 +22,16 @@ use util::{http_get, http_request, test_limits, unbound_port, wait_until};
 
 /// Redis db of this test (emptied at the end).
 const DB: u32 = 11;
+
+/// The user docs whose metric names must all be exported.
+const USER_DOCS: [&str; 6] = [
+    "README.md",
+    "docs/operating.md",
+    "docs/configuration.md",
+    "docs/commands.md",
+    "docs/http-api.md",
+    "docs/deploying.md",
+];
 
 /// Every `expr` string anywhere in a JSON or YAML document.
 fn exprs(v: &Value, out: &mut Vec<String>) {
@@ -85,11 +95,14 @@ fn used_names() -> (BTreeSet<String>, usize) {
     exprs(&dashboard, &mut all);
     let panels = all.len();
     exprs(&alerts, &mut all);
-    // The README's metric list too (discovery's metrics are checked by tests/k8s_discovery.rs,
-    // which runs discovery against a fake API server; HA's by tests/it/ha_lease.rs, whose
-    // replicas run with `ha:`).
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let documented: BTreeSet<String> = metric_names(&readme)
+    // The metrics the user docs name too (discovery's metrics are checked by
+    // tests/k8s_discovery.rs, which runs discovery against a fake API server; HA's by
+    // tests/it/ha_lease.rs, whose replicas run with `ha:`).
+    let docs: String = USER_DOCS
+        .iter()
+        .map(|f| std::fs::read_to_string(root.join(f)).unwrap())
+        .collect();
+    let documented: BTreeSet<String> = metric_names(&docs)
         .into_iter()
         .filter(|n| !n.starts_with("kvindex_discovery_") && !n.starts_with("kvindex_ha_"))
         .collect();

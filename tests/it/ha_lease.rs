@@ -558,7 +558,7 @@ async fn a_sigkilled_leader_is_replaced_and_redis_ends_equal_to_the_replay() {
         "ha figure: SIGKILL -> standby leads after {led_after:?} (ttl {TTL_MS} ms); lease end -> first write {:?} s",
         b.metric("kvindex_ha_takeover_seconds_sum", "").await
     );
-    // Every HA metric the README names is exported (tests/ops_dashboards.rs runs without
+    // Every HA metric the user docs name is exported (tests/ops_dashboards.rs runs without
     // `ha:`), once the new leader has renewed its lease.
     let end = Instant::now() + WAIT;
     while b
@@ -572,10 +572,12 @@ async fn a_sigkilled_leader_is_replaced_and_redis_ends_equal_to_the_replay() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let docs: String = ["README.md", "docs/operating.md", "docs/deploying.md"]
+        .iter()
+        .map(|f| std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(f)).unwrap())
+        .collect();
     let (_, text) = http_get(b.metrics, "/metrics").await;
-    let names = readme
+    let names = docs
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .filter(|w| w.starts_with("kvindex_ha_"));
     for name in names {

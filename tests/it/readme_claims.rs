@@ -1,6 +1,6 @@
-//! README claims that no other test pinned down, each checked the way the README states it
-//! (issue 15's audit): the CLI surface, exit codes, environment overrides, `replay --dump`,
-//! `decode` error lines, and `/readyz` with Redis gone.
+//! Claims of the user docs (the README and docs/) that no other test pinned down, each
+//! checked the way the docs state it: the CLI surface, exit codes, environment overrides,
+//! `replay --dump`, `decode` error lines, and `/readyz` with Redis gone.
 
 use crate::util;
 
@@ -98,7 +98,7 @@ fn check_config_prints_the_resolved_config_redacted() {
         "{text}"
     );
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    // The token shows only whether one is set (issue 14), never its value.
+    // The token shows only whether one is set, never its value.
     assert_eq!(v["api"]["token"], "set");
     assert!(
         v["redis"]["url"].as_str().unwrap().contains("***"),
@@ -192,8 +192,8 @@ fn replay_dump_is_canonical_sorted_json() {
     let mut sorted = parsed.clone();
     sorted.sort();
     assert_eq!(parsed, sorted, "sorted");
-    // README (How it works): the store time is the unix second kvindex applied the store at,
-    // not the engine's batch timestamp (the recording's batches say 2026-01-01).
+    // docs/architecture.md (choices): the store time is the unix second kvindex applied the
+    // store at, not the engine's batch timestamp (the recording's batches say 2026-01-01).
     let now = kvindex::ingest::unix_now();
     for e in &parsed {
         assert!(
@@ -340,7 +340,7 @@ impl Drop for RedisServer {
     }
 }
 
-/// README (How it works): "At most 22 distinct spellings are tracked; further unknown
+/// docs/architecture.md (choices): "At most 22 distinct spellings are tracked; further unknown
 /// spellings share one overflow slot, written as `OTHER`."
 #[test]
 fn media_spellings_past_the_slots_share_other() {
