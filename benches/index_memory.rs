@@ -7,7 +7,7 @@
 //! block's resident list and every source's engine-hash map (the map `BlockRemoved` resolves
 //! through). hashbrown tables double at powers of two, so several sizes are reported; the
 //! "8 pods" cases store every block on 8 pods (shared prefixes, one list of 8 residents).
-//! Goal (issue 2): ≤ 64 bytes per entry at 1 M entries; issue 12: ≤ 32. Each case runs
+//! Goal: ≤ 32 bytes per entry at 1 M entries. Each case runs
 //! twice: with kthena's std layer (the default) and `prefix`-only (`IndexOptions::std_layer`
 //! false: no std map, no SHA-256).
 //!

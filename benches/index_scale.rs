@@ -1,5 +1,4 @@
-//! A full index of 10 M resident (block, pod) entries, built and queried (issue 12: "a full
-//! index of 10 M entries built and queried without the machine swapping").
+//! A full index of 10 M resident (block, pod) entries, built and queried.
 //!
 //! 8 pods each store the same 9,766 prompts of 128 blocks × 16 tokens as chained 8-block
 //! `BlockStored` events (1,250,048 distinct blocks, 10,000,384 entries). Then 2,000 queries

@@ -1,5 +1,5 @@
 //! Ingest cost per block (thread CPU time) and memory against the number of distinct LoRA
-//! names (issue 14).
+//! names.
 //!
 //! One source stores `blocks` blocks of 16 tokens (100 `BlockStored` events per batch, one
 //! block each), event i under LoRA `lora-{i mod names}`, then removes every block. Cases:

@@ -1,5 +1,5 @@
 //! Ingest into Redis through the mirror, in blocks per second, against the pipelined limit of
-//! the same Redis measured in the same run (issue 10): `kvindex replay --redis`-style ingest
+//! the same Redis measured in the same run: `kvindex replay --redis`-style ingest
 //! of `--blocks` blocks (default 600,000) as 1-block and as 8-block `BlockStored` events (GPU,
 //! tiered values, mapping keys on: `HSET` + `SETEX` per block), each event applied to the
 //! index and its deltas handed to the mirror, timed until the mirror has flushed, so the

@@ -1,4 +1,4 @@
-//! A bounded churn soak of `kvindex serve` (issue 14): one paced ZMQ publisher sends a
+//! A bounded churn soak of `kvindex serve`: one paced ZMQ publisher sends a
 //! churning stream (stores on GPU and CPU, ~40 % removes, an `AllBlocksCleared` every few
 //! thousand messages) into an in-process daemon for `--duration` seconds. The publisher is
 //! this example again in a child process, as an engine is its own process: what ZMQ queues

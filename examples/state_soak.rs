@@ -1,4 +1,4 @@
-//! A bounded soak of state that must never drift (issue 9): a churning vLLM stream (stores on
+//! A bounded soak of state that must never drift: a churning vLLM stream (stores on
 //! GPU and CPU, ~40 % removes, clears) at a fixed rate into `kvindex serve` (in process) with
 //! a Redis mirror of its own (`redis-server` on a free 127.0.0.1 port), and on a schedule:
 //! at 1/4 of the run Redis is killed and started again empty while the stream goes on; at

@@ -1,5 +1,5 @@
 //! Warm start at scale: how long a restarted daemon takes to rebuild its index from the
-//! Redis checkpoint (issue 9 goal: 1 M resident entries in < 5 s).
+//! Redis checkpoint.
 //!
 //! It fills an index with `--entries` resident blocks over `--sources` sources through the
 //! real mirror with the checkpoint on (as `serve` writes it), then rebuilds a fresh index

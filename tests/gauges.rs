@@ -1,4 +1,4 @@
-//! Issue 14: gauges that are true. After a removal burst, `kvindex_resident_blocks` and
+//! Gauges that are true. After a removal burst, `kvindex_resident_blocks` and
 //! `kvindex_targets_connected` on the metrics listener equal the index and the target list
 //! within a refresh or two (a medium that empties reads 0, not its last value). Its own
 //! test binary: the metrics recorder is process-wide, so another daemon would move the same

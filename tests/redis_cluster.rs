@@ -1,4 +1,4 @@
-//! Redis Cluster (issue 10): a real cluster of `redis-server --cluster-enabled yes` nodes on
+//! Redis Cluster: a real cluster of `redis-server --cluster-enabled yes` nodes on
 //! free 127.0.0.1 ports, created by `redis-cli --cluster create`, holds exactly what a single
 //! Redis holds after the same replay, scores the same, is reconciled by the mirror after a
 //! master is killed and its replica takes over, and holds a checkpoint a restart warm-starts

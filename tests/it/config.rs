@@ -1,5 +1,5 @@
 //! The config file: the shipped example is valid (by the loader and by the JSON Schema), and
-//! regressions of issue 8 — `flush_interval_ms: 0` refused rather than rounded up, a target's
+//! regressions — `flush_interval_ms: 0` refused rather than rounded up, a target's
 //! replay ports may not overlap its PUB ports.
 
 use std::path::{Path, PathBuf};
@@ -224,7 +224,7 @@ fn cluster_nodes_make_a_cluster_target_and_exclude_a_url() {
     assert_eq!(found[0].field, "redis.cluster_nodes[1]");
 }
 
-/// Issue 14: freed model names are kept for the mirror, which resolves a delta's model after
+/// Freed model names are kept for the mirror, which resolves a delta's model after
 /// the fact, and not at all without one.
 #[test]
 fn freed_model_names_are_kept_only_with_a_mirror() {

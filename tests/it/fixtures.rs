@@ -390,7 +390,7 @@ fn bad_messages_inside_a_stream_keep_what_was_indexed() {
     assert_eq!(replay.stats().decode_errors.values().sum::<u64>(), 3);
 }
 
-/// Issue 8, bug 6(b): an endpoint index above 255 names no DP rank; it used to become rank
+/// An endpoint index above 255 names no DP rank; it used to become rank
 /// 255 silently.
 #[test]
 fn an_endpoint_index_past_255_is_rejected_not_folded_into_rank_255() {

@@ -1,4 +1,4 @@
-//! Issue 14 (hardening): auth that cannot be switched off by accident, bounded model/LoRA
+//! Hardening: auth that cannot be switched off by accident, bounded model/LoRA
 //! names, HTTP connection limits and timeouts, frame size caps and true gauges — each on
 //! the built binary or the daemon, over real sockets on 127.0.0.1.
 
@@ -105,7 +105,7 @@ fn check_config_shows_the_environment_token_as_set_never_its_value() {
     assert_eq!(run(Some("s3cret")), "set");
 }
 
-/// Issue 14: 2,000 idle connections stayed open for good and starved ingest of descriptors.
+/// Idle connections must not stay open for good and starve ingest of descriptors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_api_connections_are_closed_while_a_target_is_indexed() {
     let (mut pubs, port) = FakePub::bind_ranks(1).await;

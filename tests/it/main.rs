@@ -29,7 +29,7 @@ mod deploy_manifests;
 mod fixtures;
 /// High availability: replicas sharing a writer lease, built binaries.
 mod ha_lease;
-/// Issue 14: hostile or runaway input.
+/// Hostile or runaway input.
 mod hardening;
 /// Model-based tests of the index.
 mod proptest_index;

@@ -717,7 +717,7 @@ unsafe impl std::alloc::GlobalAlloc for LargestAllocation {
 #[global_allocator]
 static ALLOCATOR: LargestAllocation = LargestAllocation;
 
-/// Issue 8, bug 6(a): an array32 header claiming 4 billion events in front of 1 MB of
+/// An array32 header claiming 4 billion events in front of 1 MB of
 /// filler used to reserve `min(len, remaining)` events (~200 bytes per input byte).
 #[test]
 fn a_lying_event_count_reserves_no_more_than_the_bytes_can_hold() {

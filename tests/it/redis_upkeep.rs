@@ -1,4 +1,4 @@
-//! The Redis mirror keeping Redis equal to the index over time (issue 9): a FLUSHALL or an
+//! The Redis mirror keeping Redis equal to the index over time: a FLUSHALL or an
 //! empty restart while kvindex is idle healed without a new event, removes of another
 //! writer's engine hashes adopted through its mapping keys, anti-entropy repairs in both
 //! directions for owned pods only, and the refresh before kthena's GC. Every test runs its

@@ -1,4 +1,4 @@
-//! The mirror's writer with several pipelines in flight (issue 10): stores, removes and clears
+//! The mirror's writer with several pipelines in flight: stores, removes and clears
 //! of the same few blocks from two DP ranks of one pod, interleaved across many tiny flushes,
 //! must leave Redis exactly what the index holds, and the checkpoint's watermark at the last
 //! seq. A real redis-server of the test's own, on a free port, flushed between cases.

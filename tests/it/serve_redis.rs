@@ -10,7 +10,7 @@ use kvindex::store::redis::MirrorStop;
 use kvindex::store::redis::{block_key, parse_field_value};
 use util::*;
 
-/// Regression (issue 8, bug 6d): the metrics routes and the gauge task hold the mirror too,
+/// Regression: the metrics routes and the gauge task hold the mirror too,
 /// so shutdown used to fall back to a bounded flush and never stopped the writer in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_right_after_ingest_with_metrics_stops_the_mirror_in_order() {

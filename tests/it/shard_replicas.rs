@@ -1,4 +1,4 @@
-//! Sharded replicas (issue 10 part 3): built `kvindex` binaries, each `serve` with the same
+//! Sharded replicas: built `kvindex` binaries, each `serve` with the same
 //! config file and its shard from the environment, share one `redis-server` of the test;
 //! a reference unsharded `kvindex` subscribes to the same 12 fake engines and writes its own
 //! `redis-server`. Each target is subscribed by exactly one replica, the replicas' writes

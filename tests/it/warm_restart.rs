@@ -1,4 +1,4 @@
-//! Warm restart (issue 9): the built `kvindex` binary, killed mid-stream and started again on
+//! Warm restart: the built `kvindex` binary, killed mid-stream and started again on
 //! the same Redis, goes on from its checkpoint. Each test runs its own `redis-server`, a
 //! fake engine (PUB, and a replay ROUTER where the case needs one) publishing a churning
 //! vLLM stream byte for byte, and compares Redis with an offline replay of what the engine

@@ -1,4 +1,4 @@
-//! A warm start keeps the chain layer's runs (issue 12): the checkpoint in Redis keeps each
+//! A warm start keeps the chain layer's runs: the checkpoint in Redis keeps each
 //! chain block's parent and a restore places parents first, so the restarted index holds
 //! its chains in as many runs as the index it replaces, with the same checkpoint entries,
 //! and scores every prompt alike. Its own `redis-server` on a free port.
