@@ -498,7 +498,7 @@ fn api_over(n: usize, limits: kvindex::api::ApiLimits) -> axum::Router {
         }
     }
     let state = kvindex::api::ApiState::new(
-        index,
+        kvindex::score::ScoreBackend::Index(index),
         kvindex::TierWeights::default(),
         None,
         std::sync::Arc::new(NoPods),
