@@ -49,17 +49,19 @@ pub mod metrics;
 pub mod redis_conn;
 pub mod redis_layout;
 pub mod score;
+mod settings;
 pub mod shard;
 pub mod sim;
 pub mod store;
 pub mod wire;
 
-pub use config::{Config, ConfigError, Target};
+pub use config::{Config, ConfigError};
 pub use daemon::{Daemon, DaemonError};
 pub use hash::{
     chain_hash, prompt_block_hashes, prompt_chain_hashes, std_hash, ChainHash, StdHash,
 };
 pub use index::{Delta, DeltaSink, DumpEntry, Index, IndexOptions, IndexStats};
+pub use ingest::Target;
 pub use medium::{MediaSet, Medium, TierWeights, WeightError};
 pub use redis_conn::{RedisConn, RedisTarget};
 pub use score::{

@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::index::{ApplyStats, DeltaSink, Index, IndexError, SourceId};
 use crate::metrics::{SourceMetrics, WarmStart};
+use crate::settings::target::DEFAULT_MAX_FRAME_BYTES;
 use crate::wire::{decode_message, DecodeOptions, Engine, EngineBatch, MessageError, SkipReason};
 
 use super::replay_client::{ReplayError, Replayed};
@@ -26,8 +27,6 @@ const LOG_FIRST: u64 = 5;
 const LOG_EVERY: u64 = 1000;
 /// Distinct unknown tags logged (once each) before the rest are only counted.
 const MAX_LOGGED_TAGS: usize = 64;
-/// Default cap on one ZMQ frame (`ingest.max_frame_bytes`).
-pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
 /// The `reason` label of a message with a frame over the cap.
 const FRAME_TOO_LARGE: &str = "frame_too_large";
 /// The `reason` label of stores dropped past the per-source model cap.

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::model::{observe, Roster, RosterUpdate};
-use super::settings::{ClusterAccess, KubernetesConfig};
+use super::{ClusterAccess, KubernetesConfig};
 use crate::ingest::supervisor::{DiscoveredTarget, Supervisor};
 
 /// Why a Kubernetes list or watch failed.

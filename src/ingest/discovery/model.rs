@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::settings::{check_port_ranges, port_number, PodDefaults};
+use super::PodDefaults;
 use crate::ingest::supervisor::{DiscoveredTarget, EngineIdentity};
 use crate::ingest::{Target, TcpEndpoint, MAX_DP_RANKS};
+use crate::settings::kubernetes::{check_port_ranges, port_number};
 use crate::wire::Engine;
 
 /// Annotation overriding the engine family.
