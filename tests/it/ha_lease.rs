@@ -1,4 +1,4 @@
-//! High availability (issue 47): built `kvindex` binaries with `ha:` share one
+//! High availability: built `kvindex` binaries with `ha:` share one
 //! `redis-server` of the test and a lease in it; fake engines (PUB sockets, a replay ROUTER
 //! where a restart needs one) publish a churning vLLM stream to every replica. Whoever
 //! leads, Redis must end equal to an offline replay of the whole stream (timestamps aside),

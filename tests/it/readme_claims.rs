@@ -1,5 +1,5 @@
-//! README claims that no other test pinned down, each checked the way the README states it
-//! (issue 15's audit): the CLI surface, exit codes, environment overrides, `replay --dump`,
+//! README claims that no other test pinned down, each checked the way the README states it:
+//! the CLI surface, exit codes, environment overrides, `replay --dump`,
 //! `decode` error lines, and `/readyz` with Redis gone.
 
 use crate::util;
@@ -98,7 +98,7 @@ fn check_config_prints_the_resolved_config_redacted() {
         "{text}"
     );
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    // The token shows only whether one is set (issue 14), never its value.
+    // The token shows only whether one is set, never its value.
     assert_eq!(v["api"]["token"], "set");
     assert!(
         v["redis"]["url"].as_str().unwrap().contains("***"),
@@ -190,7 +190,7 @@ fn replay_dump_is_canonical_sorted_json() {
     sorted.sort();
     assert_eq!(parsed, sorted, "sorted");
     // README (How it works): the store time is the unix second kvindex applied the store at,
-    // not the engine's batch timestamp (the recording's batches say 2026-01-01).
+    // not the engine's batch timestamp (the recording's batches carry an older one).
     let now = kvindex::ingest::unix_now();
     for e in &parsed {
         assert!(
