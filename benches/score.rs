@@ -274,7 +274,12 @@ fn load_test() {
         .expect("runtime");
     rt.block_on(async {
         let model = "bench/model";
-        let state = ApiState::new(full_index(model), TierWeights::default(), None, Arc::new(NoPods));
+        let state = ApiState::new(
+            kvindex::score::ScoreBackend::Index(full_index(model)),
+            TierWeights::default(),
+            None,
+            Arc::new(NoPods),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

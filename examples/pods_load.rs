@@ -14,11 +14,12 @@ mod allocator;
 
 use clap::Parser;
 use kvindex::api::{router, serve, ApiState};
-use kvindex::config::{Target, TcpEndpoint};
 use kvindex::index::{Discard, Index, SourceSpec};
 use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::ingest::supervisor::Supervisor;
+use kvindex::ingest::{Target, TcpEndpoint};
 use kvindex::medium::{Medium, TierWeights};
+use kvindex::score::ScoreBackend;
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 use tokio_util::sync::CancellationToken;
 
@@ -113,7 +114,7 @@ async fn main() -> std::io::Result<()> {
     let supervisor = Supervisor::new(index.clone(), None, cancel.clone(), ReplayLimits::default());
     supervisor.apply((0..PODS).map(target).collect()).await;
     let state = ApiState::new(
-        index.clone(),
+        ScoreBackend::Index(index.clone()),
         TierWeights::default(),
         None,
         supervisor.clone(),

@@ -160,7 +160,12 @@ async fn main() -> std::io::Result<()> {
 
     let cancel = CancellationToken::new();
     let supervisor = Supervisor::new(index.clone(), None, cancel.clone(), ReplayLimits::default());
-    let state = ApiState::new(index, TierWeights::default(), None, supervisor.clone());
+    let state = ApiState::new(
+        kvindex::score::ScoreBackend::Index(index),
+        TierWeights::default(),
+        None,
+        supervisor.clone(),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let stop = cancel.clone();

@@ -43,6 +43,7 @@ mod daemon;
 mod metrics;
 mod redis_conn;
 mod redis_layout;
+mod settings;
 mod shard;
 
 pub use daemon::{Daemon, DaemonError};

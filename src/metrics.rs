@@ -1,4 +1,6 @@
-//! Prometheus metrics: one typed function per counter, labels from small fixed enums.
+//! Prometheus metrics: one typed function per counter, labels from small fixed sets. A
+//! layer's label enums live in that layer (ingest's reset and discovery reasons), which
+//! passes their `&'static str` spelling here, so this module imports no layer above it.
 //!
 //! The recorder is installed once per process ([`install`]); before that every function is
 //! a no-op, so library users and tests that do not install it pay nothing.
@@ -42,25 +44,6 @@ impl WarmStart {
             WarmStart::Replayed => "replayed",
             WarmStart::Reset => "reset",
             WarmStart::Restarted => "restarted",
-        }
-    }
-}
-
-/// Why a source was reset (its state became unknown).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResetReason {
-    /// A gap and no replay endpoint.
-    NoReplayEndpoint,
-    /// A replay that could not fill the gap.
-    ReplayFailed,
-}
-
-impl ResetReason {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResetReason::NoReplayEndpoint => "no_replay_endpoint",
-            ResetReason::ReplayFailed => "replay_failed",
         }
     }
 }
@@ -342,9 +325,9 @@ impl SourceMetrics {
             .increment(1);
     }
 
-    /// A source was reset.
-    pub fn source_reset(&self, reason: ResetReason) {
-        counter!("kvindex_source_resets_total", "engine" => self.engine, "reason" => reason.as_str())
+    /// A source was reset (`reason` is a fixed ingest label).
+    pub fn source_reset(&self, reason: &'static str) {
+        counter!("kvindex_source_resets_total", "engine" => self.engine, "reason" => reason)
             .increment(1);
     }
 
@@ -659,84 +642,6 @@ pub fn anti_entropy_pass(seconds: f64) {
     gauge!("kvindex_anti_entropy_pass_seconds").set(seconds);
 }
 
-/// Why a discovered pod was skipped: the annotation (or default) that is missing or invalid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PodSkipReason {
-    /// `kvindex.io/engine`.
-    Engine,
-    /// `kvindex.io/model`.
-    Model,
-    /// `kvindex.io/port`.
-    Port,
-    /// `kvindex.io/replay-port`.
-    ReplayPort,
-    /// `kvindex.io/dp-ranks`.
-    DpRanks,
-    /// `kvindex.io/topic`.
-    Topic,
-    /// The pod's metadata lacks a name or namespace.
-    Metadata,
-}
-
-impl PodSkipReason {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PodSkipReason::Engine => "engine",
-            PodSkipReason::Model => "model",
-            PodSkipReason::Port => "port",
-            PodSkipReason::ReplayPort => "replay_port",
-            PodSkipReason::DpRanks => "dp_ranks",
-            PodSkipReason::Topic => "topic",
-            PodSkipReason::Metadata => "metadata",
-        }
-    }
-}
-
-/// Why a Kubernetes list or watch failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WatchErrorReason {
-    /// The API server could not be reached (connection, TLS, timeout).
-    Unreachable,
-    /// 410 Gone: the resource version expired; the watcher lists again.
-    Gone,
-    /// 401/403: the service account lacks get/list/watch on pods.
-    Forbidden,
-    /// Anything else the API server answered.
-    Other,
-}
-
-impl WatchErrorReason {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WatchErrorReason::Unreachable => "unreachable",
-            WatchErrorReason::Gone => "gone",
-            WatchErrorReason::Forbidden => "forbidden",
-            WatchErrorReason::Other => "other",
-        }
-    }
-}
-
-/// Why a discovered target was restarted by identity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdentityChange {
-    /// A new pod UID under the same name.
-    Uid,
-    /// A container restarted (restart count or start time changed).
-    Container,
-}
-
-impl IdentityChange {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IdentityChange::Uid => "uid",
-            IdentityChange::Container => "container",
-        }
-    }
-}
-
 fn describe_discovery() {
     use metrics::{describe_counter, describe_gauge};
     describe_counter!(
@@ -765,9 +670,10 @@ fn describe_discovery() {
     );
 }
 
-/// A discovered pod was skipped (counted once per pod and reason change).
-pub fn discovery_pod_skipped(reason: PodSkipReason) {
-    counter!("kvindex_discovery_pods_skipped_total", "reason" => reason.as_str()).increment(1);
+/// A discovered pod was skipped (counted once per pod and reason change; `reason` is a
+/// fixed discovery label, the annotation at fault).
+pub fn discovery_pod_skipped(reason: &'static str) {
+    counter!("kvindex_discovery_pods_skipped_total", "reason" => reason).increment(1);
 }
 
 /// Pods skipped right now.
@@ -775,9 +681,9 @@ pub fn discovery_pods_skipped(n: usize) {
     gauge!("kvindex_discovery_pods_skipped").set(n as f64);
 }
 
-/// A list or watch failed.
-pub fn discovery_watch_error(reason: WatchErrorReason) {
-    counter!("kvindex_discovery_watch_errors_total", "reason" => reason.as_str()).increment(1);
+/// A list or watch failed (`reason` is a fixed discovery label).
+pub fn discovery_watch_error(reason: &'static str) {
+    counter!("kvindex_discovery_watch_errors_total", "reason" => reason).increment(1);
 }
 
 /// Whether the watch is synced and without error.
@@ -785,9 +691,9 @@ pub fn discovery_healthy(healthy: bool) {
     gauge!("kvindex_discovery_healthy").set(f64::from(u8::from(healthy)));
 }
 
-/// An engine restart was detected from pod identity.
-pub fn discovery_identity_restart(change: IdentityChange) {
-    counter!("kvindex_discovery_identity_restarts_total", "change" => change.as_str()).increment(1);
+/// An engine restart was detected from pod identity (`change` is a fixed discovery label).
+pub fn discovery_identity_restart(change: &'static str) {
+    counter!("kvindex_discovery_identity_restarts_total", "change" => change).increment(1);
 }
 
 /// Pods both static and discovered.

@@ -9,7 +9,7 @@
 //! | `tokens.rs` | the fast path for a body's `tokens` array |
 //! | `score.rs` | `POST /v1/score`: request, validation, [`ScoreBody`] |
 //! | `pd.rs` | `POST /v1/pd/schedule`: request, validation, pairing |
-//! | `pods.rs` | `GET /v1/pods`: the targets, from [`crate::ingest::PodsView`] |
+//! | `pods.rs` | `GET /v1/pods`: [`PodsBody`], the targets from [`crate::ingest::PodsView`] |
 //! | `auth.rs` | the bearer-token middleware |
 //! | `conn.rs` | [`serve_limited`]: bounded connections, header-read and idle timeout |
 //! | `observe.rs` | request metrics: count by route and status, latency histogram per route |
@@ -33,6 +33,7 @@ mod tokens;
 
 pub use conn::{serve_limited, ConnLimits};
 pub use error::ApiError;
+pub use pods::{PodsBody, WriterStatus};
 pub use router::{router, serve};
 pub use score::ScoreBody;
 pub use state::{ApiLimits, ApiState, PromptLimits, DEFAULT_PREFIX_MAX_BLOCKS};

@@ -1,10 +1,9 @@
-//! What every handler shares: the index, weights, token, targets and limits.
+//! What every handler shares: the scoring backend, weights, token, targets and limits.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::ApiError;
-use crate::index::Index;
 use crate::ingest::PodsView;
 use crate::medium::TierWeights;
 use crate::score::{MatchMode, Predictions, PromptSettings, ScoreBackend};
@@ -106,15 +105,16 @@ pub struct ApiState {
 }
 
 impl ApiState {
-    /// State over the in-memory index; `token` enables bearer auth.
+    /// State scoring from `backend` (the in-memory index, or Redis for sharded replicas);
+    /// `token` enables bearer auth.
     pub fn new(
-        index: Index,
+        backend: ScoreBackend,
         weights: TierWeights,
         token: Option<String>,
         pods: Arc<dyn PodsView>,
     ) -> ApiState {
         ApiState {
-            backend: ScoreBackend::Index(index),
+            backend,
             weights: Arc::new(weights),
             token: token.filter(|t| !t.is_empty()).map(Arc::from),
             pods,
@@ -128,13 +128,6 @@ impl ApiState {
     /// Reports the HA writer of this replica's shard in `/v1/pods` (`None`: no `ha:`).
     pub fn with_writer(mut self, writer: Option<Arc<LeaseGate>>) -> ApiState {
         self.writer = writer;
-        self
-    }
-
-    /// Scores from `backend` instead of the in-memory index (sharded replicas read Redis,
-    /// where every replica's pods are).
-    pub fn with_backend(mut self, backend: ScoreBackend) -> ApiState {
-        self.backend = backend;
         self
     }
 

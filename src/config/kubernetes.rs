@@ -10,14 +10,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::validate::Issues;
-use super::{Env, MAX_DP_RANKS};
-use crate::wire::Engine;
-
-pub use crate::ingest::discovery::settings::{
-    check_port_ranges, port_number, ClusterAccess, KubernetesConfig, PodDefaults, PortsError,
+use super::types::{Env, Issues};
+use crate::settings::kubernetes::{
+    check_port_ranges, port_number, ClusterAccess, KubernetesConfig, PodDefaults,
     DEFAULT_NOT_READY_GRACE,
 };
+use crate::settings::target::MAX_DP_RANKS;
+use crate::wire::Engine;
 
 /// `discovery:` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -167,6 +166,7 @@ fn validate_namespaces(raw: Option<Vec<String>>, issues: &mut Issues) -> Vec<Str
 mod tests {
     use super::*;
     use crate::config::{Config, ConfigError};
+    use crate::settings::kubernetes::PortsError;
 
     fn section(body: &str) -> Result<Config, ConfigError> {
         Config::from_str(&format!("discovery:\n  kubernetes:\n{body}"))

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::kubernetes::RawDiscovery;
-use crate::store::redis::ValueFormat;
+use crate::redis_layout::ValueFormat;
 
 /// The file as written: every section optional, unknown keys rejected.
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -1,7 +1,10 @@
 //! The config file's parsing and validation, through the public API.
 
+use std::time::Duration;
+
 use super::*;
-use crate::store::redis::ValueFormat;
+use crate::redis_layout::ValueFormat;
+use crate::shard::Shard;
 
 const ISSUE_SHAPE: &str = r#"
 redis:
@@ -243,7 +246,7 @@ fn duplicate_pods_are_an_error() {
 fn ha_takes_a_bounded_lease_ttl_and_shows_in_check_config() {
     let c = Config::from_str("redis:\n  url: redis://127.0.0.1:6379/0\nha: {}\n").unwrap();
     let ha = c.ha.unwrap();
-    assert_eq!(ha.lease_ttl, crate::store::redis::lease::DEFAULT_LEASE_TTL);
+    assert_eq!(ha.lease_ttl, crate::settings::redis::DEFAULT_LEASE_TTL);
     assert_eq!(c.to_json()["ha"]["effective"], true);
     let c = Config::from_str("ha:\n  lease_ttl_ms: 800\n").unwrap();
     assert_eq!(c.ha.unwrap().lease_ttl, Duration::from_millis(800));

@@ -11,39 +11,18 @@ use super::kubernetes::validate_kubernetes;
 use super::raw::{
     RawApi, RawConfig, RawHa, RawIngest, RawMetrics, RawRedis, RawShard, RawSpeculative, RawTarget,
 };
-use super::{
-    ApiConfig, Config, ConfigError, ConfigIssue, Env, HaConfig, IngestLimits, Target, TcpEndpoint,
-    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_DP_RANKS,
+use super::types::{
+    ApiConfig, Config, ConfigError, Env, HaConfig, IngestLimits, Issues,
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
 };
 use crate::index::SpeculativeOptions;
 use crate::medium::{TierWeights, WeightError};
+use crate::redis_conn::RedisTarget;
+use crate::redis_layout::ValueFormat;
+use crate::settings::redis::{RedisConfig, DEFAULT_LEASE_TTL, MAX_LEASE_TTL, MIN_LEASE_TTL};
+use crate::settings::target::{Target, TcpEndpoint, MAX_DP_RANKS};
 use crate::shard::{Shard, MAX_SHARDS};
-use crate::store::redis::lease::{DEFAULT_LEASE_TTL, MAX_LEASE_TTL, MIN_LEASE_TTL};
-use crate::store::redis::{RedisConfig, RedisTarget, ValueFormat};
 use crate::wire::Engine;
-
-/// Every problem found so far, in the order the file is read.
-#[derive(Debug, Default)]
-pub(super) struct Issues(Vec<ConfigIssue>);
-
-impl Issues {
-    pub(super) fn add(
-        &mut self,
-        field: impl Into<String>,
-        line: Option<u64>,
-        what: impl Into<String>,
-    ) {
-        self.0.push(ConfigIssue {
-            field: field.into(),
-            line,
-            what: what.into(),
-        });
-    }
-
-    pub(super) fn count(&self) -> usize {
-        self.0.len()
-    }
-}
 
 /// The 1-based line a value was written on.
 fn line_of<T>(spanned: &Spanned<T>) -> Option<u64> {

@@ -229,12 +229,11 @@ impl Daemon {
             let auth = api.token.is_some();
             let prompt = prompt_limits(&api);
             let state = crate::api::ApiState::new(
-                self.index.clone(),
+                backend,
                 config.weights.clone(),
                 api.token,
                 self.supervisor.clone(),
             )
-            .with_backend(backend)
             .with_prompt(prompt)
             .with_writer(gate);
             if !auth {

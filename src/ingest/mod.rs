@@ -11,10 +11,12 @@
 //! | `failure_log.rs` | `FailureLog`: which connect failures are logged at WARN (first, then rate-limited) |
 //! | `subscriber.rs` | one SUB socket + task per (target, DP rank): connect loop, recv, replay I/O |
 //! | `replay_client.rs` | the replay DEALER: request, both reply shapes, contiguity |
-//! | `target.rs` | [`Target`], [`TcpEndpoint`]: one engine pod to subscribe to |
 //! | `supervisor/` | the target set: start, stop, restart and forget targets; `PodsView` |
 //! | `status.rs` | [`PodStatus`] and [`PodsView`]: what `GET /v1/pods` reads from ingest |
 //! | `discovery/` | targets from the Kubernetes API (pods → targets, restarts by identity) |
+//!
+//! [`Target`] and [`TcpEndpoint`] (one engine pod to subscribe to) are settings vocabulary:
+//! defined below `config`, which fills them in, and public here.
 
 pub mod discovery;
 mod failure_log;
@@ -28,16 +30,15 @@ mod stats;
 mod status;
 pub mod subscriber;
 pub mod supervisor;
-mod target;
 
+pub use crate::settings::target::{Target, TcpEndpoint, DEFAULT_MAX_FRAME_BYTES, MAX_DP_RANKS};
 pub(crate) use failure_log::WARN_EVERY;
 pub use mirror_sink::{MirrorSink, CHUNK_DELTAS};
 pub use offline::{load_files, replay_files, LoadedFile, OfflineError, OfflineReplay};
-pub use pipeline::{Observer, Outcome, SourcePipeline, DEFAULT_MAX_FRAME_BYTES};
+pub use pipeline::{Observer, Outcome, SourcePipeline};
 pub use seq::{SeqDecision, SeqTracker};
 pub use stats::IngestStats;
 pub use status::{PodCounters, PodStatus, PodsView};
-pub use target::{Target, TcpEndpoint, MAX_DP_RANKS};
 
 /// The current unix second, the store time recorded in the index.
 pub fn unix_now() -> u32 {

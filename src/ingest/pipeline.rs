@@ -14,7 +14,8 @@ use std::fmt::Display;
 use tracing::{debug, info, warn};
 
 use crate::index::{ApplyStats, DeltaSink, Index, IndexError, SourceId};
-use crate::metrics::{ResetReason, SourceMetrics, WarmStart};
+use crate::metrics::{SourceMetrics, WarmStart};
+use crate::settings::target::DEFAULT_MAX_FRAME_BYTES;
 use crate::wire::{decode_message, DecodeOptions, Engine, EngineBatch, MessageError, SkipReason};
 
 use super::replay_client::{ReplayError, Replayed};
@@ -26,12 +27,29 @@ const LOG_FIRST: u64 = 5;
 const LOG_EVERY: u64 = 1000;
 /// Distinct unknown tags logged (once each) before the rest are only counted.
 const MAX_LOGGED_TAGS: usize = 64;
-/// Default cap on one ZMQ frame (`ingest.max_frame_bytes`).
-pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
 /// The `reason` label of a message with a frame over the cap.
 const FRAME_TOO_LARGE: &str = "frame_too_large";
 /// The `reason` label of stores dropped past the per-source model cap.
 const TOO_MANY_MODELS: &str = "too_many_models";
+
+/// Why a source was reset (its state became unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetReason {
+    /// A gap and no replay endpoint.
+    NoReplayEndpoint,
+    /// A replay that could not fill the gap.
+    ReplayFailed,
+}
+
+impl ResetReason {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::NoReplayEndpoint => "no_replay_endpoint",
+            ResetReason::ReplayFailed => "replay_failed",
+        }
+    }
+}
 
 /// What became of one message.
 #[derive(Debug, Clone, PartialEq)]
@@ -215,7 +233,7 @@ impl Observer {
             }
             Happening::Reset(reason) => {
                 s.source_resets += 1;
-                self.metrics.source_reset(reason);
+                self.metrics.source_reset(reason.as_str());
                 warn!(
                     reason = reason.as_str(),
                     "The source's state is unknown; reset it and rebuild from what follows."

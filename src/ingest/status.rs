@@ -6,20 +6,24 @@ use std::collections::BTreeMap;
 
 use crate::index::Index;
 
-/// One target pod's state, as `GET /v1/pods` reports it.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+/// One target pod's state, as `GET /v1/pods` reports it. Fields a reader can do without
+/// default when absent, so `kvindex top` reads older daemons' bodies.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PodStatus {
     /// Pod identifier `{pod}.{namespace}`.
     pub pod: String,
     /// Served model.
+    #[serde(default)]
     pub model: String,
     /// Engine family (`vllm`, `sglang`, `trtllm`).
     pub engine: String,
     /// ZMQ endpoint of DP rank 0.
+    #[serde(default)]
     pub endpoint: String,
     /// DP ranks subscribed.
     pub dp_ranks: u32,
     /// Where the target came from: `static` (config file) or `kubernetes` (discovery).
+    #[serde(default)]
     pub source: String,
     /// `connected`, `connecting`, `disconnected` or `stopped`; `other_shard` for a pod
     /// another replica owns (not subscribed here).
@@ -27,14 +31,19 @@ pub struct PodStatus {
     /// Seconds since the last message from any rank (`None` before the first).
     pub last_message_age_seconds: Option<f64>,
     /// Resident (block, pod) entries per medium spelling.
+    #[serde(default)]
     pub resident_blocks: BTreeMap<String, u64>,
     /// DP ranks connected now.
+    #[serde(default)]
     pub ranks_connected: u32,
     /// Why a rank's last connect attempt failed (`rank N: reason`), while one is failing.
+    #[serde(default)]
     pub last_error: Option<String>,
     /// Ingest counters over every rank since the target started.
+    #[serde(default)]
     pub counters: PodCounters,
     /// The replica (shard number) that owns the pod; 0 without sharding.
+    #[serde(default)]
     pub shard: u32,
 }
 

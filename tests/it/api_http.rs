@@ -5,13 +5,14 @@ use std::sync::Arc;
 use axum::body::{to_bytes, Body};
 use axum::http::{header, Request, StatusCode};
 use kvindex::api::{router, serve, ApiLimits, ApiState};
-use kvindex::config::{Target, TcpEndpoint};
 use kvindex::hash::prompt_block_hashes;
 use kvindex::index::{Discard, Index, IndexOptions, SourceSpec};
 use kvindex::ingest::replay_client::ReplayLimits;
 use kvindex::ingest::supervisor::Supervisor;
 use kvindex::ingest::{PodStatus, PodsView};
+use kvindex::ingest::{Target, TcpEndpoint};
 use kvindex::medium::{Medium, TierWeights};
+use kvindex::score::ScoreBackend;
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -70,7 +71,7 @@ fn index() -> Index {
 
 fn app(token: Option<&str>) -> axum::Router {
     let state = ApiState::new(
-        index(),
+        ScoreBackend::Index(index()),
         TierWeights::default(),
         token.map(str::to_owned),
         Arc::new(Targets),
@@ -169,7 +170,12 @@ fn spliced_app_with(options: IndexOptions) -> axum::Router {
     ];
     let batch = EngineBatch::of(events);
     index.apply(source, &batch, 100, &mut Discard).unwrap();
-    let state = ApiState::new(index, TierWeights::default(), None, Arc::new(Targets));
+    let state = ApiState::new(
+        ScoreBackend::Index(index),
+        TierWeights::default(),
+        None,
+        Arc::new(Targets),
+    );
     router(state)
 }
 
@@ -576,7 +582,7 @@ async fn pods_reports_resident_counts_of_the_real_supervisor() {
         ])
         .await;
     let state = ApiState::new(
-        index.clone(),
+        ScoreBackend::Index(index.clone()),
         TierWeights::default(),
         None,
         supervisor.clone(),

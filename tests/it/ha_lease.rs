@@ -475,7 +475,7 @@ async fn replay_score(dir: &Path, pod: &str, messages: &[RecordedMessage]) -> se
         }
     }
     let state = kvindex::api::ApiState::new(
-        replay.index().clone(),
+        kvindex::score::ScoreBackend::Index(replay.index().clone()),
         TierWeights::default(),
         None,
         Arc::new(NoPods),

@@ -193,7 +193,7 @@ fn replay_dump_is_canonical_sorted_json() {
     sorted.sort();
     assert_eq!(parsed, sorted, "sorted");
     // docs/architecture.md (choices): the store time is the unix second kvindex applied the
-    // store at, not the engine's batch timestamp (the recording's batches say 2026-01-01).
+    // store at, not the engine's batch timestamp (the recording's batches carry an older one).
     let now = kvindex::ingest::unix_now();
     for e in &parsed {
         assert!(
@@ -501,7 +501,7 @@ fn api_over(n: usize, limits: kvindex::api::ApiLimits) -> axum::Router {
         }
     }
     let state = kvindex::api::ApiState::new(
-        index,
+        kvindex::score::ScoreBackend::Index(index),
         kvindex::medium::TierWeights::default(),
         None,
         std::sync::Arc::new(NoPods),

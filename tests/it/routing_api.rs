@@ -10,6 +10,7 @@ use kvindex::api::{router, ApiState};
 use kvindex::index::{Discard, Index, IndexOptions, SourceId, SourceSpec, SpeculativeOptions};
 use kvindex::ingest::{PodStatus, PodsView};
 use kvindex::medium::{Medium, TierWeights};
+use kvindex::score::ScoreBackend;
 use kvindex::wire::{
     decode_batch, BlockHash, BlockRemoved, BlockStored, DecodeOptions, Engine, EngineBatch, Event,
 };
@@ -54,7 +55,7 @@ fn index_with_ttl(ttl: Duration) -> (Index, Vec<SourceId>) {
 /// The API over `index`: one per test, so its predictions live across requests.
 fn app(index: &Index) -> axum::Router {
     router(ApiState::new(
-        index.clone(),
+        ScoreBackend::Index(index.clone()),
         TierWeights::default(),
         None,
         Arc::new(NoPods),

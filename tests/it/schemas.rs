@@ -13,6 +13,7 @@ use kvindex::index::{Index, SourceSpec};
 use kvindex::ingest::fixture;
 use kvindex::ingest::{PodStatus, PodsView};
 use kvindex::medium::TierWeights;
+use kvindex::score::ScoreBackend;
 use kvindex::wire::{self, DecodeOptions, Engine, MessageErrorKind};
 use serde_json::{json, Value};
 
@@ -116,7 +117,7 @@ fn routing_app() -> axum::Router {
     };
     index.register_source(&spec).unwrap();
     router(ApiState::new(
-        index,
+        ScoreBackend::Index(index),
         TierWeights::default(),
         None,
         Arc::new(NoPods),

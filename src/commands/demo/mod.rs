@@ -18,14 +18,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use self::narrate::{intent, seen, Narrator};
+use self::narrate::{intent, rank_status, seen, Narrator};
 use self::scenario::{DemoPod, Role, BUSY_PACE, NAMESPACE, PODS};
 use super::UsageError;
 use crate::sim::SimEngine;
 use kvindex::config::Config;
 use kvindex::index::DumpEntry;
 use kvindex::ingest::replay_client::ReplayLimits;
-use kvindex::ingest::subscriber::{LinkState, RankStatus};
+use kvindex::ingest::subscriber::LinkState;
 use kvindex::ingest::unix_now;
 use kvindex::Daemon;
 
@@ -72,13 +72,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let weights = config.weights.clone();
     let daemon = Daemon::start(config, None, ReplayLimits::default()).await?;
     let mut say = Narrator::new();
-    say.header(&args, &daemon, &engines);
+    say.header(args.redis.is_some(), &daemon, &engines);
     let stop = stop_signal(args.duration);
     let (scripted, busy) = engines.split_at_mut(PODS.len() - 1);
     let outcome = tokio::select! {
         r = async {
             play_all(&daemon, scripted, &mut say).await?;
-            say.queries(&daemon, &weights, args.engine_port);
+            say.queries(&daemon, &weights, args.engine_port == DEFAULT_ENGINE_PORT);
             heartbeats(scripted).await;
             Ok(())
         } => r,
@@ -337,16 +337,6 @@ async fn busy_loop(daemon: &Daemon, engine: &mut SimEngine, pod: &DemoPod) -> an
         engine.publish(0, &frames).await?;
     }
     Ok(())
-}
-
-pub(super) fn rank_status(daemon: &Daemon, pod: &DemoPod, rank: usize) -> Option<RankStatus> {
-    let id = pod.id();
-    daemon
-        .supervisor
-        .status()
-        .into_iter()
-        .find(|t| t.target.pod_id() == id)
-        .and_then(|t| t.ranks.get(rank).cloned())
 }
 
 /// Polls `cond` every 20 ms until it holds or `timeout` passes.

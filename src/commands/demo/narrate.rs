@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use super::queries;
 use super::scenario::{self, DemoPod, Role, CORRUPT_SEQ, DROPPED_SEQ, PODS};
-use super::{rank_status, DemoArgs, DEFAULT_ENGINE_PORT};
 use crate::sim::SimEngine;
 use kvindex::ingest::subscriber::RankStatus;
 use kvindex::ingest::{unix_now, PodsView};
@@ -60,6 +59,17 @@ pub(super) fn seen(daemon: &Daemon, pod: &DemoPod) -> String {
     )
 }
 
+/// The status of DP rank `rank` of `pod`, as the daemon's supervisor reports it.
+pub(super) fn rank_status(daemon: &Daemon, pod: &DemoPod, rank: usize) -> Option<RankStatus> {
+    let id = pod.id();
+    daemon
+        .supervisor
+        .status()
+        .into_iter()
+        .find(|t| t.target.pod_id() == id)
+        .and_then(|t| t.ranks.get(rank).cloned())
+}
+
 /// Timestamped lines on stdout (a closed stdout is ignored, never a panic).
 pub(super) struct Narrator {
     start: Instant,
@@ -83,10 +93,12 @@ impl Narrator {
         let _ = out.flush();
     }
 
-    pub(super) fn header(&mut self, args: &DemoArgs, daemon: &Daemon, engines: &[SimEngine]) {
-        let store = match &args.redis {
-            Some(_) => "the in-memory index, mirrored into Redis",
-            None => "the in-memory index (no Redis)",
+    /// The daemon's and engines' addresses; `redis`: whether the index is mirrored.
+    pub(super) fn header(&mut self, redis: bool, daemon: &Daemon, engines: &[SimEngine]) {
+        let store = if redis {
+            "the in-memory index, mirrored into Redis"
+        } else {
+            "the in-memory index (no Redis)"
         };
         self.raw(&format!(
             "kvindex demo: the daemon on {store}, and {} simulated engines on 127.0.0.1 publishing recordings of the engines' own encoders.",
@@ -113,11 +125,13 @@ impl Narrator {
         }
     }
 
+    /// The queries to paste; `default_ports`: the engines listen where
+    /// `examples/kvindex-demo.yaml` expects them.
     pub(super) fn queries(
         &mut self,
         daemon: &Daemon,
         weights: &kvindex::medium::TierWeights,
-        engine_port: u16,
+        default_ports: bool,
     ) {
         let expected = scenario::expected_index(unix_now());
         let Some(api) = daemon.api_addr else {
@@ -140,7 +154,7 @@ impl Narrator {
             "  kvindex top --url http://{} --api-url http://{api}",
             daemon.metrics_addr
         ));
-        if engine_port == DEFAULT_ENGINE_PORT {
+        if default_ports {
             self.raw("  kvindex serve --config examples/kvindex-demo.yaml   # a second daemon on the same engines");
         }
         let busy = &PODS[PODS.len() - 1];

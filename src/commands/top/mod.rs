@@ -19,9 +19,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 
-use self::model::{parse_metrics, parse_pods, parse_writer, rate, PodRates, Totals};
+use self::model::{parse_metrics, parse_pods, rate, PodRates, Totals};
 use self::view::{Reach, Screen, TotalRates};
-use kvindex::ingest::PodCounters;
+use kvindex::ingest::{PodCounters, PodStatus};
 
 /// How long one HTTP request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
@@ -179,14 +179,14 @@ impl Poller {
         }
         screen.totals = self.last_good.as_ref().map(|(_, t)| t.clone());
         screen.rates = self.last_rates;
-        screen.writer = pods.as_deref().ok().and_then(parse_writer);
-        screen.pods = pods
-            .and_then(|body| parse_pods(&body).map_err(|e| format!("not the /v1/pods body: {e}")))
-            .map(|pods| self.pod_rates(now, pods));
+        let body = pods
+            .and_then(|body| parse_pods(&body).map_err(|e| format!("not the /v1/pods body: {e}")));
+        screen.writer = body.as_ref().ok().and_then(|b| b.writer.clone());
+        screen.pods = body.map(|b| self.pod_rates(now, b.pods));
         screen
     }
 
-    fn pod_rates(&mut self, now: Instant, pods: Vec<model::Pod>) -> Vec<(model::Pod, PodRates)> {
+    fn pod_rates(&mut self, now: Instant, pods: Vec<PodStatus>) -> Vec<(PodStatus, PodRates)> {
         let mut seen = HashMap::new();
         let out = pods
             .into_iter()

@@ -1,10 +1,10 @@
 //! What `kvindex top` shows, computed from the daemon's answers without any I/O: the
-//! Prometheus text parser, the `/v1/pods` body, and rates between two polls.
+//! Prometheus text parser, the `/v1/pods` body ([`PodsBody`], the API's own type), and rates
+//! between two polls.
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-
+use kvindex::api::PodsBody;
 use kvindex::ingest::PodCounters;
 
 /// One sample of the Prometheus text format.
@@ -231,66 +231,12 @@ impl Totals {
     }
 }
 
-/// One target as `GET /v1/pods` reports it (the fields `top` shows).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct Pod {
-    /// `{pod}.{namespace}`.
-    pub pod: String,
-    /// Engine family.
-    pub engine: String,
-    /// Connection state.
-    pub state: String,
-    /// DP ranks.
-    pub dp_ranks: u32,
-    /// DP ranks connected.
-    #[serde(default)]
-    pub ranks_connected: u32,
-    /// Seconds since the last message.
-    pub last_message_age_seconds: Option<f64>,
-    /// Resident entries per medium.
-    #[serde(default)]
-    pub resident_blocks: BTreeMap<String, u64>,
-    /// Why a rank cannot connect.
-    #[serde(default)]
-    pub last_error: Option<String>,
-    /// Ingest counters.
-    #[serde(default)]
-    pub counters: PodCounters,
-}
-
-#[derive(Deserialize)]
-struct PodsBody {
-    pods: Vec<Pod>,
-}
-
-/// Which replica writes Redis, as `GET /v1/pods` reports it with `ha:`.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct Writer {
-    /// `leader` or `standby`: this replica's role.
-    pub role: String,
-    /// The lease holder's identity, when someone holds it.
-    pub holder: Option<String>,
-    /// Whether this replica has caught up and may take the lease.
-    #[serde(default)]
-    pub ready_to_lead: bool,
-}
-
-#[derive(Deserialize)]
-struct WriterBody {
-    writer: Option<Writer>,
-}
-
-/// The `writer` object of a `GET /v1/pods` body (`None` without `ha:`, or unreadable).
-pub fn parse_writer(body: &str) -> Option<Writer> {
-    serde_json::from_str::<WriterBody>(body).ok()?.writer
-}
-
 /// Parses a `GET /v1/pods` body.
 ///
 /// # Errors
 /// When the body is not the documented JSON.
-pub fn parse_pods(body: &str) -> Result<Vec<Pod>, serde_json::Error> {
-    serde_json::from_str::<PodsBody>(body).map(|b| b.pods)
+pub fn parse_pods(body: &str) -> Result<PodsBody, serde_json::Error> {
+    serde_json::from_str(body)
 }
 
 /// Per-second rates of one target between two polls.
@@ -407,7 +353,7 @@ garbage line without value
     #[test]
     fn pods_parse_with_and_without_the_newer_fields() {
         let body = r#"{"pods":[{"pod":"a.ns","model":"m","engine":"vllm","endpoint":"tcp://x:1","dp_ranks":2,"source":"static","state":"connecting","last_message_age_seconds":null,"resident_blocks":{"GPU":3}}]}"#;
-        let pods = parse_pods(body).unwrap();
+        let pods = parse_pods(body).unwrap().pods;
         assert_eq!(pods[0].pod, "a.ns");
         assert_eq!(pods[0].resident_blocks.get("GPU"), Some(&3));
         assert_eq!(pods[0].counters, PodCounters::default());

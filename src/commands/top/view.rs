@@ -6,7 +6,9 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 
-use super::model::{Pod, PodRates, Routing, Totals, Writer};
+use super::model::{PodRates, Routing, Totals};
+use kvindex::api::WriterStatus;
+use kvindex::ingest::PodStatus;
 
 /// Whether the daemon answered the last poll.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,9 +55,9 @@ pub struct Screen {
     /// Their rates.
     pub rates: TotalRates,
     /// The targets, or why `/v1/pods` could not be read.
-    pub pods: Result<Vec<(Pod, PodRates)>, String>,
+    pub pods: Result<Vec<(PodStatus, PodRates)>, String>,
     /// With `ha:`: which replica writes Redis.
-    pub writer: Option<Writer>,
+    pub writer: Option<WriterStatus>,
 }
 
 /// Draws the whole screen.
@@ -164,7 +166,7 @@ fn header(screen: &Screen) -> Paragraph<'static> {
 }
 
 /// Who writes Redis: this replica, or the lease holder while this one stands by.
-fn writer_line(w: &Writer) -> String {
+fn writer_line(w: &WriterStatus) -> String {
     let holder = w.holder.as_deref().unwrap_or("nobody");
     if w.role == "leader" {
         format!("writer   this replica (HA leader, lease {holder})")
@@ -259,7 +261,7 @@ fn errors(screen: &Screen) -> Vec<Line<'static>> {
         .collect()
 }
 
-fn pod_row(p: &Pod, r: &PodRates) -> Row<'static> {
+fn pod_row(p: &PodStatus, r: &PodRates) -> Row<'static> {
     let state_style = match p.state.as_str() {
         "connected" => Style::default().fg(Color::Green),
         _ => Style::default().fg(Color::Yellow),
@@ -361,13 +363,14 @@ mod tests {
 
     #[test]
     fn the_writer_line_names_this_replica_or_the_lease_holder() {
-        let leader = Writer {
+        let leader = WriterStatus {
             role: "leader".to_owned(),
             holder: Some("kvindex-0/7".to_owned()),
             ready_to_lead: true,
+            ..WriterStatus::default()
         };
         assert!(writer_line(&leader).contains("this replica (HA leader"));
-        let standby = Writer {
+        let standby = WriterStatus {
             role: "standby".to_owned(),
             ..leader
         };

@@ -24,9 +24,33 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::model::{observe, Roster, RosterUpdate};
-use super::settings::{ClusterAccess, KubernetesConfig};
+use super::{ClusterAccess, KubernetesConfig};
 use crate::ingest::supervisor::{DiscoveredTarget, Supervisor};
-use crate::metrics::WatchErrorReason;
+
+/// Why a Kubernetes list or watch failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchErrorReason {
+    /// The API server could not be reached (connection, TLS, timeout).
+    Unreachable,
+    /// 410 Gone: the resource version expired; the watcher lists again.
+    Gone,
+    /// 401/403: the service account lacks get/list/watch on pods.
+    Forbidden,
+    /// Anything else the API server answered.
+    Other,
+}
+
+impl WatchErrorReason {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchErrorReason::Unreachable => "unreachable",
+            WatchErrorReason::Gone => "gone",
+            WatchErrorReason::Forbidden => "forbidden",
+            WatchErrorReason::Other => "other",
+        }
+    }
+}
 
 /// First pause after a watch error.
 pub const MIN_BACKOFF: Duration = Duration::from_millis(250);
@@ -284,7 +308,7 @@ impl Runner {
 
     fn on_error(&self, err: &watcher::Error, backoff: Duration) {
         let (reason, what) = classify(err);
-        crate::metrics::discovery_watch_error(reason);
+        crate::metrics::discovery_watch_error(reason.as_str());
         warn!(
             reason = reason.as_str(),
             backoff_ms = backoff.as_millis() as u64,
@@ -330,11 +354,11 @@ impl Runner {
 /// Logs and counts what a roster update changed.
 fn report(update: &RosterUpdate) {
     for (pod, error) in &update.newly_skipped {
-        crate::metrics::discovery_pod_skipped(error.reason);
+        crate::metrics::discovery_pod_skipped(error.reason.as_str());
         warn!(pod = %pod, reason = error.reason.as_str(), "Skipping a discovered pod: {error}.");
     }
     for (pod, change) in &update.restarts {
-        crate::metrics::discovery_identity_restart(*change);
+        crate::metrics::discovery_identity_restart(change.as_str());
         info!(pod = %pod, change = change.as_str(), "Engine restart seen in the pod's identity; dropping its state before the new stream.");
     }
     for pod in &update.expired {

@@ -2,19 +2,20 @@
 //!
 //! | file | job |
 //! | --- | --- |
-//! | `settings.rs` | [`KubernetesConfig`]: API access, namespaces, selector, per-pod defaults |
 //! | `model.rs` | pure: pod object → target (annotations over defaults), identity, [`Roster`] |
 //! | `kubernetes.rs` | kube-rs watcher + reflector per namespace → [`Roster`] → supervisor |
+//!
+//! [`KubernetesConfig`] (API access, namespaces, selector, per-pod defaults) is settings
+//! vocabulary, defined below `config`, which fills it in.
 //!
 //! Discovery only produces targets: the supervisor runs them next to the static ones, and
 //! its forget path (index and Redis) handles deletion, expiry and restarts.
 
 pub mod kubernetes;
 pub mod model;
-pub mod settings;
 
+pub use crate::settings::kubernetes::{ClusterAccess, KubernetesConfig, PodDefaults};
 pub use kubernetes::{
     client_for, spawn, DiscoveryError, DiscoveryHealth, DiscoveryStatus, KubernetesDiscovery,
 };
 pub use model::{observe, AnnotationError, PodObservation, Roster, RosterUpdate};
-pub use settings::{ClusterAccess, KubernetesConfig, PodDefaults};

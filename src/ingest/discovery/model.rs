@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::settings::{check_port_ranges, port_number, PodDefaults};
+use super::PodDefaults;
 use crate::ingest::supervisor::{DiscoveredTarget, EngineIdentity};
 use crate::ingest::{Target, TcpEndpoint, MAX_DP_RANKS};
-use crate::metrics::{IdentityChange, PodSkipReason};
+use crate::settings::kubernetes::{check_port_ranges, port_number};
 use crate::wire::Engine;
 
 /// Annotation overriding the engine family.
@@ -28,6 +28,59 @@ pub const ANNOTATION_TOPIC: &str = "kvindex.io/topic";
 
 /// Longest topic accepted from an annotation (a subscription prefix, not a payload).
 const MAX_TOPIC_LEN: usize = 256;
+
+/// Why a discovered pod was skipped: the annotation (or default) that is missing or invalid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodSkipReason {
+    /// `kvindex.io/engine`.
+    Engine,
+    /// `kvindex.io/model`.
+    Model,
+    /// `kvindex.io/port`.
+    Port,
+    /// `kvindex.io/replay-port`.
+    ReplayPort,
+    /// `kvindex.io/dp-ranks`.
+    DpRanks,
+    /// `kvindex.io/topic`.
+    Topic,
+    /// The pod's metadata lacks a name or namespace.
+    Metadata,
+}
+
+impl PodSkipReason {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodSkipReason::Engine => "engine",
+            PodSkipReason::Model => "model",
+            PodSkipReason::Port => "port",
+            PodSkipReason::ReplayPort => "replay_port",
+            PodSkipReason::DpRanks => "dp_ranks",
+            PodSkipReason::Topic => "topic",
+            PodSkipReason::Metadata => "metadata",
+        }
+    }
+}
+
+/// Why a discovered target was restarted by identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityChange {
+    /// A new pod UID under the same name.
+    Uid,
+    /// A container restarted (restart count or start time changed).
+    Container,
+}
+
+impl IdentityChange {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdentityChange::Uid => "uid",
+            IdentityChange::Container => "container",
+        }
+    }
+}
 
 /// Why a pod cannot be a target: which annotation (or missing default) and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -30,14 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::MirrorError;
 use crate::redis_conn::{RedisConn, RedisTarget};
+pub use crate::settings::redis::{DEFAULT_LEASE_TTL, MAX_LEASE_TTL, MIN_LEASE_TTL};
 use crate::shard::Shard;
 
-/// Shortest lease a config may ask for: renewals every ttl/3 must fit a Redis round trip.
-pub const MIN_LEASE_TTL: Duration = Duration::from_millis(200);
-/// Longest lease a config may ask for: a dead leader's pods go unwritten this long.
-pub const MAX_LEASE_TTL: Duration = Duration::from_secs(60);
-/// Default lease: a dead leader is replaced within about this long.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
 /// Longest pause between a standby's attempts to take the lease: a released lease is taken
 /// within about this long, whatever the ttl.
 const MAX_POLL: Duration = Duration::from_millis(100);

@@ -1,7 +1,7 @@
 //! What ingest subscribes to: one engine pod (its endpoints, engine, model, DP ranks).
 //!
-//! Targets come from the config file's `targets:` today and from discovery sources later;
-//! both build this one type, so the supervisor never knows where a target came from.
+//! Targets come from the config file's `targets:` and from Kubernetes discovery; both build
+//! this one type, so the supervisor never knows where a target came from.
 
 use std::fmt;
 
@@ -11,6 +11,9 @@ use crate::wire::Engine;
 
 /// Highest DP rank count per target (ranks are `u8` in the index).
 pub const MAX_DP_RANKS: u32 = 256;
+
+/// Default cap on one ZMQ frame (`ingest.max_frame_bytes`).
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
 
 /// One engine pod to subscribe to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
