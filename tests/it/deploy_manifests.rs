@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use kvindex::config::Config;
-use kvindex::ingest::discovery::model::{
+use kvindex::ingest::discovery::{
     ANNOTATION_DP_RANKS, ANNOTATION_ENGINE, ANNOTATION_MODEL, ANNOTATION_PORT,
     ANNOTATION_REPLAY_PORT, ANNOTATION_TOPIC,
 };

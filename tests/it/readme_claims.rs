@@ -693,7 +693,7 @@ fn a_second_file_starting_at_seq_0_is_a_restart() {
 /// Timing itself is not asserted (a shared CI machine); these pin the documented numbers.
 #[test]
 fn documented_backoffs_are_the_code_constants() {
-    use kvindex::ingest::discovery::kubernetes as k8s;
+    use kvindex::ingest::discovery as k8s;
     use kvindex::ingest::subscriber;
     assert_eq!(subscriber::MAX_BACKOFF, Duration::from_secs(1));
     assert!(subscriber::CONNECT_TIMEOUT <= Duration::from_secs(1));

@@ -11,11 +11,15 @@
 //! Discovery only produces targets: the supervisor runs them next to the static ones, and
 //! its forget path (index and Redis) handles deletion, expiry and restarts.
 
-pub mod kubernetes;
-pub mod model;
+mod kubernetes;
+mod model;
 
 pub use crate::settings::kubernetes::{ClusterAccess, KubernetesConfig, PodDefaults};
 pub use kubernetes::{
     client_for, spawn, DiscoveryError, DiscoveryHealth, DiscoveryStatus, KubernetesDiscovery,
+    MAX_BACKOFF, MIN_BACKOFF,
 };
-pub use model::{observe, AnnotationError, PodObservation, Roster, RosterUpdate};
+pub use model::{
+    observe, AnnotationError, PodObservation, Roster, RosterUpdate, ANNOTATION_DP_RANKS,
+    ANNOTATION_ENGINE, ANNOTATION_MODEL, ANNOTATION_PORT, ANNOTATION_REPLAY_PORT, ANNOTATION_TOPIC,
+};
