@@ -2,18 +2,28 @@
 //!
 //! | file | job |
 //! | --- | --- |
-//! | `mod.rs` | the public surface: [`RedisConfig`], [`MirrorHandle`], [`MirrorSender`] |
-//! | `mirror/` | the writer task: coalescing, command encoding, one bounded pipeline per flush, outage handling |
+//! | `mod.rs` | the public surface: [`MirrorHandle`], [`MirrorSender`], [`MirrorStats`] |
+//! | `writer.rs` | the writer task: the loop that coalesces, flushes, handles outages and the lease, and owns the roles below |
+//! | `reconcile.rs` | role: the outage record, and bringing Redis back in line with the index after an outage |
+//! | `anti_entropy/` | role: the rewrite and verify passes (`scan.rs`: the SCAN phase) |
+//! | `refresh.rs` | role: rewriting fields before kthena's GC would drop them, on the passes' walk |
+//! | `watchdog.rs` | role: noticing a Redis restart or FLUSHALL while idle (`run_id`, sentinel key) |
+//! | `adopt.rs` | role: removes of unknown engine hashes resolved through Redis's mapping keys |
+//! | `link.rs` | what the roles work through: the connection, the index, the encoder, the watermarks |
+//! | `encode.rs` | deltas as Redis commands, values read from the index at flush time |
+//! | `marks.rs` | the checkpoint's watermarks, written behind the data they cover |
 //! | `inflight.rs` | several pipelines in flight in order on one connection; the write-latency histogram |
-//! | `reconcile.rs` | bringing Redis back in line with the index after an outage |
+//! | `key.rs` | which field or key a delta writes (the coalescing key) |
+//! | `shared.rs` | the queue's messages and the figures shared with the handle |
+//! | `connect.rs` | opening and checking the mirror's connection |
 //! | `checkpoint.rs` | kvindex's own `kvindex:` keys: watermarks and engine-block state for warm starts |
-//! | `anti_entropy/` | background passes: reconcile rewrite, anti-entropy, refresh, watchdog (`scan.rs`: the SCAN phase) |
 //! | `lease.rs` | high availability: the per-shard lease that lets one replica write, [`lease::LeaseGate`] |
-//! | `watchdog.rs` | noticing a Redis restart or FLUSHALL while idle (`run_id`, sentinel key) |
-//! | `adopt.rs` | removes of unknown engine hashes resolved through Redis's mapping keys |
-//! | `error.rs` | [`MirrorError`], at the bottom so every part reports it without importing `mod.rs` |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
+//! | `config.rs`, `error.rs`, `labels.rs` | at the bottom: [`RedisConfig`], [`MirrorError`], the metric label values |
 //! | `tests.rs` | unit tests of coalescing |
+//!
+//! Files import downwards only, in the order of this table (docs/architecture.md, the Redis
+//! writer).
 //!
 //! Key and value spellings and URL redaction live in [`crate::redis_layout`], shared with the
 //! Redis scoring backend; the connection ([`RedisConn`]: a single Redis or a Redis Cluster,
@@ -21,11 +31,12 @@
 //!
 //! The index is the truth. Deltas flow one way into a bounded queue; the writer coalesces
 //! them per flush (last write of a field or mapping key wins, so writes to one key stay in
-//! order) and sends one pipeline, with up to four in flight on one connection (answered in
-//! order; `inflight.rs` explains why a key's writes can never be reordered). When Redis fails, the writer keeps draining the queue (ingest
-//! never stops), records which keys it could not write (at most a cap; past it, a full pass),
-//! and on reconnect rewrites everything the index holds and deletes the recorded keys the
-//! index no longer holds, in chunks between flushes. A rate-bounded anti-entropy pass
+//! order) and sends one pipeline, with a few in flight on one connection (answered in order;
+//! `inflight.rs` explains why a key's writes can never be reordered). When Redis fails, the
+//! writer keeps draining the queue (ingest never stops), records which keys it could not
+//! write (at most a cap; past it, a full pass), and on reconnect rewrites everything the
+//! index holds and deletes the recorded keys the index no longer holds, in chunks between
+//! flushes. A rate-bounded anti-entropy pass
 //! compares Redis with the index (SCANning kthena's key prefixes) and refreshes fields
 //! before kthena's GC would drop them; a watchdog notices a Redis restart or FLUSHALL.
 //!
@@ -36,15 +47,24 @@
 mod adopt;
 mod anti_entropy;
 pub mod checkpoint;
+mod config;
+mod connect;
 mod dump;
+mod encode;
 mod error;
 mod inflight;
+mod key;
+pub mod labels;
 pub mod lease;
-mod mirror;
+mod link;
+mod marks;
 mod reconcile;
+mod refresh;
+mod shared;
 #[cfg(test)]
 mod tests;
 mod watchdog;
+mod writer;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -57,72 +77,14 @@ use tokio::task::JoinHandle;
 use crate::index::{Checkpoint, Delta, DeltaChunk, Index};
 use crate::medium::TierWeights;
 pub use crate::redis_conn::{RedisConn, RedisTarget};
+pub use config::RedisConfig;
 pub use error::MirrorError;
 
 /// The field value format is part of kthena's layout; re-exported as [`RedisConfig`] uses it.
 pub use crate::redis_layout::ValueFormat;
 pub use dump::{dump, dump_target, MappingEntry, RedisDump};
-use mirror::{Msg, Shared};
-
-/// Settings of the mirror.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RedisConfig {
-    /// Where Redis is: one server (`redis://[user:pass@]host:port/db`, `rediss://…` for
-    /// TLS) or a Redis Cluster's seed URLs.
-    pub target: RedisTarget,
-    /// Field value format.
-    pub value_format: ValueFormat,
-    /// Write the engine-hash mapping keys (kthena compatibility; default on).
-    pub mapping_keys: bool,
-    /// Flush once this many commands are pending (at most 16,384: one pipeline's bound).
-    /// While no pipeline is in flight the writer flushes at once, whatever is pending.
-    pub flush_max_commands: usize,
-    /// Flush at least this often while commands are pending.
-    pub flush_interval: Duration,
-    /// Delta batches queued before ingest waits (backpressure); the queue also holds at most
-    /// [`MAX_QUEUED_DELTAS`] deltas.
-    pub queue_capacity: usize,
-    /// Keep kvindex's checkpoint (`kvindex:` keys: per-source watermarks and engine-block
-    /// state) in the same pipelines, and rebuild the index from it at start: what lets a
-    /// restarted daemon go on where the previous one stopped. On for `serve`, off for
-    /// offline tools, whose writes are kthena's layout alone.
-    pub checkpoint: bool,
-    /// Run anti-entropy verify passes: compare Redis with the index for the pods of the
-    /// registered sources and delete what the index does not hold. On for `serve`; off for
-    /// offline tools (`replay --redis`), whose short-lived index is not those pods' truth and
-    /// must never delete a live pod's fields.
-    pub verify: bool,
-    /// The replica's shard: a warm start restores (and so later verifies, rewrites or
-    /// forgets) only the checkpointed sources of pods this shard owns, never another
-    /// replica's.
-    pub shard: crate::shard::Shard,
-    /// A periodic anti-entropy pass starts at most this often.
-    pub anti_entropy_interval: Duration,
-    /// Commands per second a periodic anti-entropy pass may send (reads and repairs).
-    pub anti_entropy_max_commands_per_s: u32,
-    /// A resident field is rewritten with the current time before it is this old (seconds),
-    /// and its mapping keys' TTL renewed, so kthena's 24 h GC never drops it.
-    pub refresh_after_s: u32,
-}
-
-impl Default for RedisConfig {
-    fn default() -> Self {
-        RedisConfig {
-            target: RedisTarget::Single("redis://127.0.0.1:6379/0".to_owned()),
-            value_format: ValueFormat::Tiered,
-            mapping_keys: true,
-            flush_max_commands: 1000,
-            flush_interval: Duration::from_millis(5),
-            queue_capacity: 1024,
-            checkpoint: false,
-            verify: true,
-            shard: crate::shard::Shard::SINGLE,
-            anti_entropy_interval: Duration::from_secs(60),
-            anti_entropy_max_commands_per_s: 1000,
-            refresh_after_s: 43_200,
-        }
-    }
-}
+use shared::{Msg, Shared};
+use writer::Writer;
 
 /// Figures of a running mirror.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -178,9 +140,9 @@ pub struct MirrorSender {
 }
 
 /// Deltas (or cleared blocks) the queue holds at most, whatever the number of chunks: the
-/// queue's bound in memory (~5 MB), where `queue_capacity` bounds chunks. In a churning soak
-/// with Redis the slower side, a queue of 1,024 full 100-event messages held ~20 MB of
-/// deltas, more than the index itself. A chunk larger than this enters alone.
+/// queue's bound in memory, where `queue_capacity` bounds chunks (a queue of full messages
+/// could otherwise hold more deltas than the index holds blocks when Redis is the slower
+/// side). A chunk larger than this enters alone.
 pub const MAX_QUEUED_DELTAS: usize = 65_536;
 
 /// The room `chunk` takes in the queue: its deltas (a clear's blocks, which hold less than a
@@ -281,8 +243,8 @@ impl MirrorHandle {
         lease: Option<Arc<lease::LeaseGate>>,
     ) -> Result<MirrorHandle, MirrorError> {
         let shared = Arc::new(Shared::default());
-        crate::metrics::mirror_upkeep_series();
-        let mut conn = mirror::connect(&config.target).await?;
+        labels::register_upkeep_series();
+        let mut conn = connect::connect(&config.target).await?;
         let (restored, marks) = if config.checkpoint {
             let (summary, marks) =
                 checkpoint::restore(&mut conn, &config.target, &index, config.shard).await?;
@@ -292,7 +254,7 @@ impl MirrorHandle {
         };
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let url = config.target.shown();
-        let mut writer = mirror::Writer::new(config, index, weights, conn, Arc::clone(&shared));
+        let mut writer = Writer::new(config, index, weights, conn, Arc::clone(&shared));
         writer.seed_marks(marks);
         if let Some(gate) = lease {
             writer.behind_lease(gate);
@@ -354,14 +316,14 @@ impl MirrorHandle {
             dirty: s.dirty.load(Ordering::Relaxed),
             reconciling: s.reconciling.load(Ordering::Relaxed),
             reconciles: s.reconciles.load(Ordering::Relaxed),
-            adopted_removes: s.entropy.adopted_removes.load(Ordering::Relaxed),
-            repairs_deleted: s.entropy.repairs_deleted.load(Ordering::Relaxed),
-            repair_suspects: s.entropy.suspects.load(Ordering::Relaxed),
-            repairs_written: s.entropy.repairs_written.load(Ordering::Relaxed),
-            refreshed: s.entropy.refreshed.load(Ordering::Relaxed),
-            redis_resets: s.entropy.redis_resets.load(Ordering::Relaxed),
-            anti_entropy_passes: s.entropy.passes.load(Ordering::Relaxed),
-            background_commands: s.entropy.background_commands.load(Ordering::Relaxed),
+            adopted_removes: s.upkeep.adopted_removes.load(Ordering::Relaxed),
+            repairs_deleted: s.upkeep.repairs_deleted.load(Ordering::Relaxed),
+            repair_suspects: s.upkeep.suspects.load(Ordering::Relaxed),
+            repairs_written: s.upkeep.repairs_written.load(Ordering::Relaxed),
+            refreshed: s.upkeep.refreshed.load(Ordering::Relaxed),
+            redis_resets: s.upkeep.redis_resets.load(Ordering::Relaxed),
+            anti_entropy_passes: s.upkeep.passes.load(Ordering::Relaxed),
+            background_commands: s.upkeep.background_commands.load(Ordering::Relaxed),
         }
     }
 

@@ -1,0 +1,68 @@
+//! [`RedisConfig`]: the mirror's settings, at the bottom so every part reads them without
+//! importing the module's face.
+
+use std::time::Duration;
+
+use crate::redis_conn::RedisTarget;
+use crate::redis_layout::ValueFormat;
+use crate::shard::Shard;
+
+/// Settings of the mirror.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisConfig {
+    /// Where Redis is: one server (`redis://[user:pass@]host:port/db`, `rediss://…` for
+    /// TLS) or a Redis Cluster's seed URLs.
+    pub target: RedisTarget,
+    /// Field value format.
+    pub value_format: ValueFormat,
+    /// Write the engine-hash mapping keys (kthena compatibility; default on).
+    pub mapping_keys: bool,
+    /// Flush once this many commands are pending (at most one pipeline's bound).
+    /// While no pipeline is in flight the writer flushes at once, whatever is pending.
+    pub flush_max_commands: usize,
+    /// Flush at least this often while commands are pending.
+    pub flush_interval: Duration,
+    /// Delta batches queued before ingest waits (backpressure); the queue also holds at most
+    /// [`super::MAX_QUEUED_DELTAS`] deltas.
+    pub queue_capacity: usize,
+    /// Keep kvindex's checkpoint (`kvindex:` keys: per-source watermarks and engine-block
+    /// state) in the same pipelines, and rebuild the index from it at start: what lets a
+    /// restarted daemon go on where the previous one stopped. On for `serve`, off for
+    /// offline tools, whose writes are kthena's layout alone.
+    pub checkpoint: bool,
+    /// Run anti-entropy verify passes: compare Redis with the index for the pods of the
+    /// registered sources and delete what the index does not hold. On for `serve`; off for
+    /// offline tools (`replay --redis`), whose short-lived index is not those pods' truth and
+    /// must never delete a live pod's fields.
+    pub verify: bool,
+    /// The replica's shard: a warm start restores (and so later verifies, rewrites or
+    /// forgets) only the checkpointed sources of pods this shard owns, never another
+    /// replica's.
+    pub shard: Shard,
+    /// A periodic anti-entropy pass starts at most this often.
+    pub anti_entropy_interval: Duration,
+    /// Commands per second a periodic anti-entropy pass may send (reads and repairs).
+    pub anti_entropy_max_commands_per_s: u32,
+    /// A resident field is rewritten with the current time before it is this old (seconds),
+    /// and its mapping keys' TTL renewed, so kthena's GC never drops it.
+    pub refresh_after_s: u32,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            target: RedisTarget::Single("redis://127.0.0.1:6379/0".to_owned()),
+            value_format: ValueFormat::Tiered,
+            mapping_keys: true,
+            flush_max_commands: 1000,
+            flush_interval: Duration::from_millis(5),
+            queue_capacity: 1024,
+            checkpoint: false,
+            verify: true,
+            shard: Shard::SINGLE,
+            anti_entropy_interval: Duration::from_secs(60),
+            anti_entropy_max_commands_per_s: 1000,
+            refresh_after_s: 43_200,
+        }
+    }
+}
