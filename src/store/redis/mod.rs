@@ -36,9 +36,9 @@
 //! writer keeps draining the queue (ingest never stops), records which keys it could not
 //! write (at most a cap; past it, a full pass), and on reconnect rewrites everything the
 //! index holds and deletes the recorded keys the index no longer holds, in chunks between
-//! flushes. A rate-bounded anti-entropy pass
-//! compares Redis with the index (SCANning kthena's key prefixes) and refreshes fields
-//! before kthena's GC would drop them; a watchdog notices a Redis restart or FLUSHALL.
+//! flushes. A rate-bounded anti-entropy pass compares Redis with the index (SCANning
+//! kthena's key prefixes), the refresh rewrites fields before kthena's GC would drop them,
+//! and a watchdog notices a Redis restart or FLUSHALL.
 //!
 //! Value format: `tiered` writes `"{ts}|{MEDIUM}"`; kthena routers that predate tier support
 //! parse the value as an integer and keep an unparsable one fresh forever (never garbage
