@@ -542,44 +542,6 @@ pub fn mirror_commands(n: u64) {
     counter!("kvindex_mirror_commands_total").increment(n);
 }
 
-/// Which way an anti-entropy repair went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RepairDirection {
-    /// A field or mapping key the index does not hold was deleted.
-    Deleted,
-    /// A field or mapping key the index holds was missing or different and was written.
-    Written,
-}
-
-impl RepairDirection {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RepairDirection::Deleted => "deleted",
-            RepairDirection::Written => "written",
-        }
-    }
-}
-
-/// What the watchdog saw Redis lose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RedisReset {
-    /// A new `run_id`: Redis restarted.
-    Restart,
-    /// The sentinel key vanished under the same `run_id`: FLUSHALL or FLUSHDB.
-    Flush,
-}
-
-impl RedisReset {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RedisReset::Restart => "restart",
-            RedisReset::Flush => "flush",
-        }
-    }
-}
-
 fn describe_mirror_upkeep() {
     use metrics::{describe_counter, describe_gauge};
     describe_counter!(
@@ -604,16 +566,17 @@ fn describe_mirror_upkeep() {
     );
 }
 
-/// Registers the mirror's upkeep series at 0, so dashboards and alerts see them (and their
-/// rates) from the start rather than from their first event.
-pub fn mirror_upkeep_series() {
+/// Registers the mirror's upkeep series at 0, one per repair direction and reset kind (the
+/// store's label values), so dashboards and alerts see them (and their rates) from the start
+/// rather than from their first event.
+pub fn mirror_upkeep_series(directions: &[&'static str], kinds: &[&'static str]) {
     mirror_adopted_removes(0);
     mirror_refreshes(0);
-    for d in [RepairDirection::Deleted, RepairDirection::Written] {
-        counter!("kvindex_anti_entropy_repairs_total", "direction" => d.as_str()).increment(0);
+    for &d in directions {
+        counter!("kvindex_anti_entropy_repairs_total", "direction" => d).increment(0);
     }
-    for k in [RedisReset::Restart, RedisReset::Flush] {
-        counter!("kvindex_redis_resets_detected_total", "kind" => k.as_str()).increment(0);
+    for &k in kinds {
+        counter!("kvindex_redis_resets_detected_total", "kind" => k).increment(0);
     }
 }
 
@@ -622,14 +585,14 @@ pub fn mirror_adopted_removes(n: u64) {
     counter!("kvindex_mirror_adopted_removes_total").increment(n);
 }
 
-/// One anti-entropy repair.
-pub fn anti_entropy_repair(direction: RepairDirection) {
-    counter!("kvindex_anti_entropy_repairs_total", "direction" => direction.as_str()).increment(1);
+/// One anti-entropy repair, labelled with its direction.
+pub fn anti_entropy_repair(direction: &'static str) {
+    counter!("kvindex_anti_entropy_repairs_total", "direction" => direction).increment(1);
 }
 
-/// The watchdog saw Redis lose kvindex's keys.
-pub fn redis_reset_detected(kind: RedisReset) {
-    counter!("kvindex_redis_resets_detected_total", "kind" => kind.as_str()).increment(1);
+/// The watchdog saw Redis lose kvindex's keys, labelled with what it saw.
+pub fn redis_reset_detected(kind: &'static str) {
+    counter!("kvindex_redis_resets_detected_total", "kind" => kind).increment(1);
 }
 
 /// Fields refreshed.

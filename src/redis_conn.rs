@@ -7,6 +7,7 @@
 //! | [`RedisConn`] | a connection to either, as one [`redis::aio::ConnectionLike`] + `Clone` |
 //! | [`ClusterConn`] | the cluster client's connection, pipelines split per master |
 //! | [`Master`] | one master: where SCAN and `INFO` run, one at a time |
+//! | [`connect_single`], [`ConnectFailure`] | the one single-node connect, errors without passwords |
 //!
 //! Why pipelines are split here: the redis crate's async cluster client sends a pipeline to
 //! the node of its first key and refuses one whose keys span slots, and it leaves a
@@ -86,6 +87,83 @@ impl fmt::Display for RedisTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.shown())
     }
+}
+
+/// What kept a connection from opening.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectFailureKind {
+    /// The URL does not parse, or names a setting the client refuses.
+    BadUrl,
+    /// Redis refused the credentials (or wants some and got none).
+    Auth,
+    /// Redis did not answer (refused, unreachable, timed out, TLS failure).
+    Unreachable,
+}
+
+/// Why a connection could not be opened; neither the URL nor the reason holds a password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectFailure {
+    /// What kept the connection from opening.
+    pub kind: ConnectFailureKind,
+    /// The target without its passwords.
+    pub url: String,
+    /// What the client reported, without the passwords.
+    pub reason: String,
+}
+
+impl ConnectFailure {
+    /// The failure `err` of connecting to (or first asking) `target`.
+    pub fn of(target: &RedisTarget, err: &RedisError) -> ConnectFailure {
+        let kind = if is_auth_error(err) {
+            ConnectFailureKind::Auth
+        } else if err.kind() == redis::ErrorKind::InvalidClientConfig {
+            ConnectFailureKind::BadUrl
+        } else {
+            ConnectFailureKind::Unreachable
+        };
+        ConnectFailure {
+            kind,
+            url: target.shown(),
+            reason: target.scrub(&err.to_string()),
+        }
+    }
+
+    /// A URL the client could not parse.
+    fn bad_url(url: &str, err: &RedisError) -> ConnectFailure {
+        ConnectFailure {
+            kind: ConnectFailureKind::BadUrl,
+            url: redact_url(url),
+            reason: scrub_secrets(url, &err.to_string()),
+        }
+    }
+}
+
+/// Opens a connection to the single Redis at `url`: the client is made from the URL, and
+/// `open` makes the connection the caller wants of it (managed or multiplexed, with its own
+/// timeouts). Every error is told without the URL's password.
+///
+/// # Errors
+/// [`ConnectFailure`]: a bad URL, refused credentials, or Redis not answering.
+pub async fn connect_single<C, F, Fut>(url: &str, open: F) -> Result<C, ConnectFailure>
+where
+    F: FnOnce(redis::Client) -> Fut,
+    Fut: std::future::Future<Output = RedisResult<C>>,
+{
+    let client = redis::Client::open(url).map_err(|e| ConnectFailure::bad_url(url, &e))?;
+    let target = RedisTarget::Single(url.to_owned());
+    open(client)
+        .await
+        .map_err(|e| ConnectFailure::of(&target, &e))
+}
+
+/// Whether Redis refused the credentials (or wants some and got none).
+pub fn is_auth_error(e: &RedisError) -> bool {
+    let text = e.to_string().to_ascii_uppercase();
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || text.contains("WRONGPASS")
+        || text.contains("NOAUTH")
+        || text.contains("INVALID PASSWORD")
+        || text.contains("INVALID USERNAME")
 }
 
 /// Settings of a cluster connection.

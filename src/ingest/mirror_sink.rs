@@ -3,8 +3,8 @@
 //! A message's effects go to the mirror as [`DeltaChunk`]s of at most [`CHUNK_DELTAS`]
 //! deltas, and a clear's blocks go whole ([`crate::index::ClearedBlocks`]), expanded by the
 //! mirror slice by slice: no message, whatever the size of the cache it clears, makes one
-//! allocation of hundreds of thousands of deltas (a clear of 240k engine blocks was 720k
-//! deltas, ~50 MB in one `Vec`, on top of the index). Chunks are queued in order, each waiting
+//! allocation of hundreds of thousands of deltas (a clear yields a few deltas per engine block,
+//! which in one `Vec` would be a second copy of a large cache's worth). Chunks are queued in order, each waiting
 //! for room in the mirror's bounded queue (backpressure, nothing dropped); the checkpoint
 //! rides with the last one, so the watermark is written after every chunk's data.
 

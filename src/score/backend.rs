@@ -4,7 +4,7 @@
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::redis_conn::{RedisConn, RedisTarget};
+use crate::redis_conn::{connect_single, RedisConn, RedisTarget};
 
 use super::prefix::{score_index_with, score_prefix, PrefixScores};
 use super::prompt::{MatchMode, PromptSettings};
@@ -12,7 +12,6 @@ use super::redis_lookup::{RedisLookup, RedisLookupError};
 use crate::hash::StdHash;
 use crate::index::Index;
 use crate::medium::TierWeights;
-use crate::redis_layout::{redact_url, scrub_secrets};
 
 /// A Redis read that takes longer than this fails (the API answers 503 rather than hang).
 const REDIS_RESPONSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -53,20 +52,11 @@ impl ScoreBackend {
     }
 
     async fn single(url: &str) -> Result<ScoreBackend, RedisLookupError> {
-        let scrub = |e: redis::RedisError| scrub_secrets(url, &e.to_string());
-        let client = redis::Client::open(url).map_err(|e| RedisLookupError::BadUrl {
-            url: redact_url(url),
-            reason: scrub(e),
-        })?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(REDIS_RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(REDIS_RESPONSE_TIMEOUT));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| RedisLookupError::Connect {
-                url: redact_url(url),
-                reason: scrub(e),
-            })?;
+        let open = |client| ConnectionManager::new_with_config(client, config);
+        let conn = connect_single(url, open).await?;
         Ok(ScoreBackend::Redis(RedisConn::Single(conn)))
     }
 

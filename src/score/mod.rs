@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | `prompt.rs` | [`PromptSettings`]: tokens → std or chain block hashes (block size, cap); [`MatchMode`] |
 //! | `lookup.rs` | the [`Lookup`] trait and [`IndexLookup`], the in-memory backend |
-//! | `redis_lookup.rs` | [`RedisLookup`]: one pipelined `HGETALL` per prompt over kthena's keys (spelled by [`crate::redis_layout`]) |
+//! | `redis_lookup.rs` | [`RedisLookup`]: one pipelined `HGETALL` per prompt over kthena's keys (spelled by `redis_layout`) |
 //! | `prefix.rs` | [`score_prefix`]: first block required, consecutive match, integer score |
 //! | `pd.rs` | [`schedule`]: top-N decodes paired with the best prefill of their group |
 //! | `backend.rs` | [`ScoreBackend`]: a service scores from its index, or from Redis (sharded replicas) |
@@ -19,7 +19,7 @@
 //! Two match modes ([`MatchMode`]): `prefix` (chain-verified, the in-memory default) and
 //! `kthena` (content-only std hashes, what Redis holds). The scoring rule is the same.
 //!
-//! Tier weights are [`TierWeights`] from [`crate::medium`], re-exported here.
+//! Tier weights are [`crate::medium::TierWeights`].
 
 mod backend;
 mod feedback;

@@ -5,7 +5,7 @@
 //! whose values are `"{unix_seconds}"` or `"{unix_seconds}|{MEDIUM}"` (docs/architecture.md §6). Every
 //! block of the prompt is fetched in one pipeline of `HGETALL`, as kthena's router does, so
 //! a lookup costs one round trip whatever the prompt length. Keys are built and values parsed
-//! by [`crate::redis_layout`], the module the mirror writes with.
+//! by `src/redis_layout.rs`, the module the mirror writes with.
 
 use hashbrown::HashMap;
 use redis::aio::MultiplexedConnection;
@@ -14,10 +14,10 @@ use redis::Value;
 use super::lookup::{Lookup, Owner};
 use crate::hash::StdHash;
 use crate::medium::TierWeights;
-use crate::redis_conn::{ClusterConn, ClusterSettings, RedisTarget};
-use crate::redis_layout::{
-    block_key, parse_field_value, push_block_key, redact_url, scrub_secrets,
+use crate::redis_conn::{
+    connect_single, ClusterConn, ClusterSettings, ConnectFailure, ConnectFailureKind, RedisTarget,
 };
+use crate::redis_layout::{block_key, parse_field_value, push_block_key};
 
 /// Why a Redis lookup failed. URLs are always shown without their password.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +55,18 @@ pub enum RedisLookupError {
     },
 }
 
+impl From<ConnectFailure> for RedisLookupError {
+    fn from(f: ConnectFailure) -> Self {
+        let ConnectFailure { kind, url, reason } = f;
+        match kind {
+            ConnectFailureKind::BadUrl => RedisLookupError::BadUrl { url, reason },
+            ConnectFailureKind::Auth | ConnectFailureKind::Unreachable => {
+                RedisLookupError::Connect { url, reason }
+            }
+        }
+    }
+}
+
 /// A cluster connection attempt or request gives up after this long.
 const CLUSTER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 /// Retries of a cluster request through redirects (few: a caller decides how to retry).
@@ -72,22 +84,13 @@ impl RedisLookup {
     /// [`RedisLookupError::BadUrl`] or [`RedisLookupError::Connect`], naming the URL without
     /// its password.
     pub async fn connect(url: &str) -> Result<MultiplexedConnection, RedisLookupError> {
-        let scrub = |e: redis::RedisError| scrub_secrets(url, &e.to_string());
-        let client = redis::Client::open(url).map_err(|e| RedisLookupError::BadUrl {
-            url: redact_url(url),
-            reason: scrub(e),
-        })?;
-        client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| RedisLookupError::Connect {
-                url: redact_url(url),
-                reason: scrub(e),
-            })
+        let open =
+            |client: redis::Client| async move { client.get_multiplexed_async_connection().await };
+        Ok(connect_single(url, open).await?)
     }
 
     /// Opens a Redis Cluster connection through its seed URLs (pipelines split per master,
-    /// redirects and a failover followed by the client: see [`crate::redis_conn`]).
+    /// redirects and a failover followed by the client: see `src/redis_conn.rs`).
     ///
     /// # Errors
     /// [`RedisLookupError::BadUrl`] or [`RedisLookupError::Connect`], naming the URLs without
@@ -100,14 +103,9 @@ impl RedisLookup {
             retries: CLUSTER_RETRIES,
             commit_key: None,
         };
-        ClusterConn::connect(urls, settings).await.map_err(|e| {
-            let (url, reason) = (target.shown(), target.scrub(&e.to_string()));
-            if e.kind() == redis::ErrorKind::InvalidClientConfig {
-                RedisLookupError::BadUrl { url, reason }
-            } else {
-                RedisLookupError::Connect { url, reason }
-            }
-        })
+        ClusterConn::connect(urls, settings)
+            .await
+            .map_err(|e| ConnectFailure::of(&target, &e).into())
     }
 
     /// Fetches every block of the prompt in one pipeline and keeps the owners among

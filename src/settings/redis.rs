@@ -24,7 +24,7 @@ pub struct RedisConfig {
     pub value_format: ValueFormat,
     /// Write the engine-hash mapping keys (kthena compatibility; default on).
     pub mapping_keys: bool,
-    /// Flush once this many commands are pending (at most 16,384: one pipeline's bound).
+    /// Flush once this many commands are pending (at most one pipeline's bound).
     /// While no pipeline is in flight the writer flushes at once, whatever is pending.
     pub flush_max_commands: usize,
     /// Flush at least this often while commands are pending.

@@ -2,6 +2,6 @@
 //!
 //! | folder | job |
 //! | --- | --- |
-//! | `redis/` | the kthena-compatible Redis mirror (issue 3) |
+//! | `redis/` | the kthena-compatible Redis mirror |
 
 pub mod redis;

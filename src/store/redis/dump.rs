@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::connect::connect;
 use super::error::MirrorError;
-use super::mirror::connect;
 use crate::redis_conn::{RedisConn, RedisTarget};
 use crate::redis_layout::{block_key_pattern, mapping_key_pattern, split_block_key};
 use crate::wire::Engine;

@@ -1,5 +1,7 @@
 //! [`MirrorError`]: why the mirror could not start or flush.
 
+use crate::redis_conn::{ConnectFailure, ConnectFailureKind};
+
 /// Why the mirror could not start or flush. URLs are always shown without their password.
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {
@@ -41,4 +43,15 @@ pub enum MirrorError {
         /// What Redis answered.
         reason: String,
     },
+}
+
+impl From<ConnectFailure> for MirrorError {
+    fn from(f: ConnectFailure) -> Self {
+        let ConnectFailure { kind, url, reason } = f;
+        match kind {
+            ConnectFailureKind::BadUrl => MirrorError::BadUrl { url, reason },
+            ConnectFailureKind::Auth => MirrorError::Auth { url, reason },
+            ConnectFailureKind::Unreachable => MirrorError::Connect { url, reason },
+        }
+    }
 }

@@ -40,7 +40,7 @@ use futures::FutureExt;
 use redis::aio::ConnectionLike;
 use redis::{Pipeline, RedisError, Value};
 
-use super::mirror::Key;
+use super::key::Key;
 use crate::index::{PodId, SourceId};
 
 /// Pipelines on the wire at most: enough to keep Redis busy while the next one is encoded.
@@ -159,11 +159,11 @@ async fn write<C: ConnectionLike>(conn: &mut C, pipe: &Pipeline) -> Result<(), R
     Ok(())
 }
 
-/// Sub-buckets per power of two of [`LatencyHistogram`] (±6 % resolution).
+/// Sub-buckets per power of two of [`LatencyHistogram`]: its resolution.
 const SUB_BUCKETS: u64 = 8;
 /// Values below this are their own bucket.
 const LINEAR: u64 = 2 * SUB_BUCKETS;
-/// Powers of two covered above [`LINEAR`] (up to 2^40 µs, 12 days).
+/// Powers of two covered above [`LINEAR`]: far past any latency worth telling apart.
 const POWERS: u64 = 37;
 /// Buckets of [`LatencyHistogram`].
 const BUCKETS: usize = (LINEAR + POWERS * SUB_BUCKETS) as usize;

@@ -359,7 +359,7 @@ impl Lease {
         target: &RedisTarget,
         settings: LeaseSettings,
     ) -> Result<Lease, MirrorError> {
-        let conn = super::mirror::connect(target).await?;
+        let conn = super::connect::connect(target).await?;
         let key = lease_key(settings.shard);
         let gate = Arc::new(LeaseGate::new(HaView {
             role: "standby",

@@ -2,32 +2,43 @@
 //!
 //! | file | job |
 //! | --- | --- |
-//! | `mod.rs` | the public surface: [`RedisConfig`], [`MirrorHandle`], [`MirrorSender`] |
-//! | `mirror/` | the writer task: coalescing, command encoding, one bounded pipeline per flush, outage handling |
+//! | `mod.rs` | the public surface: [`MirrorHandle`], [`MirrorSender`], [`MirrorStats`] |
+//! | `writer.rs` | the writer task: the loop that coalesces, flushes, handles outages and the lease, and owns the roles below |
+//! | `reconcile.rs` | role: the outage record, and bringing Redis back in line with the index after an outage |
+//! | `anti_entropy/` | role: the rewrite and verify passes (`scan.rs`: the SCAN phase) |
+//! | `refresh.rs` | role: rewriting fields before kthena's GC would drop them, on the passes' walk |
+//! | `watchdog.rs` | role: noticing a Redis restart or FLUSHALL while idle (`run_id`, sentinel key) |
+//! | `adopt.rs` | role: removes of unknown engine hashes resolved through Redis's mapping keys |
+//! | `link.rs` | what the roles work through: the connection, the index, the encoder, the watermarks |
+//! | `encode.rs` | deltas as Redis commands, values read from the index at flush time |
+//! | `marks.rs` | the checkpoint's watermarks, written behind the data they cover |
 //! | `inflight.rs` | several pipelines in flight in order on one connection; the write-latency histogram |
-//! | `reconcile.rs` | bringing Redis back in line with the index after an outage |
+//! | `key.rs` | which field or key a delta writes (the coalescing key) |
+//! | `shared.rs` | the queue's messages and the figures shared with the handle |
+//! | `connect.rs` | opening and checking the mirror's connection |
 //! | `checkpoint.rs` | kvindex's own `kvindex:` keys: watermarks and engine-block state for warm starts |
-//! | `anti_entropy/` | background passes: reconcile rewrite, anti-entropy, refresh, watchdog (`scan.rs`: the SCAN phase) |
 //! | `lease.rs` | high availability: the per-shard lease that lets one replica write, [`lease::LeaseGate`] |
-//! | `watchdog.rs` | noticing a Redis restart or FLUSHALL while idle (`run_id`, sentinel key) |
-//! | `adopt.rs` | removes of unknown engine hashes resolved through Redis's mapping keys |
-//! | `error.rs` | [`MirrorError`], at the bottom so every part reports it without importing `mod.rs` |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
+//! | `config.rs`, `error.rs`, `labels.rs` | at the bottom: [`RedisConfig`], [`MirrorError`], the metric label values |
 //! | `tests.rs` | unit tests of coalescing |
 //!
-//! Key and value spellings and URL redaction live in [`crate::redis_layout`], shared with the
+//! Files import downwards only, in the order of this table (docs/architecture.md, the Redis
+//! writer).
+//!
+//! Key and value spellings and URL redaction live in `src/redis_layout.rs`, shared with the
 //! Redis scoring backend; the connection ([`RedisConn`]: a single Redis or a Redis Cluster,
-//! pipelines split per master) in [`crate::redis_conn`].
+//! pipelines split per master) in `src/redis_conn.rs`.
 //!
 //! The index is the truth. Deltas flow one way into a bounded queue; the writer coalesces
 //! them per flush (last write of a field or mapping key wins, so writes to one key stay in
-//! order) and sends one pipeline, with up to four in flight on one connection (answered in
-//! order; `inflight.rs` explains why a key's writes can never be reordered). When Redis fails, the writer keeps draining the queue (ingest
-//! never stops), records which keys it could not write (at most a cap; past it, a full pass),
-//! and on reconnect rewrites everything the index holds and deletes the recorded keys the
-//! index no longer holds, in chunks between flushes. A rate-bounded anti-entropy pass
-//! compares Redis with the index (SCANning kthena's key prefixes) and refreshes fields
-//! before kthena's GC would drop them; a watchdog notices a Redis restart or FLUSHALL.
+//! order) and sends one pipeline, with a few in flight on one connection (answered in order;
+//! `inflight.rs` explains why a key's writes can never be reordered). When Redis fails, the
+//! writer keeps draining the queue (ingest never stops), records which keys it could not
+//! write (at most a cap; past it, a full pass), and on reconnect rewrites everything the
+//! index holds and deletes the recorded keys the index no longer holds, in chunks between
+//! flushes. A rate-bounded anti-entropy pass compares Redis with the index (SCANning
+//! kthena's key prefixes), the refresh rewrites fields before kthena's GC would drop them,
+//! and a watchdog notices a Redis restart or FLUSHALL.
 //!
 //! Value format: `tiered` writes `"{ts}|{MEDIUM}"`; kthena routers that predate tier support
 //! parse the value as an integer and keep an unparsable one fresh forever (never garbage
@@ -36,15 +47,23 @@
 mod adopt;
 mod anti_entropy;
 pub mod checkpoint;
+mod connect;
 mod dump;
+mod encode;
 mod error;
 mod inflight;
+mod key;
+pub mod labels;
 pub mod lease;
-mod mirror;
+mod link;
+mod marks;
 mod reconcile;
+mod refresh;
+mod shared;
 #[cfg(test)]
 mod tests;
 mod watchdog;
+mod writer;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -66,7 +85,8 @@ pub use crate::redis_layout::{
 // The mirror's settings are vocabulary `config` fills in, so they sit below both.
 pub use crate::settings::redis::RedisConfig;
 pub use dump::{dump, dump_target, MappingEntry, RedisDump};
-use mirror::{Msg, Shared};
+use shared::{Msg, Shared};
+use writer::Writer;
 
 /// Figures of a running mirror.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -122,9 +142,9 @@ pub struct MirrorSender {
 }
 
 /// Deltas (or cleared blocks) the queue holds at most, whatever the number of chunks: the
-/// queue's bound in memory (~5 MB), where `queue_capacity` bounds chunks. In a churning soak
-/// with Redis the slower side, a queue of 1,024 full 100-event messages held ~20 MB of
-/// deltas, more than the index itself. A chunk larger than this enters alone.
+/// queue's bound in memory, where `queue_capacity` bounds chunks (a queue of full messages
+/// could otherwise hold more deltas than the index holds blocks when Redis is the slower
+/// side). A chunk larger than this enters alone.
 pub const MAX_QUEUED_DELTAS: usize = 65_536;
 
 /// The room `chunk` takes in the queue: its deltas (a clear's blocks, which hold less than a
@@ -225,8 +245,8 @@ impl MirrorHandle {
         lease: Option<Arc<lease::LeaseGate>>,
     ) -> Result<MirrorHandle, MirrorError> {
         let shared = Arc::new(Shared::default());
-        crate::metrics::mirror_upkeep_series();
-        let mut conn = mirror::connect(&config.target).await?;
+        labels::register_upkeep_series();
+        let mut conn = connect::connect(&config.target).await?;
         let (restored, marks) = if config.checkpoint {
             let (summary, marks) =
                 checkpoint::restore(&mut conn, &config.target, &index, config.shard).await?;
@@ -236,7 +256,7 @@ impl MirrorHandle {
         };
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let url = config.target.shown();
-        let mut writer = mirror::Writer::new(config, index, weights, conn, Arc::clone(&shared));
+        let mut writer = Writer::new(config, index, weights, conn, Arc::clone(&shared));
         writer.seed_marks(marks);
         if let Some(gate) = lease {
             writer.behind_lease(gate);
@@ -298,14 +318,14 @@ impl MirrorHandle {
             dirty: s.dirty.load(Ordering::Relaxed),
             reconciling: s.reconciling.load(Ordering::Relaxed),
             reconciles: s.reconciles.load(Ordering::Relaxed),
-            adopted_removes: s.entropy.adopted_removes.load(Ordering::Relaxed),
-            repairs_deleted: s.entropy.repairs_deleted.load(Ordering::Relaxed),
-            repair_suspects: s.entropy.suspects.load(Ordering::Relaxed),
-            repairs_written: s.entropy.repairs_written.load(Ordering::Relaxed),
-            refreshed: s.entropy.refreshed.load(Ordering::Relaxed),
-            redis_resets: s.entropy.redis_resets.load(Ordering::Relaxed),
-            anti_entropy_passes: s.entropy.passes.load(Ordering::Relaxed),
-            background_commands: s.entropy.background_commands.load(Ordering::Relaxed),
+            adopted_removes: s.upkeep.adopted_removes.load(Ordering::Relaxed),
+            repairs_deleted: s.upkeep.repairs_deleted.load(Ordering::Relaxed),
+            repair_suspects: s.upkeep.suspects.load(Ordering::Relaxed),
+            repairs_written: s.upkeep.repairs_written.load(Ordering::Relaxed),
+            refreshed: s.upkeep.refreshed.load(Ordering::Relaxed),
+            redis_resets: s.upkeep.redis_resets.load(Ordering::Relaxed),
+            anti_entropy_passes: s.upkeep.passes.load(Ordering::Relaxed),
+            background_commands: s.upkeep.background_commands.load(Ordering::Relaxed),
         }
     }
 

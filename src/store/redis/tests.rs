@@ -1,6 +1,6 @@
 //! Unit tests of coalescing. The key and value spellings are tested in `crate::redis_layout`.
 
-use super::mirror::Key;
+use super::key::Key;
 use crate::index::{Delta, FieldValue, ModelId, PodId};
 use crate::medium::{MediaSet, Medium};
 use crate::wire::{BlockHash, Engine};

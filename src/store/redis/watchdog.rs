@@ -1,125 +1,166 @@
-//! The watchdog: every second the writer renews a sentinel key of its own and reads Redis's
-//! `run_id` (on a Redis Cluster: one sentinel and one `run_id` per master), so a FLUSHALL (sentinel gone) or a restart (new `run_id`, or the check failing)
-//! while kvindex is idle is repaired within seconds rather than at the next failed write.
-
-use std::collections::HashSet;
-use std::sync::atomic::Ordering;
+//! [`Watchdog`]: every second it renews a sentinel key of its own and reads Redis's `run_id`
+//! (on a Redis Cluster: one sentinel and one `run_id` per master), so a FLUSHALL (sentinel
+//! gone) or a restart (new `run_id`, or the check failing) while kvindex is idle is repaired
+//! within seconds rather than at the next failed write.
 
 use redis::{ErrorKind, ServerErrorKind};
+use tokio::time::Instant;
 
-use super::mirror::Writer;
-use crate::metrics::{self, RedisReset};
+use super::labels::RedisReset;
+use super::link::Link;
 use crate::redis_conn::Master;
 
+/// How often Redis is asked for its `run_id` and the sentinel key.
+const WATCHDOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 /// Lifetime of the sentinel key, renewed by every watchdog check; only a pause of kvindex
 /// longer than this could let it expire on its own (a harmless extra repair).
 const SENTINEL_TTL_SECS: i64 = 300;
 
-impl Writer {
+/// The watchdog's view of Redis.
+pub(super) struct Watchdog {
+    /// When the next check is due.
+    due_at: Instant,
+    /// Each master's `run_id` as last read.
+    run_id: Option<RunIds>,
+    /// `INFO` refused (ACL): only the sentinel is checked.
+    info_allowed: bool,
+    sentinel: String,
+    /// Whether the sentinel was written once (before that, a missing one means nothing).
+    armed: bool,
+}
+
+impl Watchdog {
+    /// A watchdog whose first check is due at once: the sentinel must exist before a
+    /// FLUSHALL can be told from nothing.
+    pub(super) fn new() -> Watchdog {
+        Watchdog {
+            due_at: Instant::now(),
+            run_id: None,
+            info_allowed: true,
+            sentinel: sentinel_key(),
+            armed: false,
+        }
+    }
+
+    /// When the next check is due.
+    pub(super) fn due_at(&self) -> Instant {
+        self.due_at
+    }
+
+    /// Whether a check is due at `now`; if so the one after is scheduled.
+    pub(super) fn due(&mut self, now: Instant) -> bool {
+        if now < self.due_at {
+            return false;
+        }
+        self.due_at = now + WATCHDOG_PERIOD;
+        true
+    }
+
+    /// Puts the next check off by one period (the reconcile's retries probe Redis meanwhile).
+    pub(super) fn postpone(&mut self) {
+        self.due_at = Instant::now() + WATCHDOG_PERIOD;
+    }
+
+    /// Forgets Redis as it was: after a takeover the watchdog starts over from Redis as the
+    /// previous leader left it.
+    pub(super) fn forget(&mut self) {
+        self.armed = false;
+        self.run_id = None;
+    }
+
     /// Checks Redis for a restart (`run_id`) or lost keys (the sentinel), and renews the
-    /// sentinel. A failure to reach Redis makes the mirror dirty, so a Redis restarted while
-    /// kvindex is idle is reconciled at once rather than at the next failed write. On a
-    /// Redis Cluster every master has its own sentinel and `run_id`, and a changed set of
-    /// masters (a failover) counts as a restart: a promoted replica may lack the last writes
-    /// its master acknowledged.
-    pub(super) async fn watchdog(&mut self) {
-        let masters = match self.conn.masters().await {
-            Ok(masters) => masters,
-            Err(err) => return self.go_dirty(&err),
-        };
-        let sentinels = self.conn.key_per_master(&self.entropy.sentinel);
+    /// sentinel; returns what Redis lost, if anything. An error means Redis could not be
+    /// reached, so a Redis restarted while kvindex is idle is reconciled at once rather than
+    /// at the next failed write. On a Redis Cluster every master has its own sentinel and
+    /// `run_id`, and a changed set of masters (a failover) counts as a restart: a promoted
+    /// replica may lack the last writes its master acknowledged.
+    pub(super) async fn check(
+        &mut self,
+        link: &mut Link,
+    ) -> Result<Option<RedisReset>, redis::RedisError> {
+        let masters = link.conn.masters().await?;
+        let sentinels = link.conn.key_per_master(&self.sentinel);
         let mut expire = redis::pipe();
         for key in &sentinels {
             expire.cmd("EXPIRE").arg(key).arg(SENTINEL_TTL_SECS);
         }
-        let sentinel_lost = match expire.query_async::<Vec<i64>>(&mut self.conn).await {
-            Ok(answers) => answers.contains(&0),
-            Err(err) => return self.go_dirty(&err),
-        };
-        let run_id = if self.entropy.info_allowed {
-            match self.run_ids(&masters).await {
-                Ok(ids) => Some(ids),
-                Err(err) if is_refusal(&err) => {
-                    tracing::warn!(url = %self.config.target, "Redis refuses INFO; restarts are detected by the sentinel key only.");
-                    self.entropy.info_allowed = false;
-                    None
-                }
-                Err(err) => return self.go_dirty(&err),
-            }
-        } else {
-            None
-        };
-        let restarted = match (&self.entropy.run_id, &run_id) {
+        let sentinel_lost = link.read::<Vec<i64>>(&expire).await?.contains(&0);
+        let run_id = self.read_run_ids(link, &masters).await?;
+        let restarted = match (&self.run_id, &run_id) {
             (Some(old), Some(new)) => old != new,
             _ => false,
         };
         if run_id.is_some() {
-            self.entropy.run_id = run_id;
+            self.run_id = run_id;
         }
         if sentinel_lost || restarted {
-            if let Err(err) = self.write_sentinels(&sentinels).await {
-                return self.go_dirty(&err);
-            }
+            write_sentinels(link, &sentinels).await?;
         }
-        let first = !std::mem::replace(&mut self.entropy.armed, true);
+        let first = !std::mem::replace(&mut self.armed, true);
         if first || !(sentinel_lost || restarted) {
-            return;
+            return Ok(None);
         }
-        let kind = if restarted {
+        Ok(Some(if restarted {
             RedisReset::Restart
         } else {
             RedisReset::Flush
-        };
-        self.shared
-            .entropy
-            .redis_resets
-            .fetch_add(1, Ordering::Relaxed);
-        metrics::redis_reset_detected(kind);
-        tracing::warn!(
-            url = %self.config.target,
-            kind = kind.as_str(),
-            "Redis lost kvindex's keys (restart, flush or failover); rewriting the mirror from the index."
-        );
-        // After a restart Redis may hold an old snapshot: the verify that follows deletes
-        // what the index no longer holds, unthrottled.
-        self.entropy.verify_after = Some(restarted);
-        self.start_rewrite(HashSet::new());
+        }))
     }
 
-    /// Every master's `run_id`, in a fixed order (a master without one reads as empty).
-    async fn run_ids(&mut self, masters: &[Master]) -> Result<RunIds, redis::RedisError> {
-        let mut info = redis::cmd("INFO");
-        info.arg("server");
-        let mut ids = Vec::with_capacity(masters.len());
-        for master in masters {
-            let text: String = self.conn.query_on(master, &info).await?;
-            ids.push((master.clone(), parse_run_id(&text).unwrap_or_default()));
+    /// Every master's `run_id`, or `None` once Redis refuses `INFO`.
+    async fn read_run_ids(
+        &mut self,
+        link: &mut Link,
+        masters: &[Master],
+    ) -> Result<Option<RunIds>, redis::RedisError> {
+        if !self.info_allowed {
+            return Ok(None);
         }
-        ids.sort();
-        Ok(ids)
-    }
-
-    async fn write_sentinels(&mut self, keys: &[String]) -> Result<(), redis::RedisError> {
-        let mut pipe = redis::pipe();
-        for key in keys {
-            pipe.cmd("SET")
-                .arg(key)
-                .arg(1)
-                .arg("EX")
-                .arg(SENTINEL_TTL_SECS)
-                .ignore();
+        match run_ids(link, masters).await {
+            Ok(ids) => Ok(Some(ids)),
+            Err(err) if is_refusal(&err) => {
+                tracing::warn!(url = %link.config.target, "Redis refuses INFO; restarts are detected by the sentinel key only.");
+                self.info_allowed = false;
+                Ok(None)
+            }
+            Err(err) => Err(err),
         }
-        pipe.query_async::<()>(&mut self.conn).await
     }
 }
 
+/// Every master's `run_id`, in a fixed order (a master without one reads as empty).
+async fn run_ids(link: &mut Link, masters: &[Master]) -> Result<RunIds, redis::RedisError> {
+    let mut info = redis::cmd("INFO");
+    info.arg("server");
+    let mut ids = Vec::with_capacity(masters.len());
+    for master in masters {
+        let text: String = link.conn.query_on(master, &info).await?;
+        ids.push((master.clone(), parse_run_id(&text).unwrap_or_default()));
+    }
+    ids.sort();
+    Ok(ids)
+}
+
+async fn write_sentinels(link: &mut Link, keys: &[String]) -> Result<(), redis::RedisError> {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("SET")
+            .arg(key)
+            .arg(1)
+            .arg("EX")
+            .arg(SENTINEL_TTL_SECS)
+            .ignore();
+    }
+    link.read::<()>(&pipe).await
+}
+
 /// Each master's `run_id`, sorted by master.
-pub(super) type RunIds = Vec<(Master, String)>;
+type RunIds = Vec<(Master, String)>;
 
 /// A sentinel key of this process: a FLUSHALL (or FLUSHDB, or a restart without
 /// persistence) removes it. Per process, so several kvindex replicas sharing one Redis each
 /// notice the loss.
-pub(super) fn sentinel_key() -> String {
+fn sentinel_key() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());

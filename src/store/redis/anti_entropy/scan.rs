@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Pass, Phase};
-use crate::index::{ModelId, OwnedPods, PodId};
-use crate::metrics::RepairDirection;
+use crate::index::{Index, ModelId, OwnedPods, PodId};
 use crate::redis_conn::Master;
-use crate::redis_layout::{field_value, mapping_prefix, split_block_key};
-use crate::store::redis::mirror::Writer;
+use crate::redis_layout::{mapping_prefix, split_block_key};
+use crate::store::redis::labels::RepairDirection;
+use crate::store::redis::link::Link;
 use crate::wire::{BlockHash, Engine};
 
 /// How long a key the SCAN found to delete waits before it is checked again and deleted:
@@ -36,6 +35,18 @@ pub(super) struct ScanCursor {
     at: usize,
     /// Its SCAN cursor.
     cursor: u64,
+}
+
+/// What the SCAN phase of one pass found: suspects waiting, and repairs made.
+#[derive(Default)]
+pub(super) struct Findings {
+    /// Keys the SCAN found that the index does not hold, waiting out [`SUSPECT_GRACE`]
+    /// before they are checked again and deleted (oldest first).
+    pub(super) suspects: Vec<Suspect>,
+    /// Fields and keys deleted.
+    pub(super) deleted: u64,
+    /// Fields written.
+    pub(super) written: u64,
 }
 
 /// A key the SCAN would delete: a field of an owned pod the index does not hold, or a
@@ -74,195 +85,185 @@ impl Suspect {
     }
 }
 
-impl Writer {
-    /// One SCAN call on one master and the repairs of what it returned.
-    pub(super) async fn scan_step(
-        &mut self,
-        pass: &mut Pass,
-        budget: usize,
-    ) -> Result<(usize, bool), redis::RedisError> {
-        let Phase::Scan(scan) = &pass.phase else {
-            return Ok((1, true));
-        };
-        let mut scan = scan.clone();
-        let mut spent = self.confirm_suspects(pass).await?;
-        if scan.masters.is_empty() {
-            scan.masters = self.conn.masters().await?;
-            spent += 1;
-        }
-        let Some(master) = scan.masters.get(scan.at).cloned() else {
-            // The scan is over; the pass ends once its last suspects are settled.
-            return Ok((spent.max(1), pass.suspects.is_empty()));
-        };
-        let count = budget.clamp(SCAN_COUNT_MIN, SCAN_COUNT_MAX);
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(scan.cursor)
-            .arg("MATCH")
-            .arg("*:kv:block:*")
-            .arg("COUNT")
-            .arg(count);
-        let (next, keys): (u64, Vec<String>) = self.conn.query_on(&master, &cmd).await?;
-        let owned = self.index.owned_pods();
-        let mut names: Vec<(PodId, Arc<str>)> = Vec::new();
-        self.owned_names(&owned, &mut names);
-        let mut writes = redis::pipe();
-        let mut writes_n = 0;
-        let mut blocks: Vec<(&str, Option<ModelId>, u64)> = Vec::new();
-        for key in &keys {
-            if let Some((model, std)) = split_block_key(key) {
-                if let Some((model, std)) = self.parse_block(model, std) {
-                    blocks.push((key, model, std));
-                }
-            } else if self.stale_mapping_key(&owned, key) {
-                pass.suspects.push(Suspect::new(key.clone(), None));
-            }
-        }
-        if !blocks.is_empty() && !names.is_empty() {
-            let mut reads = redis::pipe();
-            for (key, _, _) in &blocks {
-                let mut cmd = redis::cmd("HMGET");
-                cmd.arg(*key);
-                for (_, name) in &names {
-                    cmd.arg(&**name);
-                }
-                reads.add_command(cmd);
-            }
-            let values: Vec<Vec<Option<String>>> = reads.query_async(&mut self.conn).await?;
-            spent += values.len();
-            for (block, fields) in blocks.iter().zip(values) {
-                writes_n += self.repair_block(pass, block, &names, fields, &mut writes);
-            }
-        }
-        if writes_n > 0 {
-            self.send_background(&writes).await?;
-        }
-        if next == 0 {
-            scan.at += 1;
-        }
-        scan.cursor = next;
-        let done = scan.at >= scan.masters.len() && pass.suspects.is_empty();
-        self.count_suspects(pass);
-        pass.phase = Phase::Scan(scan);
-        Ok((spent + writes_n, done))
+/// One SCAN call on one master and the repairs of what it returned.
+pub(super) async fn scan_step(
+    link: &mut Link,
+    scan: &mut ScanCursor,
+    found: &mut Findings,
+    budget: usize,
+) -> Result<(usize, bool), redis::RedisError> {
+    let mut spent = confirm_suspects(link, found).await?;
+    if scan.masters.is_empty() {
+        scan.masters = link.conn.masters().await?;
+        spent += 1;
     }
-
-    /// Deletes the suspects past [`SUSPECT_GRACE`] that Redis still holds and the index still
-    /// does not (read again now); returns the commands spent.
-    async fn confirm_suspects(&mut self, pass: &mut Pass) -> Result<usize, redis::RedisError> {
-        let ripe = (pass.suspects.iter())
-            .take_while(|s| s.found.elapsed() >= SUSPECT_GRACE)
-            .count();
-        if ripe == 0 {
-            return Ok(0);
+    let Some(master) = scan.masters.get(scan.at).cloned() else {
+        // The scan is over; the pass ends once its last suspects are settled.
+        return Ok((spent.max(1), found.suspects.is_empty()));
+    };
+    let count = budget.clamp(SCAN_COUNT_MIN, SCAN_COUNT_MAX);
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(scan.cursor)
+        .arg("MATCH")
+        .arg("*:kv:block:*")
+        .arg("COUNT")
+        .arg(count);
+    let (next, keys): (u64, Vec<String>) = link.conn.query_on(&master, &cmd).await?;
+    let owned = link.index.owned_pods();
+    let names = owned_names(link, &owned);
+    let mut writes = redis::pipe();
+    let mut writes_n = 0;
+    let mut blocks: Vec<(&str, Option<ModelId>, u64)> = Vec::new();
+    for key in &keys {
+        if let Some((model, std)) = split_block_key(key) {
+            if let Some((model, std)) = parse_block(&link.index, model, std) {
+                blocks.push((key, model, std));
+            }
+        } else if stale_mapping_key(&link.index, &owned, key) {
+            found.suspects.push(Suspect::new(key.clone(), None));
         }
+    }
+    if !blocks.is_empty() && !names.is_empty() {
         let mut reads = redis::pipe();
-        for suspect in &pass.suspects[..ripe] {
-            suspect.ask(&mut reads);
+        for (key, _, _) in &blocks {
+            let mut cmd = redis::cmd("HMGET");
+            cmd.arg(*key);
+            for (_, name) in &names {
+                cmd.arg(&**name);
+            }
+            reads.add_command(cmd);
         }
-        let present: Vec<bool> = reads.query_async(&mut self.conn).await?;
-        let suspects: Vec<Suspect> = pass.suspects.drain(..ripe).collect();
-        let owned = self.index.owned_pods();
-        let mut writes = redis::pipe();
-        let mut writes_n = 0;
-        for (suspect, present) in suspects.iter().zip(present) {
-            let gone = present
-                && match &suspect.field {
-                    Some((pod, _)) => self.field_gone(&owned, &suspect.key, *pod),
-                    None => self.stale_mapping_key(&owned, &suspect.key),
-                };
-            if !gone {
+        let values: Vec<Vec<Option<String>>> = link.read(&reads).await?;
+        spent += values.len();
+        for (block, fields) in blocks.iter().zip(values) {
+            writes_n += repair_block(link, found, block, &names, fields, &mut writes);
+        }
+    }
+    if writes_n > 0 {
+        link.send(&writes).await?;
+    }
+    if next == 0 {
+        scan.at += 1;
+    }
+    scan.cursor = next;
+    let done = scan.at >= scan.masters.len() && found.suspects.is_empty();
+    count_suspects(link, found);
+    Ok((spent + writes_n, done))
+}
+
+/// Deletes the suspects past [`SUSPECT_GRACE`] that Redis still holds and the index still
+/// does not (read again now); returns the commands spent.
+async fn confirm_suspects(
+    link: &mut Link,
+    found: &mut Findings,
+) -> Result<usize, redis::RedisError> {
+    let ripe = (found.suspects.iter())
+        .take_while(|s| s.found.elapsed() >= SUSPECT_GRACE)
+        .count();
+    if ripe == 0 {
+        return Ok(0);
+    }
+    let mut reads = redis::pipe();
+    for suspect in &found.suspects[..ripe] {
+        suspect.ask(&mut reads);
+    }
+    let present: Vec<bool> = link.read(&reads).await?;
+    let suspects: Vec<Suspect> = found.suspects.drain(..ripe).collect();
+    let owned = link.index.owned_pods();
+    let mut writes = redis::pipe();
+    let mut writes_n = 0;
+    for (suspect, present) in suspects.iter().zip(present) {
+        let gone = present
+            && match &suspect.field {
+                Some((pod, _)) => field_gone(&link.index, &owned, &suspect.key, *pod),
+                None => stale_mapping_key(&link.index, &owned, &suspect.key),
+            };
+        if !gone {
+            continue;
+        }
+        suspect.delete(&mut writes);
+        writes_n += 1;
+        found.deleted += 1;
+        link.shared.upkeep.repaired(RepairDirection::Deleted);
+    }
+    count_suspects(link, found);
+    if writes_n > 0 {
+        link.send(&writes).await?;
+    }
+    Ok(ripe + writes_n)
+}
+
+/// Publishes how many suspects wait.
+fn count_suspects(link: &Link, found: &Findings) {
+    let n = found.suspects.len() as u64;
+    link.shared.upkeep.suspects.store(n, Ordering::Relaxed);
+}
+
+/// The model id (when the model is live in the index) and std hash of a block key's
+/// parts; `None` when the hash is not a number.
+fn parse_block(index: &Index, model: &str, std: &str) -> Option<(Option<ModelId>, u64)> {
+    let std = std.parse::<u64>().ok()?;
+    Some((index.model_id(model), std))
+}
+
+/// Whether owned `pod` holds no field of block key `key` in the index now.
+fn field_gone(index: &Index, owned: &OwnedPods, key: &str, pod: PodId) -> bool {
+    let parsed = split_block_key(key).and_then(|(model, std)| parse_block(index, model, std));
+    let Some((model, std)) = parsed else {
+        return false;
+    };
+    owned.contains(pod) && model.and_then(|m| index.field_value(m, std, pod)).is_none()
+}
+
+/// Whether `key` is a mapping key of an owned pod whose engine hash no source of the pod
+/// holds.
+fn stale_mapping_key(index: &Index, owned: &OwnedPods, key: &str) -> bool {
+    let Some((pod, hash)) = split_mapping_key(key) else {
+        return false;
+    };
+    let Some(pod) = index.pod_id(pod) else {
+        return false;
+    };
+    owned.contains(pod) && hash_candidates(hash).all(|h| owned.engine_hash_std(pod, &h).is_none())
+}
+
+/// Repairs the owned pods' fields of one block key as read back (`fields` in the order
+/// of `names`); returns the commands added to `writes`.
+fn repair_block(
+    link: &Link,
+    found: &mut Findings,
+    (key, model, std): &(&str, Option<ModelId>, u64),
+    names: &[(PodId, Arc<str>)],
+    fields: Vec<Option<String>>,
+    writes: &mut redis::Pipeline,
+) -> usize {
+    let mut n = 0;
+    for ((pod, name), got) in names.iter().zip(fields) {
+        let Some(got) = got else { continue };
+        match model.and_then(|m| link.index.field_value(m, *std, *pod)) {
+            None => {
+                let field = Some((*pod, name.clone()));
+                found.suspects.push(Suspect::new((*key).to_owned(), field));
                 continue;
             }
-            suspect.delete(&mut writes);
-            writes_n += 1;
-            pass.deleted += 1;
-            self.repaired(RepairDirection::Deleted);
-        }
-        self.count_suspects(pass);
-        if writes_n > 0 {
-            self.send_background(&writes).await?;
-        }
-        Ok(ripe + writes_n)
-    }
-
-    /// Publishes how many suspects wait.
-    fn count_suspects(&self, pass: &Pass) {
-        let n = pass.suspects.len() as u64;
-        self.shared.entropy.suspects.store(n, Ordering::Relaxed);
-    }
-
-    /// The model id (when the model is live in the index) and std hash of a block key's
-    /// parts; `None` when the hash is not a number.
-    fn parse_block(&self, model: &str, std: &str) -> Option<(Option<ModelId>, u64)> {
-        let std = std.parse::<u64>().ok()?;
-        Some((self.index.model_id(model), std))
-    }
-
-    /// Whether owned `pod` holds no field of block key `key` in the index now.
-    fn field_gone(&self, owned: &OwnedPods, key: &str, pod: PodId) -> bool {
-        let parsed = split_block_key(key).and_then(|(model, std)| self.parse_block(model, std));
-        let Some((model, std)) = parsed else {
-            return false;
-        };
-        owned.contains(pod)
-            && model
-                .and_then(|m| self.index.field_value(m, std, pod))
-                .is_none()
-    }
-
-    /// Whether `key` is a mapping key of an owned pod whose engine hash no source of the pod
-    /// holds.
-    fn stale_mapping_key(&self, owned: &OwnedPods, key: &str) -> bool {
-        let Some((pod, hash)) = split_mapping_key(key) else {
-            return false;
-        };
-        let Some(pod) = self.index.pod_id(pod) else {
-            return false;
-        };
-        owned.contains(pod)
-            && hash_candidates(hash).all(|h| owned.engine_hash_std(pod, &h).is_none())
-    }
-
-    /// Repairs the owned pods' fields of one block key as read back (`fields` in the order
-    /// of `names`); returns the commands added to `writes`.
-    fn repair_block(
-        &self,
-        pass: &mut Pass,
-        (key, model, std): &(&str, Option<ModelId>, u64),
-        names: &[(PodId, Arc<str>)],
-        fields: Vec<Option<String>>,
-        writes: &mut redis::Pipeline,
-    ) -> usize {
-        let mut n = 0;
-        for ((pod, name), got) in names.iter().zip(fields) {
-            let Some(got) = got else { continue };
-            match model.and_then(|m| self.index.field_value(m, *std, *pod)) {
-                None => {
-                    let field = Some((*pod, name.clone()));
-                    pass.suspects.push(Suspect::new((*key).to_owned(), field));
+            Some(v) => {
+                let want = link.enc.field_text(v);
+                if want == got {
                     continue;
                 }
-                Some(v) => {
-                    let want = field_value(v, self.config.value_format, &self.weights);
-                    if want == got {
-                        continue;
-                    }
-                    writes.hset(*key, &**name, want).ignore();
-                    pass.written += 1;
-                    self.repaired(RepairDirection::Written);
-                }
+                writes.hset(*key, &**name, want).ignore();
+                found.written += 1;
+                link.shared.upkeep.repaired(RepairDirection::Written);
             }
-            n += 1;
         }
-        n
+        n += 1;
     }
+    n
+}
 
-    /// The owned pods with their identifiers, in a fixed order for `HMGET`.
-    fn owned_names(&mut self, owned: &OwnedPods, out: &mut Vec<(PodId, Arc<str>)>) {
-        for pod in owned.ids() {
-            out.push((pod, self.names.pod(&self.index, pod)));
-        }
-    }
+/// The owned pods with their identifiers, in a fixed order for `HMGET`.
+fn owned_names(link: &mut Link, owned: &OwnedPods) -> Vec<(PodId, Arc<str>)> {
+    owned.ids().map(|pod| (pod, link.pod_name(pod))).collect()
 }
 
 /// A mapping key's pod and engine-hash text, or `None` for any other key.

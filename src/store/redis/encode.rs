@@ -1,20 +1,29 @@
-//! Encoding the writer's commands: kthena's fields and mapping keys read from the index at
-//! flush time, the checkpoint's entries grouped per state key, and the watermarks, in the
-//! order that keeps the checkpoint behind the data it covers.
+//! [`Encoder`]: deltas as Redis commands, kthena's fields and mapping keys read from the
+//! index at flush time and the checkpoint's entries grouped per state key, in the order that
+//! keeps the checkpoint behind the data it covers. Every role that fills a pipeline encodes
+//! through it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::{MarkAt, Writer};
-use crate::index::{Delta, Index, ModelId, PodId};
-use crate::redis_layout::{push_block_key, push_field_value, push_mapping_key, MAPPING_TTL_SECS};
-use crate::store::redis::checkpoint::{
+use super::checkpoint::{
     push_engine_field, push_engine_value, source_field, state_key, WATERMARKS_KEY,
 };
+use super::key::Key;
+use crate::index::{Delta, FieldValue, Index, ModelId, PodId};
+use crate::medium::TierWeights;
+use crate::redis_layout::{
+    block_key, field_value, mapping_key, mapping_value, push_block_key, push_field_value,
+    push_mapping_key, ValueFormat, MAPPING_TTL_SECS,
+};
+use crate::wire::{BlockHash, Engine};
+
+/// Model ids per source `(pod, rank)` with checkpoint entries: what its watermark lists.
+pub(super) type SourceModels = HashMap<(PodId, u8), BTreeSet<ModelId>>;
 
 /// Reused buffers for the keys and values of the commands being encoded.
 #[derive(Default)]
-pub(super) struct Scratch {
+struct Scratch {
     key: String,
     field: String,
     value: String,
@@ -24,7 +33,7 @@ pub(super) struct Scratch {
 
 impl Scratch {
     /// Empty buffers, and the mapping keys' TTL written once.
-    pub(super) fn new() -> Scratch {
+    fn new() -> Scratch {
         Scratch {
             ttl: MAPPING_TTL_SECS.to_string(),
             ..Scratch::default()
@@ -37,7 +46,7 @@ impl Scratch {
 /// that cache is a bounded map: a daemon that sees millions of adapter names over its life
 /// keeps at most [`MODEL_NAMES_CACHED`] of them here.
 #[derive(Default)]
-pub(in crate::store::redis) struct Names {
+pub(super) struct Names {
     models: HashMap<ModelId, Arc<str>>,
     pods: Vec<Option<Arc<str>>>,
 }
@@ -47,7 +56,8 @@ pub(in crate::store::redis) struct Names {
 const MODEL_NAMES_CACHED: usize = 4096;
 
 impl Names {
-    pub(in crate::store::redis) fn model(&mut self, index: &Index, id: ModelId) -> Arc<str> {
+    /// The name of model `id`.
+    pub(super) fn model(&mut self, index: &Index, id: ModelId) -> Arc<str> {
         if let Some(name) = self.models.get(&id) {
             return name.clone();
         }
@@ -58,7 +68,9 @@ impl Names {
         self.models.insert(id, name.clone());
         name
     }
-    pub(in crate::store::redis) fn pod(&mut self, index: &Index, id: PodId) -> Arc<str> {
+
+    /// The identifier of pod `id`.
+    pub(super) fn pod(&mut self, index: &Index, id: PodId) -> Arc<str> {
         cached(&mut self.pods, id.0, || index.pod_name(id))
     }
 }
@@ -71,13 +83,76 @@ fn cached(cache: &mut Vec<Option<Arc<str>>>, id: u32, load: impl FnOnce() -> Arc
     cache[i].get_or_insert_with(load).clone()
 }
 
-impl Writer {
+/// Encodes deltas as commands; holds the name caches, reused buffers and value format.
+pub(super) struct Encoder {
+    /// Interned names at hand.
+    pub(super) names: Names,
+    scratch: Scratch,
+    format: ValueFormat,
+    weights: TierWeights,
+}
+
+impl Encoder {
+    /// An encoder writing field values in `format`.
+    pub(super) fn new(format: ValueFormat, weights: TierWeights) -> Encoder {
+        Encoder {
+            names: Names::default(),
+            scratch: Scratch::new(),
+            format,
+            weights,
+        }
+    }
+
+    /// The field value the index's `value` is written as.
+    pub(super) fn field_text(&self, value: FieldValue) -> String {
+        field_value(value, self.format, &self.weights)
+    }
+
+    /// Appends the `HSET` of one field with the index's `value`.
+    pub(super) fn push_field(
+        &mut self,
+        index: &Index,
+        pipe: &mut redis::Pipeline,
+        (model, std, pod): (ModelId, u64, PodId),
+        value: FieldValue,
+    ) {
+        let bk = block_key(&self.names.model(index, model), std);
+        let v = self.field_text(value);
+        pipe.hset(bk, &*self.names.pod(index, pod), v).ignore();
+    }
+
+    /// Appends the `SET EX` of one mapping key (which renews its TTL).
+    pub(super) fn push_mapping(
+        &mut self,
+        index: &Index,
+        pipe: &mut redis::Pipeline,
+        (pod, engine, hash): (PodId, Engine, &BlockHash),
+        std: u64,
+    ) {
+        let mk = mapping_key(engine, &self.names.pod(index, pod), hash);
+        pipe.set_ex(mk, mapping_value(std), MAPPING_TTL_SECS)
+            .ignore();
+    }
+
+    /// Appends the deletion of `key` (a field, mapping key or checkpoint entry).
+    pub(super) fn push_deletion(
+        &mut self,
+        index: &Index,
+        models: &mut SourceModels,
+        pipe: &mut redis::Pipeline,
+        key: &Key,
+    ) {
+        self.push_command(index, models, pipe, &key.clone().deletion());
+    }
+
     /// Appends the command that brings Redis to `delta`'s key's current state to `pipe`. The
     /// value is read from the index now, not taken from the delta: DP ranks of one pod queue
     /// their deltas independently, so only the index knows the pod's latest value, and a
     /// mapping key is kept while any rank of the pod still holds its engine hash.
-    pub(in crate::store::redis) fn push_command(
+    pub(super) fn push_command(
         &mut self,
+        index: &Index,
+        models: &mut SourceModels,
         pipe: &mut redis::Pipeline,
         delta: &Delta,
     ) {
@@ -89,16 +164,11 @@ impl Writer {
                 pod,
                 ..
             } => {
-                push_block_key(
-                    &mut sc.key,
-                    &self.names.model(&self.index, *model),
-                    *std_hash,
-                );
-                let field = self.names.pod(&self.index, *pod);
-                match self.index.field_value(*model, *std_hash, *pod) {
+                push_block_key(&mut sc.key, &self.names.model(index, *model), *std_hash);
+                let field = self.names.pod(index, *pod);
+                match index.field_value(*model, *std_hash, *pod) {
                     Some(v) => {
-                        let format = self.config.value_format;
-                        push_field_value(&mut sc.value, v, format, &self.weights);
+                        push_field_value(&mut sc.value, v, self.format, &self.weights);
                         add(pipe, &["HSET", sc.key.as_str(), &field, sc.value.as_str()]);
                     }
                     None => add(pipe, &["HDEL", sc.key.as_str(), &field]),
@@ -110,9 +180,9 @@ impl Writer {
                 engine_hash,
                 std_hash,
             } => {
-                let pod_name = self.names.pod(&self.index, *pod);
+                let pod_name = self.names.pod(index, *pod);
                 push_mapping_key(&mut sc.key, *engine, &pod_name, engine_hash);
-                let std = std_hash.or_else(|| self.index.pod_engine_std(*pod, engine_hash));
+                let std = std_hash.or_else(|| index.pod_engine_std(*pod, engine_hash));
                 match std {
                     Some(std) => {
                         sc.value.clear();
@@ -123,7 +193,7 @@ impl Writer {
                 }
             }
             Delta::Engine { .. } | Delta::SourceGone { .. } => {
-                self.push_commands(pipe, std::iter::once(delta));
+                self.push_commands(index, models, pipe, std::iter::once(delta));
             }
             // Resolved through Redis by the adoption step, never written as such.
             Delta::UnknownRemove { .. } => {}
@@ -134,8 +204,10 @@ impl Writer {
     /// data: kthena's fields and mapping keys first, then checkpoint entries grouped into one
     /// `HDEL` and one `HMSET` per state key, then the watermarks of unregistered sources
     /// deleted. Returns the number of commands.
-    pub(in crate::store::redis) fn push_commands<'d>(
+    pub(super) fn push_commands<'d>(
         &mut self,
+        index: &Index,
+        models: &mut SourceModels,
         pipe: &mut redis::Pipeline,
         deltas: impl IntoIterator<Item = &'d Delta>,
     ) -> usize {
@@ -155,7 +227,7 @@ impl Writer {
                     let i = match states.iter().position(|s| s.at == at) {
                         Some(i) => i,
                         None => {
-                            states.push(self.state_ops(at));
+                            states.push(self.state_ops(index, at));
                             states.len() - 1
                         }
                     };
@@ -175,7 +247,7 @@ impl Writer {
                     }
                 }
                 Delta::SourceGone { pod, rank } => {
-                    let field = source_field(&self.names.pod(&self.index, *pod), *rank);
+                    let field = source_field(&self.names.pod(index, *pod), *rank);
                     gone.get_or_insert_with(|| {
                         let mut cmd = redis::cmd("HDEL");
                         cmd.arg(WATERMARKS_KEY);
@@ -184,7 +256,7 @@ impl Writer {
                     .arg(field);
                 }
                 data => {
-                    self.push_command(pipe, data);
+                    self.push_command(index, models, pipe, data);
                     commands += 1;
                 }
             }
@@ -192,8 +264,8 @@ impl Writer {
         for ops in states {
             if ops.sets > 0 {
                 // Once per state key and flush: the watermark lists every state key.
-                let models = self.marks.models.entry((ops.at.0, ops.at.1)).or_default();
-                models.insert(ops.at.2);
+                let listed = models.entry((ops.at.0, ops.at.1)).or_default();
+                listed.insert(ops.at.2);
             }
             if ops.dels > 0 {
                 pipe.add_command(ops.del);
@@ -212,11 +284,11 @@ impl Writer {
     }
 
     /// The empty `HDEL` and `HMSET` of one state key.
-    fn state_ops(&mut self, at: (PodId, u8, ModelId)) -> StateOps {
+    fn state_ops(&mut self, index: &Index, at: (PodId, u8, ModelId)) -> StateOps {
         let key = state_key(
-            &self.names.pod(&self.index, at.0),
+            &self.names.pod(index, at.0),
             at.1,
-            &self.names.model(&self.index, at.2),
+            &self.names.model(index, at.2),
         );
         let mut set = redis::cmd("HMSET");
         set.arg(&key);
@@ -229,50 +301,6 @@ impl Writer {
             del,
             dels: 0,
         }
-    }
-
-    /// Appends one `HSET` of the watermarks `marks` (whose data Redis has answered for).
-    /// Returns the number of commands.
-    pub(super) fn push_watermarks(
-        &mut self,
-        pipe: &mut redis::Pipeline,
-        marks: &[MarkAt],
-    ) -> usize {
-        let mut fields: Vec<(String, String)> = Vec::with_capacity(marks.len());
-        for &(key, source, seq) in marks {
-            let Some(mark) = self.watermark(key, source, seq) else {
-                continue;
-            };
-            let Ok(json) = serde_json::to_string(&mark) else {
-                continue;
-            };
-            fields.push((
-                source_field(&self.names.pod(&self.index, key.0), key.1),
-                json,
-            ));
-        }
-        if fields.is_empty() {
-            return 0;
-        }
-        pipe.hset_multiple(WATERMARKS_KEY, &fields);
-        1
-    }
-
-    /// Appends every live source's latest watermark: the end of a reconcile, which rewrote
-    /// all the data they cover.
-    pub(in crate::store::redis) fn push_all_watermarks(
-        &mut self,
-        pipe: &mut redis::Pipeline,
-    ) -> usize {
-        self.marks.unwritten.clear();
-        self.marks.confirmed.clear();
-        let all: Vec<MarkAt> = self
-            .marks
-            .latest
-            .iter()
-            .map(|(key, (source, seq))| (*key, *source, *seq))
-            .collect();
-        self.push_watermarks(pipe, &all)
     }
 }
 

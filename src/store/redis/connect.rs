@@ -5,11 +5,14 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::MAX_BACKOFF;
-use crate::redis_conn::{ClusterConn, ClusterSettings, RedisConn, RedisTarget};
-use crate::store::redis::checkpoint::WATERMARKS_KEY;
-use crate::store::redis::error::MirrorError;
+use super::checkpoint::WATERMARKS_KEY;
+use super::error::MirrorError;
+use crate::redis_conn::{
+    connect_single, ClusterConn, ClusterSettings, ConnectFailure, RedisConn, RedisTarget,
+};
 
+/// Retry interval cap while Redis stays down: the connection manager's and the writer's.
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// A command that takes longer than this counts as a failed write.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// A connection attempt that takes longer than this counts as Redis being down.
@@ -25,36 +28,9 @@ const CLUSTER_RETRIES: u32 = 3;
 ///
 /// # Errors
 /// [`MirrorError`] naming the URL without its password.
-pub(in crate::store::redis) async fn connect(
-    target: &RedisTarget,
-) -> Result<RedisConn, MirrorError> {
-    let shown = target.shown();
-    let scrub = |e: &redis::RedisError| target.scrub(&e.to_string());
-    let classify = |e: redis::RedisError| {
-        let reason = scrub(&e);
-        if is_auth_error(&e) {
-            MirrorError::Auth {
-                url: shown.clone(),
-                reason,
-            }
-        } else if e.kind() == redis::ErrorKind::InvalidClientConfig {
-            MirrorError::BadUrl {
-                url: shown.clone(),
-                reason,
-            }
-        } else {
-            MirrorError::Connect {
-                url: shown.clone(),
-                reason,
-            }
-        }
-    };
+pub(super) async fn connect(target: &RedisTarget) -> Result<RedisConn, MirrorError> {
     let mut conn = match target {
         RedisTarget::Single(url) => {
-            let client = redis::Client::open(url.as_str()).map_err(|e| MirrorError::BadUrl {
-                url: shown.clone(),
-                reason: scrub(&e),
-            })?;
             // No push sender: it needs RESP3, and kthena's Redis may speak only RESP2. A
             // dropped connection shows up as a failed command instead, which makes the
             // mirror dirty.
@@ -63,10 +39,8 @@ pub(in crate::store::redis) async fn connect(
                 .set_response_timeout(Some(RESPONSE_TIMEOUT))
                 .set_number_of_retries(1)
                 .set_max_delay(MAX_BACKOFF);
-            let manager = ConnectionManager::new_with_config(client, config)
-                .await
-                .map_err(classify)?;
-            RedisConn::Single(manager)
+            let open = |client| ConnectionManager::new_with_config(client, config);
+            RedisConn::Single(connect_single(url, open).await?)
         }
         RedisTarget::Cluster(urls) => {
             let settings = ClusterSettings {
@@ -75,26 +49,13 @@ pub(in crate::store::redis) async fn connect(
                 retries: CLUSTER_RETRIES,
                 commit_key: Some(WATERMARKS_KEY.to_owned()),
             };
-            RedisConn::Cluster(
-                ClusterConn::connect(urls, settings)
-                    .await
-                    .map_err(classify)?,
-            )
+            let conn = ClusterConn::connect(urls, settings).await;
+            RedisConn::Cluster(conn.map_err(|e| ConnectFailure::of(target, &e))?)
         }
     };
     redis::cmd("PING")
         .query_async::<()>(&mut conn)
         .await
-        .map_err(classify)?;
+        .map_err(|e| ConnectFailure::of(target, &e))?;
     Ok(conn)
-}
-
-/// Whether Redis refused the credentials (or wants some and got none).
-pub(in crate::store::redis) fn is_auth_error(e: &redis::RedisError) -> bool {
-    let text = e.to_string().to_ascii_uppercase();
-    e.kind() == redis::ErrorKind::AuthenticationFailed
-        || text.contains("WRONGPASS")
-        || text.contains("NOAUTH")
-        || text.contains("INVALID PASSWORD")
-        || text.contains("INVALID USERNAME")
 }
