@@ -7,7 +7,8 @@
 //! sources, not the blocks) and what departed sources left ([`EntryCounter`], the index's
 //! and each pod's: a change a source counted may be undone by another of the pod's DP ranks,
 //! so a source's counts are folded in when it is unregistered, never dropped). So the counts
-//! are exact whenever no apply or source removal is in flight.
+//! are exact whenever no apply or source removal is in flight. The readers are methods of
+//! [`Index`](super::Index), in `query.rs` (this file sits below `mod.rs` and names no `Index`).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
