@@ -7,15 +7,15 @@
 //! sources, not the blocks) and what departed sources left ([`EntryCounter`], the index's
 //! and each pod's: a change a source counted may be undone by another of the pod's DP ranks,
 //! so a source's counts are folded in when it is unregistered, never dropped). So the counts
-//! are exact whenever no apply or source removal is in flight.
+//! are exact whenever no apply or source removal is in flight. The readers are methods of
+//! [`Index`](super::Index), in `query.rs` (this file sits below `mod.rs` and names no `Index`).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::delta::FieldValue;
-use super::{Index, PodId};
+use super::vocab::FieldValue;
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
 
 /// Entries in total and per medium slot left by unregistered sources.
@@ -94,7 +94,7 @@ impl EntryCounter {
 
     /// The total and the non-zero counts per medium spelling (`""` = no medium reported),
     /// with the live sources' counts `live`.
-    fn snapshot_with(&self, live: &CountDelta) -> (u64, Vec<(&'static str, u64)>) {
+    pub(crate) fn snapshot_with(&self, live: &CountDelta) -> (u64, Vec<(&'static str, u64)>) {
         let total = (self.total.load(Ordering::Relaxed) + live.total).max(0) as u64;
         let per_medium = (self.by_slot.iter().zip(&live.by_slot))
             .enumerate()
@@ -128,7 +128,8 @@ impl PodCounters {
         by_pod[pod as usize].clone()
     }
 
-    fn get(&self, pod: u32) -> Option<Arc<EntryCounter>> {
+    /// The counter of `pod`, if it was ever created.
+    pub(crate) fn get(&self, pod: u32) -> Option<Arc<EntryCounter>> {
         self.by_pod.read().get(pod as usize).cloned()
     }
 }
@@ -139,38 +140,4 @@ pub(crate) fn slot_medium(slot: usize) -> Medium {
         .iter()
         .next()
         .unwrap_or(Medium::NONE)
-}
-
-impl Index {
-    /// Resident (block, pod) entries and their count per medium spelling, without walking the
-    /// blocks (kept up to date as fields change; a walk of the sources; for metrics).
-    pub fn entry_counts(&self) -> (u64, Vec<(&'static str, u64)>) {
-        let mut live = CountDelta::default();
-        for source in self.live_sources() {
-            live.merge(&source.lock().counted);
-        }
-        self.inner.entries.snapshot_with(&live)
-    }
-
-    /// The same figures for one pod (over all its DP ranks), from its sources: what
-    /// `GET /v1/pods` reports. A pod never registered has none.
-    pub fn pod_entry_counts(&self, pod: PodId) -> (u64, Vec<(&'static str, u64)>) {
-        let Some(departed) = self.inner.pod_entries.get(pod.0) else {
-            return (0, Vec::new());
-        };
-        let mut live = CountDelta::default();
-        let ids = self.inner.pod_sources.read().get(&pod.0).cloned();
-        for id in ids.into_iter().flatten() {
-            if let Ok(source) = self.source(id) {
-                live.merge(&source.lock().counted);
-            }
-        }
-        departed.snapshot_with(&live)
-    }
-
-    /// Folds the counts of a source being unregistered into what departed sources left.
-    pub(super) fn keep_departed_counts(&self, pod: u32, counted: &CountDelta) {
-        self.inner.entries.add(counted);
-        self.inner.pod_entries.of(pod).add(counted);
-    }
 }

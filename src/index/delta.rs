@@ -1,18 +1,9 @@
 //! What the index tells its mirrors: one delta per changed Redis field or mapping key.
 
 use super::source::{HeldSlot, TakenBlocks};
-use super::{ModelId, PodId, SourceId};
+use super::vocab::{FieldValue, ModelId, PodId, SourceId};
 use crate::medium::MediaSet;
 use crate::wire::{BlockHash, Engine};
-
-/// The pod-level residency of one block: what a Redis field's value is computed from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FieldValue {
-    /// Unix second of the last store (max over the pod's DP ranks).
-    pub stored_at: u32,
-    /// Every medium the pod holds the block on ([`crate::medium::Medium::NONE`] = unknown).
-    pub media: MediaSet,
-}
 
 /// One source's state of one engine block: what a warm start rebuilds the index from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,8 +97,8 @@ pub enum Delta {
 }
 
 /// The engine blocks a source held when it was cleared, handed over whole instead of as
-/// three deltas per block: a clear of a large cache would otherwise build hundreds of
-/// thousands of deltas at once (tens of MB). The blocks are the source's own maps, which the
+/// three deltas per block: a clear of a large cache would otherwise build a delta list as
+/// large as the cache at once. The blocks are the source's own maps, which the
 /// clear would have freed; [`ClearedBlocks::into_deltas`] walks them lazily, so a mirror
 /// expands them slice by slice and never holds more than a slice of deltas.
 ///

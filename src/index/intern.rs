@@ -9,7 +9,7 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 use parking_lot::RwLock;
 
-use super::{Blocks, LoraBlocks, ModelBlocks};
+use super::blocks::{Blocks, LoraBlocks, ModelBlocks};
 
 /// A thread-safe, append-only interner (pods).
 #[derive(Default)]
@@ -70,8 +70,8 @@ impl Interner {
 }
 
 /// How many freed model names stay resolvable by id by default, so a mirror that resolves a
-/// delta's model a little after its last block left still writes the right key (at most
-/// ~1.4 MiB with short adapter names).
+/// delta's model a little after its last block left still writes the right key (a bounded
+/// cost: one name each).
 pub const DEFAULT_FREED_MODEL_NAMES: usize = 16_384;
 
 /// Default cap on distinct models (base model and LoRA adapters) one source may hold.

@@ -16,8 +16,8 @@ use dashmap::DashMap;
 use hashbrown::HashMap;
 
 use super::counters::slot_medium;
-use super::delta::FieldValue;
 use super::residents::{merge, own_value, Resident, ResidentSet, Residents};
+use super::vocab::FieldValue;
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 
 /// Per-medium engine-copy counts of blocks a source holds more than once.

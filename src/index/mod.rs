@@ -1,19 +1,26 @@
 //! The in-memory residency index: which pod holds which block on which tier.
 //!
+//! Files, bottom up: each imports only files listed before it (`mod.rs` re-exports the
+//! public names of all of them, and [`Index`] is extended by the files after it).
+//!
 //! | file | job |
 //! | --- | --- |
-//! | `mod.rs` | [`Index`] and its ids: register sources, the shared tables |
-//! | `apply/` | the mutation engine: apply batches, clear and forget sources (`lifecycle.rs`), warm-start restores (`restore.rs`), [`ApplyStats`] |
-//! | `query.rs` | the read side: owners of a block ([`LayerReader`]), walks, [`Index::dump`], [`IndexStats`] |
+//! | `vocab.rs` | shared vocabulary: [`PodId`], [`ModelId`], [`SourceId`], [`FieldValue`], [`Visit`], table sizing, engine-hash partitions |
+//! | `residents.rs` | compact per-block list of resident sources, owner keys, a pod's value of a block |
 //! | `counters.rs` | O(1) resident-entry counts, whole index and per pod, kept as fields change |
-//! | `source.rs` | per (pod, DP rank) engine-hash map, the set of blocks a source holds |
-//! | `residents.rs` | compact per-block list of resident sources |
 //! | `layer.rs` | one residency layer's edits (std blocks, chain blocks), shared by both |
-//! | `runs/` | the chain blocks, kept in runs with residents as spans of positions (node, locator, edits, reads) |
-//! | `delta.rs` | [`Delta`]s for mirrors, [`DeltaSink`] |
+//! | `blocks.rs` | the std layer's block maps (a base model's own, the LoRA adapters' shared one) |
+//! | `runs/` | the chain blocks, kept in runs with residents as spans of positions (spot, node, locator, edits, reads; its invariants are in its module docs) |
 //! | `intern.rs` | pod name interning; model names and block maps, freed when unreferenced |
-//! | `walk.rs` | chunked walks, point lookups and refreshes for the mirror's background passes |
+//! | `source.rs` | per (pod, DP rank) engine-hash map, the set of blocks a source holds |
+//! | `delta.rs` | [`Delta`]s for mirrors, [`DeltaSink`] |
 //! | `speculative.rs` | [`Speculative`]: chain blocks a router placed on a pod, until its engine confirms them or a TTL |
+//! | `mod.rs` | [`Index`] and its options: register sources, the shared tables |
+//! | `apply/` | the mutation engine: apply batches, clear and forget sources (`lifecycle.rs`), warm-start restores (`restore.rs`), [`ApplyStats`] |
+//! | `query.rs` | the read side: owners of a block ([`LayerReader`]), walks, [`Index::dump`], [`IndexStats`], entry counts |
+//! | `walk.rs` | chunked walks, point lookups and refreshes for the mirror's background passes |
+//!
+//! See `docs/architecture.md`, section 5, for the structure and its invariants.
 //!
 //! Two residency layers, one index: kthena's **std blocks** (per model, keyed by the
 //! content-only std hash: what the Redis mirror writes and `kthena` matching reads) and the
@@ -32,6 +39,7 @@
 //! task takes on the hot path.
 
 mod apply;
+mod blocks;
 mod counters;
 mod delta;
 mod intern;
@@ -41,45 +49,34 @@ mod residents;
 mod runs;
 mod source;
 mod speculative;
+mod vocab;
 mod walk;
 
 use std::sync::Arc;
 
-use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
 
 pub use apply::ApplyStats;
 pub use delta::{
     Checkpoint, ClearedBlocks, ClearedDeltas, Delta, DeltaChunk, DeltaMirror, DeltaSink, Discard,
-    EngineState, FieldValue,
+    EngineState,
 };
-pub use query::{DumpEntry, IndexStats, LayerReader, Visit};
+pub use intern::{DEFAULT_FREED_MODEL_NAMES, DEFAULT_MAX_MODELS_PER_SOURCE};
+pub use query::{DumpEntry, IndexStats, LayerReader};
 pub use speculative::{
     Speculative, SpeculativeOptions, SpeculativeStats, DEFAULT_SPECULATIVE_MAX_ENTRIES,
     DEFAULT_SPECULATIVE_TTL,
 };
+pub use vocab::{FieldValue, ModelId, PodId, SourceId, Visit};
 pub use walk::{OwnedPods, WalkCursor, WalkEntry};
 
 use crate::wire::Engine;
+use blocks::Blocks;
 use counters::{EntryCounter, PodCounters};
 use intern::{Interner, ModelTable};
-
-pub use intern::{DEFAULT_FREED_MODEL_NAMES, DEFAULT_MAX_MODELS_PER_SOURCE};
-use residents::{Residents, MAX_POD_ID};
+use residents::MAX_POD_ID;
 use runs::ChainRuns;
 use source::SourceState;
-
-/// An interned pod identifier (`{pod}.{namespace}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PodId(pub u32);
-
-/// An interned model name (a base model or a LoRA adapter's served name).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ModelId(pub u32);
-
-/// One registered event source: a (pod, DP rank) engine publisher.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SourceId(pub u32);
 
 /// Describes a source when it is registered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,83 +106,6 @@ pub enum IndexError {
     /// Every model id was handed out (ids are never reused).
     #[error("model ids are exhausted")]
     TooManyModels,
-}
-
-type ModelBlocks = DashMap<u64, Residents, hashbrown::DefaultHashBuilder>;
-
-/// The std blocks of every LoRA adapter, keyed by (model, std hash): one map for all of
-/// them, so an adapter costs no block map of its own (a map per adapter made ingest with
-/// 100k adapter names 2× slower per block and ~800 bytes per adapter heavier, issue 14).
-/// An adapter's entries leave with its last resident, before the adapter is freed, and ids
-/// are never reused, so no entry outlives its model.
-type LoraBlocks = DashMap<(u32, u64), Residents, hashbrown::DefaultHashBuilder>;
-
-/// One model's std blocks: a base model's own map, or its share of the adapters' map.
-#[derive(Clone)]
-pub(crate) enum Blocks {
-    /// A base model's own map, keyed by std hash.
-    Own(Arc<ModelBlocks>),
-    /// A LoRA adapter's entries in the shared map.
-    Lora(Arc<LoraBlocks>, u32),
-}
-
-/// A read guard on one block's residents, whichever map holds it.
-pub(crate) enum BlockRef<'a> {
-    Own(dashmap::mapref::one::Ref<'a, u64, Residents>),
-    Lora(dashmap::mapref::one::Ref<'a, (u32, u64), Residents>),
-}
-
-impl std::ops::Deref for BlockRef<'_> {
-    type Target = Residents;
-    fn deref(&self) -> &Residents {
-        match self {
-            BlockRef::Own(r) => r.value(),
-            BlockRef::Lora(r) => r.value(),
-        }
-    }
-}
-
-/// A write guard on one block's residents, whichever map holds it.
-pub(crate) enum BlockRefMut<'a> {
-    Own(dashmap::mapref::one::RefMut<'a, u64, Residents>),
-    Lora(dashmap::mapref::one::RefMut<'a, (u32, u64), Residents>),
-}
-
-impl std::ops::Deref for BlockRefMut<'_> {
-    type Target = Residents;
-    fn deref(&self) -> &Residents {
-        match self {
-            BlockRefMut::Own(r) => r.value(),
-            BlockRefMut::Lora(r) => r.value(),
-        }
-    }
-}
-
-impl std::ops::DerefMut for BlockRefMut<'_> {
-    fn deref_mut(&mut self) -> &mut Residents {
-        match self {
-            BlockRefMut::Own(r) => r.value_mut(),
-            BlockRefMut::Lora(r) => r.value_mut(),
-        }
-    }
-}
-
-impl Blocks {
-    /// The residents of block `std`.
-    pub(crate) fn get(&self, std: &u64) -> Option<BlockRef<'_>> {
-        match self {
-            Blocks::Own(map) => map.get(std).map(BlockRef::Own),
-            Blocks::Lora(map, model) => map.get(&(*model, *std)).map(BlockRef::Lora),
-        }
-    }
-
-    /// The residents of block `std`, for writing.
-    pub(crate) fn get_mut(&self, std: &u64) -> Option<BlockRefMut<'_>> {
-        match self {
-            Blocks::Own(map) => map.get_mut(std).map(BlockRefMut::Own),
-            Blocks::Lora(map, model) => map.get_mut(&(*model, *std)).map(BlockRefMut::Lora),
-        }
-    }
 }
 
 /// The residency index. Cheap to clone (shared state).

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLockReadGuard};
 use serde::Serialize;
 
-use super::counters::slot_medium;
-use super::delta::{EngineState, FieldValue};
+use super::blocks::{Blocks, ModelBlocks};
+use super::counters::{slot_medium, CountDelta};
+use super::delta::EngineState;
 use super::layer::LayerMap;
 use super::residents::{self, Resident, Residents};
 use super::runs::{ChainRuns, Cursor};
-use super::source::{table_bytes, SourceState};
-use super::{Blocks, Index, ModelBlocks, ModelId, PodId};
+use super::source::SourceState;
+use super::vocab::{table_bytes, FieldValue, ModelId, PodId, Visit};
+use super::Index;
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
 
@@ -52,6 +54,32 @@ pub struct IndexStats {
 }
 
 impl Index {
+    /// Resident (block, pod) entries and their count per medium spelling, without walking the
+    /// blocks (kept up to date as fields change; a walk of the sources; for metrics).
+    pub fn entry_counts(&self) -> (u64, Vec<(&'static str, u64)>) {
+        let mut live = CountDelta::default();
+        for source in self.live_sources() {
+            live.merge(&source.lock().counted);
+        }
+        self.inner.entries.snapshot_with(&live)
+    }
+
+    /// The same figures for one pod (over all its DP ranks), from its sources: what
+    /// `GET /v1/pods` reports. A pod never registered has none.
+    pub fn pod_entry_counts(&self, pod: PodId) -> (u64, Vec<(&'static str, u64)>) {
+        let Some(departed) = self.inner.pod_entries.get(pod.0) else {
+            return (0, Vec::new());
+        };
+        let mut live = CountDelta::default();
+        let ids = self.inner.pod_sources.read().get(&pod.0).cloned();
+        for id in ids.into_iter().flatten() {
+            if let Ok(source) = self.source(id) {
+                live.merge(&source.lock().counted);
+            }
+        }
+        departed.snapshot_with(&live)
+    }
+
     /// The id of a model name, while any block or source uses it.
     pub fn model_id(&self, name: &str) -> Option<ModelId> {
         self.inner.models.get(name).map(ModelId)
@@ -325,17 +353,6 @@ enum Layer<'a> {
     Chain(RwLockReadGuard<'a, ChainRuns>, Cell<Option<Cursor>>),
 }
 
-/// What [`LayerReader::visit`] found for one block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Visit {
-    /// No source holds the block.
-    Absent,
-    /// The residents' fingerprint equals the one given: nobody was visited.
-    Unchanged,
-    /// Every resident was visited; their fingerprint, for the next block's call.
-    Visited(u64),
-}
-
 impl LayerReader<'_> {
     /// Whether any source holds block `key`.
     pub fn contains(&self, key: u64) -> bool {
@@ -361,7 +378,7 @@ impl LayerReader<'_> {
     /// `unless`: then the block has the same (pod, rank, media) residents as the block that
     /// fingerprint came from, and nobody is visited. Store times are not in the fingerprint.
     /// Not inlined: inlined into a scorer's block loop, it made that loop save and reload
-    /// more registers per block than the call costs (callgrind: +7 % of a query).
+    /// more registers per block than the call costs.
     #[inline(never)]
     pub fn visit(
         &self,

@@ -3,7 +3,7 @@
 //! Most blocks are held by one source, so the list is inline for one entry and boxed for
 //! more; a resident is 12 bytes.
 
-use super::delta::FieldValue;
+use super::vocab::FieldValue;
 use crate::medium::MediaSet;
 
 const POD_BITS: u32 = 24;

@@ -25,12 +25,12 @@ use std::sync::Arc;
 use hashbrown::hash_map::EntryRef;
 use hashbrown::{Equivalent, HashMap};
 
+use super::blocks::Blocks;
 use super::counters::CountDelta;
 use super::intern::ModelTable;
 use super::layer::DupCounts;
 use super::runs::{ChainRuns, HeldRuns, Spot, POS_BITS};
-use super::walk::{partition_of_bits, partition_of_bytes};
-use super::Blocks;
+use super::vocab::{partition_of_bits, partition_of_bytes, table_bytes};
 
 use crate::medium::{MediaSet, MEDIA_SLOTS};
 use crate::wire::{BlockHash, Engine};
@@ -401,8 +401,7 @@ impl<K: Hash + Eq> Slots<K> {
     /// finds whether the key is held and where its slot goes. Returns `place`'s answer, or
     /// `None`, with nothing called or changed, when the key is held. Inlined, as
     /// [`SourceState::put_new`] is, for `place`'s sake: without the attribute it is called
-    /// out of line once the caller is inlined (callgrind, `profile-store8`: 2,295 M
-    /// instructions against 2,071 M).
+    /// out of line once the caller is inlined, which costs the store path more work.
     #[inline(always)]
     fn put_new<'q, Q>(
         &mut self,
@@ -497,15 +496,6 @@ impl<K: Hash + Eq> Slots<K> {
         table_bytes::<K, RunSlot>(self.run.capacity())
             + table_bytes::<K, HeldSlot>(self.whole.capacity())
     }
-}
-
-/// Approximate heap bytes of a hashbrown table with `capacity` usable slots.
-pub(crate) fn table_bytes<K, V>(capacity: usize) -> usize {
-    if capacity == 0 {
-        return 0;
-    }
-    let buckets = (capacity * 8 / 7).next_power_of_two();
-    buckets * (std::mem::size_of::<(K, V)>() + 1)
 }
 
 /// Engine blocks taken out of a source whole, when a clear hands them to a mirror rather
@@ -649,7 +639,7 @@ impl SourceState {
     /// few map reads, but every call of the write path makes it).
     #[inline]
     pub(crate) fn settle(&mut self, took: bool) {
-        // Mostly empty: a drain of it still costs ~10 instructions on every call.
+        // Mostly empty: a drain of it still costs work on every call.
         if !self.deferred.is_empty() {
             for id in self.deferred.drain(..) {
                 self.table.release(id);
@@ -713,7 +703,7 @@ impl SourceState {
     /// Makes room for `hashes`, an event's new blocks of `model`, in the map they go to (the
     /// run map for the base model's, the whole one for an adapter's), so a growing map is
     /// rehashed here, before the event takes the chain runs' write lock, and not inside it,
-    /// where every query would wait for it (19 ms for a million entries).
+    /// where every query would wait for it.
     pub(crate) fn reserve(&mut self, hashes: &[BlockHash], model: u32) {
         let base = model == self.base_model;
         let n = hashes.len();
@@ -729,7 +719,7 @@ impl SourceState {
     /// Looks up every hash of a removed event up front, so their probes overlap: the
     /// source's map is mostly out of cache, and an event's blocks are otherwise looked up
     /// one at a time, each waiting for its own miss. Changes nothing. A stored event is not
-    /// warmed: measured, its one probe per block (`put_new`) is faster without.
+    /// warmed: its one probe per block (`put_new`) is faster without.
     pub(crate) fn warm(&self, hashes: &[BlockHash]) {
         if hashes.len() < 2 {
             return;
@@ -789,7 +779,7 @@ impl SourceState {
     /// nothing called or changed, when it holds the key. One probe of the source's map
     /// where a lookup and then a [`Self::put`] would take two. Inlined into its caller, so
     /// `place` runs in the caller's frame: out of line, its captures went through a 16-byte
-    /// copy of two 8-byte stores, which stalled on every new block (perf, `profile-store8`).
+    /// copy of two 8-byte stores, which stalled on every new block.
     #[inline(always)]
     pub(crate) fn put_new(
         &mut self,

@@ -5,7 +5,7 @@
 //! A pass never copies the index and never holds a lock for long: the cursor visits one
 //! partition of one source per call. An engine hash's partition is a function of the hash
 //! alone, so a hash map with no stable order can still be walked in pieces: each call scans
-//! the source's map under its lock (a few ns per entry) but copies out only one partition
+//! the source's map under its lock (cheap per entry) but copies out only one partition
 //! of about [`PARTITION_TARGET`] entries. Entries added to an already walked partition are
 //! missed by that pass, which is fine: their store wrote them a moment ago.
 
@@ -14,10 +14,10 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
 
-use super::delta::FieldValue;
 use super::residents;
 use super::source::SourceState;
-use super::{Index, ModelId, PodId};
+use super::vocab::{FieldValue, ModelId, PodId};
+use super::Index;
 use crate::wire::{BlockHash, Engine};
 
 /// Engine hashes a partition aims at: bounds what one call copies out.
@@ -239,23 +239,6 @@ impl Index {
         }
         owned
     }
-}
-
-/// The partition of a 64-bit engine-hash key among `partitions` (a multiplicative mix, so
-/// sequential hashes spread evenly).
-pub(crate) fn partition_of_bits(bits: u64, partitions: u32) -> u32 {
-    let mixed = (bits ^ (bits >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    ((mixed >> 32) % u64::from(partitions.max(1))) as u32
-}
-
-/// The partition of a bytes engine hash among `partitions` (FNV-1a, then the same mix).
-pub(crate) fn partition_of_bytes(bytes: &[u8], partitions: u32) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    partition_of_bits(h, partitions)
 }
 
 #[cfg(test)]

@@ -2,8 +2,10 @@
 //! or every source of a pod forgotten.
 
 use super::Mutation;
+use crate::index::counters::CountDelta;
 use crate::index::delta::{Delta, DeltaSink};
-use crate::index::{Index, IndexError, PodId, SourceId};
+use crate::index::vocab::{PodId, SourceId};
+use crate::index::{Index, IndexError};
 
 impl Index {
     /// Drops every block of `source` (engine restart, unfillable gap), keeping it registered.
@@ -61,5 +63,11 @@ impl Index {
             // A concurrent removal of the same source is harmless: it is gone either way.
             let _ = self.remove_source(source, sink);
         }
+    }
+
+    /// Folds the counts of a source being unregistered into what departed sources left.
+    fn keep_departed_counts(&self, pod: u32, counted: &CountDelta) {
+        self.inner.entries.add(counted);
+        self.inner.pod_entries.of(pod).add(counted);
     }
 }

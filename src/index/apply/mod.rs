@@ -11,9 +11,8 @@
 //! | `restore.rs` | a source's blocks rebuilt from a checkpoint (warm start) |
 //!
 //! The mutation's steps stay in one module, stores and removes alike: with its remove steps
-//! in a module of their own, `profile-store8` of the peer bench ran 1.2 % more instructions
-//! (callgrind, 1,954.0 M against 1,977.1 M; `profile-remove` 2,345.2 M against 2,369.3 M),
-//! as the apply loop they are inlined into was compiled otherwise.
+//! in a module of their own, the apply loop they are inlined into was compiled otherwise,
+//! and both the store and the remove path did more work.
 
 mod lifecycle;
 mod restore;
@@ -21,12 +20,14 @@ mod restore;
 use parking_lot::RwLockWriteGuard;
 use serde::Serialize;
 
+use super::blocks::Blocks;
 use super::counters::CountDelta;
-use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState, FieldValue};
+use super::delta::{ClearedBlocks, Delta, DeltaSink, EngineState};
 use super::layer::{self, Change, DupCounts, Editor};
 use super::runs::{ChainRuns, HeldRuns, Spot, Stretch};
 use super::source::{twin_of, HeldSlot, SourceState, TakenBlocks};
-use super::{Blocks, Index, IndexError, ModelId, PodId, SourceId};
+use super::vocab::{FieldValue, ModelId, PodId, SourceId};
+use super::{Index, IndexError};
 use crate::hash::{chain_hash, content_hash, model_seed, salted_seed, std_hash};
 use crate::medium::{MediaSet, Medium, MEDIA_SLOTS};
 use crate::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
@@ -92,8 +93,8 @@ impl Index {
         let state = (sources.get(source.0 as usize)).and_then(Option::as_ref);
         let mut state = state.ok_or(IndexError::UnknownSource(source.0))?.lock();
         // Dropped where it stands at the block's end: `drop(mutation)` would move it first,
-        // a copy of a few hundred bytes on every call (~64 instructions: a sixth of a 1-block
-        // event's cost outside its block).
+        // a copy of a few hundred bytes on every call, a large part of a 1-block event's
+        // cost outside its block.
         let (stats, dropped_lora) = {
             let mut mutation = Mutation::new(self, &mut state, sink, now);
             mutation.apply_events(&batch.events);
@@ -496,8 +497,8 @@ impl<'a, S: DeltaSink> Mutation<'a, S> {
     /// The chain hash a store's first block continues: the model's `seed` for a chain start,
     /// the parent's chain when the source holds the parent under the same `model`, else 0
     /// (the blocks have no chain). Not inlined: called once an event, out of line it leaves
-    /// the block loop of [`Self::stored`] its registers (inlined, `profile-store8` took
-    /// 1.4 % more instructions).
+    /// the block loop of [`Self::stored`] its registers (inlined, the store path does more
+    /// work).
     #[inline(never)]
     fn chain_above(&mut self, stored: &BlockStored, model: u32, seed: u64) -> u64 {
         let Some(parent) = &stored.parent_block_hash else {

@@ -1,27 +1,11 @@
 //! Residency edits: a chain block opened for an edit, and the stretch edits of one source.
 
-use super::node::{Node, Span};
-use super::{ChainRuns, HeldRuns, Spot, Stretch};
+use super::node::{Node, Span, SpanHint};
+use super::spot::Spot;
+use super::{ChainRuns, HeldRuns, Stretch};
 use crate::index::layer::{self, Change, DupCounts, Editor};
 use crate::index::residents::{own_value, Edited, Resident, ResidentSet};
 use crate::medium::MediaSet;
-
-/// Where a source's span for the position edited last sits in its node's span list: an
-/// engine stores a run block after block, and the block after finds the span to grow (and
-/// where it would go) here instead of by binary searches over every pod's spans.
-///
-/// The place is checked before use (the source's span there must cover the position or end
-/// right before it), so a hint left behind by other edits is harmless. `lone` — the pod has no
-/// other DP rank's span in the node — is only known while the runs stay locked: only one
-/// source edits under the lock, so no other rank's span can come or go meanwhile.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct SpanHint {
-    node: u32,
-    pod: u32,
-    rank: u8,
-    at: usize,
-    lone: Option<bool>,
-}
 
 /// One chain block opened for an edit: a position of a node, seen as a [`ResidentSet`].
 struct BlockMut<'a> {
@@ -333,7 +317,7 @@ impl BlockMut<'_> {
                 return (h.at + 1, Some(h.at));
             }
             if span.is_some_and(|s| u32::from(s.to) + 1 == u32::from(pos)) {
-                // Spans of one source do not overlap: the source's next one, if any, is
+                // Invariant 2: the source's next span, if any, is
                 // the only one that may cover this position.
                 let next = spans.get(h.at + 1);
                 return match next.filter(|n| n.is(pod, rank) && n.from == pos) {

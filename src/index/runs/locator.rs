@@ -5,12 +5,12 @@ use std::hash::BuildHasher;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use super::node::Node;
-use super::{Spot, FEW_STARTS, POS_BITS};
-use crate::index::source::table_bytes;
+use super::spot::{Spot, POS_BITS};
+use crate::index::vocab::table_bytes;
 
 /// A locator slot: a spot in 4 bytes (the node, the position and the start flag), so the
 /// table costs 5 bytes a bucket where a whole [`Spot`] made it 9 (the locator holds every
-/// chain block: at one source a block, it was a tenth of the index). A spot of a node past
+/// chain block, so its bucket is part of every block's cost). A spot of a node past
 /// what a slot names goes in the locator's second table, whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Slot(u32);
@@ -37,13 +37,12 @@ impl Slot {
 /// for a candidate slot (mostly the block looked for, whose run the caller reads next
 /// anyway; another block's only on a 7-bit tag match), and growing the table reads it for
 /// every slot. Every method that reads hashes takes the nodes; a spot stays in the table
-/// exactly while its run keeps a position there
-/// ([`ChainRuns::release`](super::ChainRuns::release)).
+/// exactly while its run keeps a position there (invariant 5 of [`super`]).
 #[derive(Debug, Default)]
 pub(super) struct Locator {
     /// The tables in shards, chosen by hash bits neither a table's bucket index nor its tag
     /// uses: a growing table is rehashed under the runs' write lock, which every query waits
-    /// for, and a locator of a million blocks took 34 ms to grow whole, a shard ~1 ms.
+    /// for, and a shard grows in a fraction of the time the whole locator would.
     shards: [Shard; SHARDS],
     /// Chain blocks in all shards: counted, not summed, as [`Self::settle`] reads it on
     /// every chain start's insert.
@@ -54,7 +53,7 @@ pub(super) struct Locator {
     peak: usize,
     hasher: DefaultHashBuilder,
     /// The chain blocks placed with no parent here (chain starts, and blocks restored with
-    /// their parent unknown), flagged in the locator ([`START`](super::START)): a prompt's
+    /// their parent unknown), flagged in the locator ([`START`](super::spot::START)): a prompt's
     /// first block is a chain start, so a query that misses (a new prompt) is answered from
     /// this table, which is small and stays in cache, instead of a probe of the locator,
     /// which mostly does not ([`Locator::start_spot`]); Dynamo's tree answers it from its
@@ -65,6 +64,9 @@ pub(super) struct Locator {
     /// Locator entries flagged as starts.
     pub(super) flagged: usize,
 }
+
+/// Starts there may always be a table of, whatever the number of blocks.
+pub(super) const FEW_STARTS: usize = 4096;
 
 /// Shards of the locator (the most a `Default` array derives).
 const SHARDS: usize = 32;
@@ -288,7 +290,7 @@ impl Locator {
 
 #[cfg(test)]
 mod tests {
-    use super::super::TEST_NODE_BITS;
+    use super::super::spot::TEST_NODE_BITS;
     use super::*;
 
     #[test]

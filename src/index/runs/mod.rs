@@ -26,101 +26,64 @@
 //!   spans are edited): a query tells a block whose residents are the previous block's,
 //!   in this run or another, by one comparison, and where they change within a run.
 //!
-//! Positions nobody holds stay in their run while a later position is held (positions are
-//! stable); a run's tail that nobody holds is trimmed and a run nobody holds is freed. Each
-//! source keeps the runs it holds spans in ([`HeldRuns`]), so its clear visits only those.
+//! Each source keeps the runs it holds spans in ([`HeldRuns`]), so its clear visits only
+//! those.
 //!
-//! Parts: a run and its spans ([`node`]), the locator ([`locator`]), residency edits
-//! ([`edit`]) and what a query reads ([`read`]); placing blocks in runs is here.
+//! # Invariants
+//!
+//! Every part of `runs/` keeps these; the comments elsewhere in it refer to them by number
+//! (the index-wide ones are in `docs/architecture.md`, section 5).
+//!
+//! 1. **Exact per block.** A source's spans in a node cover exactly the positions it holds
+//!    there, with its media, store time and engine copies. An edit of part of a span splits
+//!    it; a piece merges back with a neighbouring span of the same source once they agree.
+//! 2. **Spans in order.** A node's spans are sorted by (pod, rank, first position), and the
+//!    spans of one source never overlap.
+//! 3. **Fingerprints in step.** A position's fingerprint is the XOR of its residents' owner
+//!    keys (0: nobody holds it), kept as stretches in which neighbours always differ, so one
+//!    stretch is exactly the positions a query may count past without a visit.
+//! 4. **Stable positions.** A position nobody holds stays in its run while a later one is
+//!    held; every edit that takes residents off a run releases it, so a run's last position
+//!    is held while anybody holds any of it: its unheld tail is trimmed, and a run nobody
+//!    holds is freed and its id reused.
+//! 5. **Locator exact.** The locator keeps a block's spot exactly while its run keeps the
+//!    position, flagged as a start when the block was placed with no parent here.
+//! 6. **Parents.** A block's parent is the position before it in its run, except for a
+//!    run's first block (a fork's node keeps its parent) and a flagged start (none).
+//! 7. **Held runs exact.** A run is in a source's [`HeldRuns`] exactly while the source has
+//!    a span in it: it leaves with the last one, before the run can be freed.
+//! 8. **Hints are checked.** What an edit or a query remembers of where it was (the block
+//!    placed last, a [`SpanHint`](node::SpanHint), a source's span in [`HeldRuns`], a
+//!    [`Cursor`]) is checked against the run before use, so a stale one is harmless; what
+//!    it knows of other sources' spans holds only while the runs stay locked.
+//!
+//! Parts, bottom up: where a block sits and its packing ([`spot`]), a run's fingerprints
+//! ([`fingerprints`]), a run and its spans ([`node`]), the locator ([`locator`]); placing
+//! blocks in runs is here; residency edits ([`edit`]) and what a query reads ([`read`])
+//! extend [`ChainRuns`] from above.
 
 mod edit;
 mod fingerprints;
 mod locator;
 mod node;
 mod read;
+mod spot;
 #[cfg(test)]
 mod tests;
 
-use super::source::table_bytes;
+use super::vocab::table_bytes;
 
-use edit::SpanHint;
 use locator::Locator;
-use node::{Node, Span};
+use node::{Node, Span, SpanHint};
 pub(crate) use read::Cursor;
+#[cfg(test)]
+pub(crate) use spot::TEST_NODE_BITS;
+pub(crate) use spot::{Spot, POS_BITS};
 
 /// Longest run: positions fit a `u16`, and a run's span list stays short to scan.
 pub(crate) const MAX_RUN: usize = 256;
 
-/// Where a chain block sits: its node and its position in the node's run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Spot {
-    node: u32,
-    pos: u32,
-}
-
-/// The locator's flag, in a spot's position, for a chain start ([`Locator::starts`]).
-const START: u32 = 1 << 31;
-
-/// Starts there may always be a table of, whatever the number of blocks.
-const FEW_STARTS: usize = 4096;
-
-impl Spot {
-    /// The spot as the locator keeps a chain start.
-    fn flagged(self) -> Spot {
-        Spot {
-            pos: self.pos | START,
-            ..self
-        }
-    }
-
-    fn is_flagged(self) -> bool {
-        self.pos & START != 0
-    }
-
-    /// The spot without the locator's flag.
-    fn unflagged(self) -> Spot {
-        Spot {
-            pos: self.pos & !START,
-            ..self
-        }
-    }
-
-    /// The spot at position `pos` of node `node`.
-    pub(crate) fn from_parts(node: u32, pos: u32) -> Spot {
-        Spot { node, pos }
-    }
-
-    /// The spot in the low `node_bits` + [`POS_BITS`] bits of a `u32`, the node below the
-    /// position, for the tables that keep a spot per block in 4 bytes (a source's slots,
-    /// the locator's); `None` when the node needs more bits, or, under test, more than
-    /// [`TEST_NODE_BITS`], so the tests' runs reach every table's fallback.
-    pub(crate) fn pack(self, node_bits: u32) -> Option<u32> {
-        let limit = if cfg!(test) {
-            TEST_NODE_BITS
-        } else {
-            node_bits
-        };
-        if (self.node >> limit) | (self.pos >> POS_BITS) != 0 {
-            return None;
-        }
-        Some(self.node | (self.pos << node_bits))
-    }
-
-    /// The spot [`Self::pack`] put in the low bits of `bits` (the bits above them ignored).
-    pub(crate) fn unpack(bits: u32, node_bits: u32) -> Spot {
-        Spot {
-            node: bits & ((1 << node_bits) - 1),
-            pos: (bits >> node_bits) & ((1 << POS_BITS) - 1),
-        }
-    }
-}
-
-/// Bits of a packed spot's position.
-pub(crate) const POS_BITS: u32 = 8;
 const _: () = assert!(MAX_RUN <= 1 << POS_BITS);
-
-/// The node bits a packed spot may use under test ([`Spot::pack`]).
-pub(crate) const TEST_NODE_BITS: u32 = 4;
 
 /// The chain blocks of every model, in runs.
 #[derive(Debug, Default)]
@@ -150,8 +113,7 @@ pub(crate) struct ChainRuns {
 }
 
 /// The runs one source holds spans in, so a source clear edits exactly those runs without
-/// looking up any of its blocks (kept exact: a run leaves the set with the source's last
-/// span in it, before it can be freed and its id reused).
+/// looking up any of its blocks (kept exact, invariant 7).
 #[derive(Debug, Default)]
 pub(crate) struct HeldRuns {
     ids: hashbrown::HashSet<u32>,
@@ -271,10 +233,8 @@ impl ChainRuns {
 
     /// The spot of chain block `hash` and the std hash its run keeps, in one lookup; a new
     /// block is placed as [`Self::place`] does, its std hash `content()`. Inlined into the
-    /// store's loop (its one caller there): out of line, its prologue and epilogue were ~24
-    /// instructions a block and its spills a tenth of the store's data accesses (callgrind,
-    /// `profile-store8`: 2,077.6 M instructions → 1,942.2 M, data refs 816 M → 730 M,
-    /// simulated cache misses equal).
+    /// store's loop (its one caller there): out of line, its prologue, epilogue and spills
+    /// were paid on every block.
     #[inline(always)]
     pub(crate) fn find_or_place(
         &mut self,
@@ -442,9 +402,9 @@ impl ChainRuns {
 
     /// Gives back what blocks of run `id` nobody holds any more kept, after an edit that
     /// took residents off positions up to `edited_to`: the run's tail nobody holds, or the
-    /// whole run when nobody holds any of it. Every such edit releases, so a run's last
-    /// position is held while anybody holds any: an edit that ends before it cannot have
-    /// made it unheld, and the scan of every span that finding the tail takes is skipped.
+    /// whole run when nobody holds any of it (invariant 4): an edit that ends before the
+    /// run's last position cannot have made it unheld, and the scan of every span that
+    /// finding the tail takes is skipped.
     fn release(&mut self, id: u32, edited_to: u16) {
         let node = &mut self.nodes[id as usize];
         if usize::from(edited_to) + 1 < node.chains.len() && !node.spans.is_empty() {

@@ -1,9 +1,9 @@
 //! A run of chain blocks (a node) and its residents' spans over positions.
 
 use super::fingerprints::Fingerprints;
-use crate::index::delta::FieldValue;
 use crate::index::layer::{Change, Editor};
 use crate::index::residents::{merge, own_value, owner_key, Resident};
+use crate::index::vocab::FieldValue;
 
 /// One resident over positions `from..=to` of a node.
 #[derive(Debug, Clone, Copy)]
@@ -53,7 +53,7 @@ pub(super) struct Node {
     /// residents are the previous block's without a scan of the spans or any mixing; kept
     /// as stretches of equal ones, which a query counts past at once.
     pub(super) fps: Fingerprints,
-    /// Spans of one source never overlap.
+    /// Sorted by (pod, rank, first position); one source's never overlap (invariant 2).
     pub(super) spans: Vec<Span>,
     /// The chain hash of the parent of the run's first block when the run is a fork (its
     /// parent ends or sits inside another run), else 0: every later block's parent is the
@@ -170,7 +170,7 @@ impl Node {
         let (pod, rank) = (span.resident.pod(), span.resident.rank());
         let at = self.seek_after(before, pod, rank, span.from);
         let spans = &mut self.spans;
-        // The source's spans do not overlap and sit in position order: only the one before
+        // Invariant 2: only the one before
         // `at` and the one at it can reach into the new span.
         let prev = (at.checked_sub(1)).filter(|&i| spans[i].is(pod, rank));
         let next = (spans.get(at)).filter(|s| s.is(pod, rank)).map(|_| at);
@@ -280,4 +280,21 @@ fn xor_key(fps: &mut [u64], resident: &Resident, from: u16, to: u16) -> bool {
 /// [`Node::fps`] keeps, as the debug check after a visit recomputes it.
 pub(super) fn fingerprint_at(node: &Node, pos: u16) -> u64 {
     node.residents_at(pos).fold(0, |fp, r| fp ^ owner_key(r))
+}
+
+/// Where a source's span for the position edited last sits in its node's span list: an
+/// engine stores a run block after block, and the block after finds the span to grow (and
+/// where it would go) here instead of by binary searches over every pod's spans.
+///
+/// The place is checked before use (the source's span there must cover the position or end
+/// right before it), so a hint left behind by other edits is harmless. `lone` — the pod has no
+/// other DP rank's span in the node — is only known while the runs stay locked: only one
+/// source edits under the lock, so no other rank's span can come or go meanwhile.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SpanHint {
+    pub(super) node: u32,
+    pub(super) pod: u32,
+    pub(super) rank: u8,
+    pub(super) at: usize,
+    pub(super) lone: Option<bool>,
 }

@@ -3,10 +3,10 @@
 use std::cell::Cell;
 
 use super::node::fingerprint_at;
-use super::{ChainRuns, Spot};
-use crate::index::query::Visit;
+use super::spot::Spot;
+use super::ChainRuns;
 use crate::index::residents::Resident;
-use crate::index::PodId;
+use crate::index::vocab::{PodId, Visit};
 use crate::medium::MediaSet;
 
 /// A query's place in a run: the spot it read last and, when somebody holds it, the
@@ -35,8 +35,7 @@ impl ChainRuns {
     /// following the run `cursor` is in without a probe. The blocks after it whose residents
     /// stay the same are for [`Self::repeats`] to count, all at once. Never inlined: one
     /// function per caller's closure, with the closure (called per resident) inlined into
-    /// the loop over the residents, is leaner than this inlined into its callers
-    /// (`profile-query-full` 73.3 M instructions against 74.9 M with one codegen unit).
+    /// the loop over the residents, is leaner than this inlined into its callers.
     #[inline(never)]
     pub(crate) fn visit(
         &self,

@@ -1,12 +1,12 @@
 use std::cell::Cell;
 
-use super::locator::chain_at;
+use super::locator::{chain_at, FEW_STARTS};
 use super::node::Span;
 use super::read::common_prefix;
 use super::*;
 use crate::index::layer::{self, Change, DupCounts, Editor};
-use crate::index::query::Visit;
 use crate::index::residents::Resident;
+use crate::index::vocab::Visit;
 use crate::medium::MediaSet;
 use crate::medium::Medium;
 use hashbrown::HashMap;
