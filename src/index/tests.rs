@@ -350,7 +350,7 @@ fn lora_stored(hashes: &[i64], start: u32, name: &str) -> Event {
     event
 }
 
-/// Issue 14: every LoRA name used to keep its block map and name forever.
+/// A LoRA name must not keep its block map and name forever.
 #[test]
 fn a_lora_whose_last_block_leaves_is_freed() {
     let index = Index::new();
@@ -385,7 +385,7 @@ fn a_lora_whose_last_block_leaves_is_freed() {
     assert_eq!(index.live_models(), 0);
 }
 
-/// Issue 14: an index nobody reads deltas from keeps no name of a freed model, so LoRA names
+/// An index nobody reads deltas from keeps no name of a freed model, so LoRA names
 /// that come and go leave nothing behind; one with a mirror keeps only the last few.
 #[test]
 fn freed_model_names_are_kept_only_as_many_as_asked() {
