@@ -53,7 +53,7 @@ pub(super) struct Locator {
     peak: usize,
     hasher: DefaultHashBuilder,
     /// The chain blocks placed with no parent here (chain starts, and blocks restored with
-    /// their parent unknown), flagged in the locator ([`START`](super::spot::START)): a prompt's
+    /// their parent unknown), flagged in the locator (`Spot`'s start flag): a prompt's
     /// first block is a chain start, so a query that misses (a new prompt) is answered from
     /// this table, which is small and stays in cache, instead of a probe of the locator,
     /// which mostly does not ([`Locator::start_spot`]); Dynamo's tree answers it from its

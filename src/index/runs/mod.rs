@@ -53,7 +53,7 @@
 //! 7. **Held runs exact.** A run is in a source's [`HeldRuns`] exactly while the source has
 //!    a span in it: it leaves with the last one, before the run can be freed.
 //! 8. **Hints are checked.** What an edit or a query remembers of where it was (the block
-//!    placed last, a [`SpanHint`](node::SpanHint), a source's span in [`HeldRuns`], a
+//!    placed last, a [`SpanHint`], a source's span in [`HeldRuns`], a
 //!    [`Cursor`]) is checked against the run before use, so a stale one is harmless; what
 //!    it knows of other sources' spans holds only while the runs stay locked.
 //!

@@ -62,8 +62,12 @@ use kvindex::{score::MatchMode, medium::Medium, score::PromptSettings, medium::T
 // Live heap bytes (for bytes per resident entry) and CPU time: kvindex's benches' own.
 // ---------------------------------------------------------------------------------------
 
-// The counting allocator wraps `kvindex::allocator::Chosen`: the system allocator here, as
-// kvindex is built without its default features.
+// The counting allocator wraps the binary's `allocator::Chosen`: the system allocator here,
+// as this crate enables none of kvindex's allocator features.
+// This crate has no allocator features: the include falls back to the system allocator.
+#[allow(dead_code, unexpected_cfgs)]
+#[path = "../../../../src/allocator.rs"]
+mod allocator;
 #[path = "../../../common/counting_alloc.rs"]
 mod counting_alloc;
 // Only `cpu_time` serves here (the process clock).
