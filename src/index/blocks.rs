@@ -35,6 +35,7 @@ pub(crate) enum BlockRef<'a> {
 
 impl std::ops::Deref for BlockRef<'_> {
     type Target = Residents;
+    #[inline]
     fn deref(&self) -> &Residents {
         match self {
             BlockRef::Own(r) => r.value(),
@@ -51,6 +52,7 @@ pub(crate) enum BlockRefMut<'a> {
 
 impl std::ops::Deref for BlockRefMut<'_> {
     type Target = Residents;
+    #[inline]
     fn deref(&self) -> &Residents {
         match self {
             BlockRefMut::Own(r) => r.value(),
@@ -60,6 +62,7 @@ impl std::ops::Deref for BlockRefMut<'_> {
 }
 
 impl std::ops::DerefMut for BlockRefMut<'_> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut Residents {
         match self {
             BlockRefMut::Own(r) => r.value_mut(),
@@ -70,6 +73,7 @@ impl std::ops::DerefMut for BlockRefMut<'_> {
 
 impl Blocks {
     /// The residents of block `std`.
+    #[inline]
     pub(crate) fn get(&self, std: &u64) -> Option<BlockRef<'_>> {
         match self {
             Blocks::Own(map) => map.get(std).map(BlockRef::Own),
@@ -78,6 +82,7 @@ impl Blocks {
     }
 
     /// The residents of block `std`, for writing.
+    #[inline]
     pub(crate) fn get_mut(&self, std: &u64) -> Option<BlockRefMut<'_>> {
         match self {
             Blocks::Own(map) => map.get_mut(std).map(BlockRefMut::Own),

@@ -49,12 +49,14 @@ pub(crate) fn table_bytes<K, V>(capacity: usize) -> usize {
 
 /// The partition of a 64-bit engine-hash key among `partitions` (a multiplicative mix, so
 /// sequential hashes spread evenly).
+#[inline]
 pub(crate) fn partition_of_bits(bits: u64, partitions: u32) -> u32 {
     let mixed = (bits ^ (bits >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     ((mixed >> 32) % u64::from(partitions.max(1))) as u32
 }
 
 /// The partition of a bytes engine hash among `partitions` (FNV-1a, then the same mix).
+#[inline]
 pub(crate) fn partition_of_bytes(bytes: &[u8], partitions: u32) -> u32 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {

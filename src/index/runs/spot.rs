@@ -13,6 +13,7 @@ const START: u32 = 1 << 31;
 
 impl Spot {
     /// The spot as the locator keeps a chain start.
+    #[inline]
     pub(super) fn flagged(self) -> Spot {
         Spot {
             pos: self.pos | START,
@@ -20,11 +21,13 @@ impl Spot {
         }
     }
 
+    #[inline]
     pub(super) fn is_flagged(self) -> bool {
         self.pos & START != 0
     }
 
     /// The spot without the locator's flag.
+    #[inline]
     pub(super) fn unflagged(self) -> Spot {
         Spot {
             pos: self.pos & !START,
@@ -33,6 +36,7 @@ impl Spot {
     }
 
     /// The spot at position `pos` of node `node`.
+    #[inline]
     pub(crate) fn from_parts(node: u32, pos: u32) -> Spot {
         Spot { node, pos }
     }
@@ -41,6 +45,7 @@ impl Spot {
     /// position, for the tables that keep a spot per block in 4 bytes (a source's slots,
     /// the locator's); `None` when the node needs more bits, or, under test, more than
     /// [`TEST_NODE_BITS`], so the tests' runs reach every table's fallback.
+    #[inline]
     pub(crate) fn pack(self, node_bits: u32) -> Option<u32> {
         let limit = if cfg!(test) {
             TEST_NODE_BITS
@@ -54,6 +59,7 @@ impl Spot {
     }
 
     /// The spot [`Self::pack`] put in the low bits of `bits` (the bits above them ignored).
+    #[inline]
     pub(crate) fn unpack(bits: u32, node_bits: u32) -> Spot {
         Spot {
             node: bits & ((1 << node_bits) - 1),
