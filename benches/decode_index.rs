@@ -8,6 +8,8 @@
 //!   (`[ts, [["BlockStored", hashes, parent, tokens, 16, nil, "GPU"], …], 0]`), `map` =
 //!   0.24+ tagged maps with omit_defaults.
 //! - `decode_index_deltas/…`: the same with a `Vec<Delta>` sink (the Redis mirror's path).
+//! - `decode_index_prefix_only/…`: the same without kthena's std layer
+//!   (`ingest.std_hashes: false`): no SHA-256 and no std map per block.
 //! - `decode_only/…`: decoding alone.
 //! - `std_hash/…`: `kvindex::hash::std_hash` over the same blocks' tokens: the floor that
 //!   decode + index is compared with (goal: decode+index ≤ 2 × hashing).
@@ -25,7 +27,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use rmpv::Value as V;
 
 use kvindex::hash::std_hash;
-use kvindex::index::{Delta, Discard, Index, SourceSpec};
+use kvindex::index::{Delta, Discard, Index, IndexOptions, SourceSpec};
 use kvindex::wire::{decode_batch, DecodeOptions, Engine};
 
 #[path = "common/thread_cpu.rs"]
@@ -158,7 +160,18 @@ fn stream(era: Era, per_event: usize) -> Stream {
 }
 
 fn fresh_index() -> (Index, kvindex::index::SourceId) {
-    let index = Index::new();
+    index_with(IndexOptions::default())
+}
+
+fn fresh_prefix_only_index() -> (Index, kvindex::index::SourceId) {
+    index_with(IndexOptions {
+        std_layer: false,
+        ..IndexOptions::default()
+    })
+}
+
+fn index_with(options: IndexOptions) -> (Index, kvindex::index::SourceId) {
+    let index = Index::with_options(options);
     let source = index
         .register_source(&SourceSpec {
             pod: "bench-0.default".to_owned(),
@@ -182,27 +195,33 @@ fn bench(c: &mut Criterion<ThreadCpu>) {
         .map(|(name, era, n)| (*name, stream(*era, *n)))
         .collect();
 
-    let mut group = c.benchmark_group("decode_index");
-    group.throughput(Throughput::Elements(BLOCKS as u64));
-    for (name, s) in &streams {
-        group.bench_function(*name, |b| {
-            b.iter_batched(
-                fresh_index,
-                |(index, source)| {
-                    for payload in &s.payloads {
-                        let batch = decode_batch(payload, DecodeOptions::INDEX).expect("valid");
+    let groups: [(&str, fn() -> (Index, kvindex::index::SourceId)); 2] = [
+        ("decode_index", fresh_index),
+        ("decode_index_prefix_only", fresh_prefix_only_index),
+    ];
+    for (group_name, fresh) in groups {
+        let mut group = c.benchmark_group(group_name);
+        group.throughput(Throughput::Elements(BLOCKS as u64));
+        for (name, s) in &streams {
+            group.bench_function(*name, |b| {
+                b.iter_batched(
+                    fresh,
+                    |(index, source)| {
+                        for payload in &s.payloads {
+                            let batch = decode_batch(payload, DecodeOptions::INDEX).expect("valid");
+                            index
+                                .apply(source, &batch, 1_767_225_600, &mut Discard)
+                                .expect("registered");
+                        }
+                        // Returned so that dropping the index is not timed.
                         index
-                            .apply(source, &batch, 1_767_225_600, &mut Discard)
-                            .expect("registered");
-                    }
-                    // Returned so that dropping the index is not timed.
-                    index
-                },
-                BatchSize::PerIteration,
-            )
-        });
+                    },
+                    BatchSize::PerIteration,
+                )
+            });
+        }
+        group.finish();
     }
-    group.finish();
 
     let mut group = c.benchmark_group("decode_index_deltas");
     group.throughput(Throughput::Elements(BLOCKS as u64));
