@@ -27,7 +27,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use rmpv::Value as V;
 
 use kvindex::hash::std_hash;
-use kvindex::index::{Delta, Discard, Index, IndexOptions, SourceSpec};
+use kvindex::index::{Delta, Discard, Index, IndexOptions, SourceId, SourceSpec};
 use kvindex::wire::{decode_batch, DecodeOptions, Engine};
 
 #[path = "common/thread_cpu.rs"]
@@ -159,18 +159,21 @@ fn stream(era: Era, per_event: usize) -> Stream {
     }
 }
 
-fn fresh_index() -> (Index, kvindex::index::SourceId) {
+/// A fresh index and its one registered source.
+type Fresh = fn() -> (Index, SourceId);
+
+fn fresh_index() -> (Index, SourceId) {
     index_with(IndexOptions::default())
 }
 
-fn fresh_prefix_only_index() -> (Index, kvindex::index::SourceId) {
+fn fresh_prefix_only_index() -> (Index, SourceId) {
     index_with(IndexOptions {
         std_layer: false,
         ..IndexOptions::default()
     })
 }
 
-fn index_with(options: IndexOptions) -> (Index, kvindex::index::SourceId) {
+fn index_with(options: IndexOptions) -> (Index, SourceId) {
     let index = Index::with_options(options);
     let source = index
         .register_source(&SourceSpec {
@@ -195,7 +198,7 @@ fn bench(c: &mut Criterion<ThreadCpu>) {
         .map(|(name, era, n)| (*name, stream(*era, *n)))
         .collect();
 
-    let groups: [(&str, fn() -> (Index, kvindex::index::SourceId)); 2] = [
+    let groups: [(&str, Fresh); 2] = [
         ("decode_index", fresh_index),
         ("decode_index_prefix_only", fresh_prefix_only_index),
     ];
