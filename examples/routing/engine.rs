@@ -270,21 +270,7 @@ impl PrefixCache {
                 tier: Tier::Cpu,
             });
         }
-        changes.push(Change::Removed {
-            block: id,
-            tier: Tier::Gpu,
-        });
-        let keep = match self.entries.get_mut(&id) {
-            Some(e) => {
-                e.gpu = false;
-                e.free_key = None;
-                e.cpu
-            }
-            None => false,
-        };
-        if !keep {
-            self.entries.remove(&id);
-        }
+        self.leave(id, Tier::Gpu, changes);
     }
 
     fn make_cpu_room(&mut self, changes: &mut Vec<Change>) {
@@ -296,19 +282,26 @@ impl PrefixCache {
         };
         self.stats.cpu_evictions += 1;
         self.cpu_used -= 1;
-        changes.push(Change::Removed {
-            block: id,
-            tier: Tier::Cpu,
-        });
-        let keep = match self.entries.get_mut(&id) {
-            Some(e) => {
+        self.leave(id, Tier::Cpu, changes);
+    }
+
+    /// Block `id` leaves `tier` (the engine reports the remove); forgotten once on neither.
+    fn leave(&mut self, id: BlockId, tier: Tier, changes: &mut Vec<Change>) {
+        changes.push(Change::Removed { block: id, tier });
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        match tier {
+            Tier::Gpu => {
+                e.gpu = false;
+                e.free_key = None;
+            }
+            Tier::Cpu => {
                 e.cpu = false;
                 e.cpu_key = None;
-                e.gpu
             }
-            None => false,
-        };
-        if !keep {
+        }
+        if !e.gpu && !e.cpu {
             self.entries.remove(&id);
         }
     }

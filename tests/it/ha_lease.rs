@@ -311,6 +311,15 @@ impl Replica {
         (!values.is_empty()).then(|| values.iter().sum())
     }
 
+    /// Waits until series `name` is exported, failing with `what` at the deadline.
+    async fn wait_metric(&self, name: &str, what: &str) {
+        let end = Instant::now() + WAIT;
+        while self.metric(name, "").await.is_none() {
+            assert!(Instant::now() < end, "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn leads(&self) -> bool {
         self.metric("kvindex_ha_leader{", "").await == Some(1.0)
     }
@@ -560,18 +569,11 @@ async fn a_sigkilled_leader_is_replaced_and_redis_ends_equal_to_the_replay() {
     );
     // Every HA metric the user docs name is exported (tests/ops_dashboards.rs runs without
     // `ha:`), once the new leader has renewed its lease.
-    let end = Instant::now() + WAIT;
-    while b
-        .metric("kvindex_ha_lease_renew_seconds_count", "")
-        .await
-        .is_none()
-    {
-        assert!(
-            Instant::now() < end,
-            "the new leader never renewed its lease"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    b.wait_metric(
+        "kvindex_ha_lease_renew_seconds_count",
+        "the new leader never renewed its lease",
+    )
+    .await;
     let docs: String = ["README.md", "docs/operating.md", "docs/deploying.md"]
         .iter()
         .map(|f| std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(f)).unwrap())
@@ -699,18 +701,11 @@ async fn a_frozen_leader_writes_nothing_after_it_wakes_and_its_late_writes_are_r
 
     // Bytes of the frozen leader that land after the takeover's verify pass read Redis (the
     // periodic pass is 10 minutes away here): the pass two ttls later deletes them.
-    let end = Instant::now() + WAIT;
-    while b
-        .metric("kvindex_anti_entropy_pass_seconds", "")
-        .await
-        .is_none()
-    {
-        assert!(
-            Instant::now() < end,
-            "the takeover's verify pass never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    b.wait_metric(
+        "kvindex_anti_entropy_pass_seconds",
+        "the takeover's verify pass never ended",
+    )
+    .await;
     let late_block = block_key(MODEL, 434_343);
     redis::pipe()
         .hset(&late_block, &pod, "2|GPU")
