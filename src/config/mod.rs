@@ -92,6 +92,7 @@ impl Config {
                 "mapping_keys": r.mapping_keys,
                 "flush_max_commands": r.flush_max_commands,
                 "flush_interval_ms": r.flush_interval.as_millis() as u64,
+                "connections": r.connections,
                 "queue_capacity": r.queue_capacity,
                 "anti_entropy_interval_s": r.anti_entropy_interval.as_secs(),
                 "anti_entropy_max_commands_per_s": r.anti_entropy_max_commands_per_s,

@@ -19,7 +19,9 @@ use crate::index::SpeculativeOptions;
 use crate::medium::{TierWeights, WeightError};
 use crate::redis_conn::RedisTarget;
 use crate::redis_layout::ValueFormat;
-use crate::settings::redis::{RedisConfig, DEFAULT_LEASE_TTL, MAX_LEASE_TTL, MIN_LEASE_TTL};
+use crate::settings::redis::{
+    RedisConfig, DEFAULT_LEASE_TTL, MAX_CONNECTIONS, MAX_LEASE_TTL, MIN_LEASE_TTL,
+};
 use crate::settings::target::{Target, TcpEndpoint, MAX_DP_RANKS};
 use crate::shard::{Shard, MAX_SHARDS};
 use crate::wire::Engine;
@@ -137,6 +139,18 @@ fn validate_redis(
     }
     if let Some(v) = at_least_one("redis.queue_capacity", section.queue_capacity, issues) {
         c.queue_capacity = v;
+    }
+    if let Some(v) = at_least_one("redis.connections", section.connections.clone(), issues) {
+        if v > MAX_CONNECTIONS {
+            let what = format!("must be at most {MAX_CONNECTIONS}");
+            issues.add(
+                "redis.connections",
+                section.connections.as_ref().and_then(line_of),
+                &what,
+            );
+        } else {
+            c.connections = v;
+        }
     }
     let upkeep = (
         section.anti_entropy_interval_s,

@@ -14,6 +14,11 @@ pub const MAX_LEASE_TTL: Duration = Duration::from_secs(60);
 /// Default lease: a dead leader is replaced within about this long.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
 
+/// The writer's connections to a single Redis unless the config says otherwise.
+pub const DEFAULT_CONNECTIONS: usize = 4;
+/// Connections a config may ask for at most: past a few, Redis's one thread is the limit.
+pub const MAX_CONNECTIONS: usize = 16;
+
 /// Settings of the mirror.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisConfig {
@@ -29,6 +34,9 @@ pub struct RedisConfig {
     pub flush_max_commands: usize,
     /// Flush at least this often while commands are pending.
     pub flush_interval: Duration,
+    /// Connections the writer spreads its flushes over, each key always on the same one (a
+    /// single Redis; a cluster connection routes per master on its own and uses one).
+    pub connections: usize,
     /// Delta batches queued before ingest waits (backpressure); the queue also holds at most
     /// `MAX_QUEUED_DELTAS` deltas.
     pub queue_capacity: usize,
@@ -63,6 +71,7 @@ impl Default for RedisConfig {
             mapping_keys: true,
             flush_max_commands: 1000,
             flush_interval: Duration::from_millis(5),
+            connections: DEFAULT_CONNECTIONS,
             queue_capacity: 1024,
             checkpoint: false,
             verify: true,

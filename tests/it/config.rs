@@ -93,6 +93,28 @@ fn other_zero_counts_are_refused_with_their_lines() {
 }
 
 #[test]
+fn writer_connections_are_taken_within_their_bounds() {
+    for n in [1usize, 4, 16] {
+        let text = format!("redis:\n  url: redis://h:1/0\n  connections: {n}\n");
+        assert_eq!(
+            Config::from_str(&text).unwrap().redis.unwrap().connections,
+            n
+        );
+    }
+    for (n, what) in [(0, "at least 1"), (17, "at most 16")] {
+        let found = issues(&format!(
+            "redis:\n  url: redis://h:1/0\n  connections: {n}\n"
+        ));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            (found[0].field.as_str(), found[0].line),
+            ("redis.connections", Some(3))
+        );
+        assert!(found[0].what.contains(what), "{found:?}");
+    }
+}
+
+#[test]
 fn a_prefix_only_index_is_refused_with_a_mirror_and_taken_without_one() {
     let found = issues("redis:\n  url: redis://127.0.0.1:6379\ningest:\n  std_hashes: false\n");
     let got: Vec<_> = found.iter().map(|i| (i.field.as_str(), i.line)).collect();
