@@ -12,7 +12,7 @@ use super::delta::EngineState;
 use super::layer::LayerMap;
 use super::residents::{self, Resident, Residents};
 use super::runs::{ChainRuns, Cursor};
-use super::source::SourceState;
+use super::source::{HeldSlot, SourceState};
 use super::vocab::{table_bytes, FieldValue, ModelId, PodId, Visit};
 use super::Index;
 use crate::medium::{MediaSet, MEDIA_SLOTS};
@@ -168,27 +168,59 @@ impl Index {
             let state = source.lock();
             let chains = self.inner.chains.read_recursive();
             for (hash, held) in state.entries(&chains) {
-                let model = held.model();
-                let stored_at = self
-                    .blocks_of(model)
-                    .and_then(|b| {
-                        let entry = b.get(&held.std())?;
-                        let r = entry
-                            .as_slice()
-                            .iter()
-                            .find(|r| r.pod() == state.pod && r.rank() == state.rank)?;
-                        Some(r.stored_at)
-                    })
-                    .unwrap_or(0);
-                let engine = EngineState {
-                    std_hash: held.std(),
-                    media: held.media(),
-                    stored_at,
-                    chain: held.chain(),
-                    parent: chains.parent_of(held.chain()),
-                };
-                visit(PodId(state.pod), state.rank, ModelId(model), hash, engine);
+                let engine = self.engine_state_of(&state, &chains, held);
+                visit(
+                    PodId(state.pod),
+                    state.rank,
+                    ModelId(held.model()),
+                    hash,
+                    engine,
+                );
             }
+        }
+    }
+
+    /// The checkpoint state of engine block `hash` of source `(pod, rank)` under `model`, or
+    /// `None` when the source does not hold it (under that model): what a repair writes
+    /// back for one checkpoint entry.
+    pub fn engine_state(
+        &self,
+        (pod, rank): (PodId, u8),
+        model: ModelId,
+        hash: &BlockHash,
+    ) -> Option<EngineState> {
+        let id = self.source_of(pod, rank)?;
+        let source = self.source(id).ok()?;
+        let state = source.lock();
+        let chains = self.inner.chains.read_recursive();
+        let (held, _) = state.find(hash, &chains)?;
+        (held.model() == model.0).then(|| self.engine_state_of(&state, &chains, held))
+    }
+
+    /// The checkpoint state of one block `state` holds as `held`.
+    fn engine_state_of(
+        &self,
+        state: &SourceState,
+        chains: &ChainRuns,
+        held: HeldSlot,
+    ) -> EngineState {
+        let stored_at = self
+            .blocks_of(held.model())
+            .and_then(|b| {
+                let entry = b.get(&held.std())?;
+                let r = entry
+                    .as_slice()
+                    .iter()
+                    .find(|r| r.pod() == state.pod && r.rank() == state.rank)?;
+                Some(r.stored_at)
+            })
+            .unwrap_or(0);
+        EngineState {
+            std_hash: held.std(),
+            media: held.media(),
+            stored_at,
+            chain: held.chain(),
+            parent: chains.parent_of(held.chain()),
         }
     }
 

@@ -1,7 +1,7 @@
-//! The mirror's writer with several pipelines in flight: stores, removes and clears
-//! of the same few blocks from two DP ranks of one pod, interleaved across many tiny flushes,
-//! must leave Redis exactly what the index holds, and the checkpoint's watermark at the last
-//! seq. A real redis-server of the test's own, on a free port, flushed between cases.
+//! The mirror's writer with several flushes in flight over one to four connections: stores,
+//! removes and clears of the same few blocks from two DP ranks of one pod, interleaved across
+//! many tiny flushes and spread over the connections, must leave Redis exactly what the index
+//! holds, and the checkpoint's watermark at the last seq. A real redis-server of the test's own, on a free port, flushed between cases.
 
 use crate::util;
 
@@ -139,11 +139,13 @@ fn two_rank_index() -> (Index, Vec<SourceId>) {
     (index, sources)
 }
 
-/// A mirror of `url` flushing `flush` commands at most, with no background passes.
-fn mirror_config(url: &str, flush: usize, checkpoint: bool) -> RedisConfig {
+/// A mirror of `url` flushing `flush` commands at most over `connections`, with no
+/// background passes.
+fn mirror_config(url: &str, flush: usize, checkpoint: bool, connections: usize) -> RedisConfig {
     RedisConfig {
         target: kvindex::store::redis::RedisTarget::Single(url.to_owned()),
         flush_max_commands: flush,
+        connections,
         flush_interval: Duration::from_millis(1),
         checkpoint,
         verify: false,
@@ -166,13 +168,30 @@ async fn started_mirror(config: RedisConfig, index: &Index) -> MirrorHandle {
     mirror
 }
 
-/// Runs `ops` through a mirror whose flushes hold `flush` commands and checks the watermark
-/// of rank 0 against its last seq (checkpoint on); returns what Redis holds, what the index
-/// says it should, and the most pipelines that were in flight at once.
-async fn run(url: &str, ops: &[Op], flush: usize, checkpoint: bool) -> (RedisDump, RedisDump, u64) {
+/// How one case's mirror writes.
+#[derive(Debug, Clone, Copy)]
+struct Writes {
+    /// Commands per flush at most.
+    flush: usize,
+    /// With the checkpoint (its watermark is checked against the last seq).
+    checkpoint: bool,
+    /// Connections the flushes spread over.
+    connections: usize,
+}
+
+/// Runs `ops` through a mirror writing as `how` and checks the watermark of rank 0 against
+/// its last seq (checkpoint on); returns what Redis holds, what the index says it should,
+/// and the most flushes that were in flight at once.
+async fn run(url: &str, ops: &[Op], how: Writes) -> (RedisDump, RedisDump, u64) {
+    let Writes {
+        flush,
+        checkpoint,
+        connections,
+    } = how;
     flushall(url).await;
     let (index, sources) = two_rank_index();
-    let mirror = started_mirror(mirror_config(url, flush, checkpoint), &index).await;
+    let config = mirror_config(url, flush, checkpoint, connections);
+    let mirror = started_mirror(config, &index).await;
     let sender = mirror.sender();
     let mut seqs = [0u64; 2];
     for op in ops {
@@ -214,7 +233,7 @@ async fn run(url: &str, ops: &[Op], flush: usize, checkpoint: bool) -> (RedisDum
 }
 
 #[test]
-fn stores_and_removes_of_the_same_fields_across_flushes_in_flight_end_equal_to_the_index() {
+fn stores_and_removes_of_the_same_fields_across_flushes_and_connections_end_equal_to_the_index() {
     let server = OwnRedis::start(None, &[]);
     let url = server.url();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -227,10 +246,16 @@ fn stores_and_removes_of_the_same_fields_across_flushes_in_flight_end_equal_to_t
         proptest::collection::vec(op(), 1..120),
         1usize..6,
         any::<bool>(),
+        1usize..5,
     );
     runner
-        .run(&strategy, |(ops, flush, checkpoint)| {
-            let (got, want, _) = rt.block_on(run(&url, &ops, flush, checkpoint));
+        .run(&strategy, |(ops, flush, checkpoint, connections)| {
+            let how = Writes {
+                flush,
+                checkpoint,
+                connections,
+            };
+            let (got, want, _) = rt.block_on(run(&url, &ops, how));
             prop_assert_eq!(got, want);
             Ok(())
         })
@@ -266,9 +291,16 @@ fn a_long_churn_of_few_keys_with_every_pipeline_slot_busy_ends_equal_to_the_inde
             }
         })
         .collect();
-    let (got, want, peak) = rt.block_on(run(&url, &ops, 2, true));
-    assert_eq!(got, want);
-    assert!(peak >= 2, "pipelines in flight at once: {peak}");
+    for connections in [1, 4] {
+        let how = Writes {
+            flush: 2,
+            checkpoint: true,
+            connections,
+        };
+        let (got, want, peak) = rt.block_on(run(&url, &ops, how));
+        assert_eq!(got, want, "{connections} connections");
+        assert!(peak >= 2, "flushes in flight at once: {peak}");
+    }
 }
 
 /// One `BlockStored` of engine block `hash` (tokens from the hash alone, so every rank maps
@@ -317,7 +349,7 @@ fn a_clear_larger_than_a_chunk_reaches_redis_in_slices_before_its_watermark() {
 async fn clear_in_slices(url: &str) {
     flushall(url).await;
     let (index, sources) = two_rank_index();
-    let config = mirror_config(url, 256, true);
+    let config = mirror_config(url, 256, true, 4);
     let mirror = started_mirror(config.clone(), &index).await;
     let sender = mirror.sender();
     // Rank 0 holds 2 chunks' worth of engine blocks (three deltas each when cleared one by
@@ -420,4 +452,158 @@ async fn redis_now(url: &str) -> RedisDump {
         m.ttl = 86_400;
     }
     got
+}
+
+/// A TCP proxy to Redis that can cut one of its connections, by the order they were opened,
+/// once that connection has carried a few more bytes towards Redis: in the middle of a
+/// pipeline. Reconnects are forwarded as usual.
+struct CuttingProxy {
+    port: u16,
+    /// `(connection, bytes)`: cut that connection after that many more bytes.
+    cut: tokio::sync::watch::Sender<Option<(usize, usize)>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl CuttingProxy {
+    async fn start(upstream: u16) -> CuttingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, _) = tokio::sync::watch::channel(None);
+        let cuts = cut.clone();
+        let task = tokio::spawn(async move {
+            let mut opened = 0usize;
+            while let Ok((inbound, _)) = listener.accept().await {
+                let this = opened;
+                opened += 1;
+                let rx = cuts.subscribe();
+                tokio::spawn(forward(inbound, upstream, this, rx));
+            }
+        });
+        CuttingProxy {
+            port,
+            cut,
+            _task: task,
+        }
+    }
+
+    /// Cuts connection `n` (0 = the first opened) after `bytes` more bytes towards Redis.
+    fn cut_after(&self, n: usize, bytes: usize) {
+        self.cut.send_replace(Some((n, bytes)));
+    }
+}
+
+/// Forwards one connection both ways; towards Redis byte by count, so a cut can fall inside
+/// a pipeline.
+async fn forward(
+    inbound: tokio::net::TcpStream,
+    upstream: u16,
+    this: usize,
+    mut cut: tokio::sync::watch::Receiver<Option<(usize, usize)>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(out) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+        return;
+    };
+    let (mut from_client, mut to_client) = inbound.into_split();
+    let (mut from_redis, mut to_redis) = out.into_split();
+    let replies = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut from_redis, &mut to_client).await;
+    });
+    let mut left: Option<usize> = None;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        tokio::select! {
+            read = from_client.read(&mut buf) => {
+                let n = match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let pass = left.map_or(n, |l| l.min(n));
+                if to_redis.write_all(&buf[..pass]).await.is_err() {
+                    break;
+                }
+                if let Some(l) = &mut left {
+                    *l -= pass;
+                    if *l == 0 {
+                        break;
+                    }
+                }
+            }
+            Ok(()) = cut.changed(), if left.is_none() => {
+                if let Some((n, bytes)) = *cut.borrow_and_update() {
+                    if n == this {
+                        left = Some(bytes.max(1));
+                    }
+                }
+            }
+        }
+    }
+    replies.abort();
+}
+
+/// One of four writer connections is cut in the middle of a flush, while the others go on:
+/// the reconcile repairs every key the cut connection carried (Redis ends equal to the index,
+/// the watermark at the last seq, and a warm start from the checkpoint rebuilds the same
+/// index), and it writes back only the outage record, not the index: Redis kept everything
+/// else, as the watchdog vouches.
+#[test]
+fn a_connection_cut_mid_flush_is_repaired_without_rewriting_the_rest() {
+    let server = OwnRedis::start(None, &[]);
+    let url = server.url();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(connection_cut(&url, server.port));
+}
+
+async fn connection_cut(url: &str, port: u16) {
+    const BEFORE: u64 = 20_000;
+    const AFTER: u64 = 2_000;
+    flushall(url).await;
+    let proxy = CuttingProxy::start(port).await;
+    let proxied = url.replace(&format!(":{port}"), &format!(":{}", proxy.port));
+    let (index, sources) = two_rank_index();
+    let config = mirror_config(&proxied, 64, true, 4);
+    let mirror = started_mirror(config.clone(), &index).await;
+    let sender = mirror.sender();
+    for hash in 0..BEFORE {
+        apply_and_hand_over(&index, &sender, sources[0], vec![store(hash)], hash + 1).await;
+    }
+    tokio::time::timeout(WAIT, mirror.flush())
+        .await
+        .unwrap()
+        .unwrap();
+    let before = mirror.stats();
+    // Lanes open in order: lane 0 first, then lanes 1, 2 and 3.
+    proxy.cut_after(2, 1000);
+    for hash in BEFORE..BEFORE + AFTER {
+        apply_and_hand_over(&index, &sender, sources[0], vec![store(hash)], hash + 1).await;
+    }
+    tokio::time::timeout(WAIT, mirror.flush())
+        .await
+        .unwrap()
+        .unwrap();
+    let after = mirror.stats();
+    assert!(
+        after.reconciles > before.reconciles,
+        "the cut was noticed and reconciled: {after:?}"
+    );
+    let background = after.background_commands - before.background_commands;
+    assert!(
+        background < BEFORE,
+        "{background} background commands: the reconcile wrote back the outage record, not the index"
+    );
+    assert_eq!(redis_now(url).await, expected_of(&index));
+    assert_eq!(watermark_seq(url).await, Some(BEFORE + AFTER));
+    mirror.shutdown(WAIT).await;
+
+    // The repaired checkpoint rebuilds the same index.
+    let restored = Index::new();
+    let again = MirrorHandle::start(config, restored.clone(), TierWeights::default())
+        .await
+        .unwrap();
+    again.shutdown(WAIT).await;
+    assert_eq!(restored.dump(), index.dump());
 }

@@ -59,3 +59,23 @@ pub(super) async fn connect(target: &RedisTarget) -> Result<RedisConn, MirrorErr
         .map_err(|e| ConnectFailure::of(target, &e))?;
     Ok(conn)
 }
+
+/// The writer's lanes besides the first: `lanes - 1` more connections to a single Redis,
+/// each opened and checked as [`connect`] does. None for a cluster, whose connection keeps
+/// one connection per master and routes every command by its slot.
+///
+/// # Errors
+/// [`MirrorError`] naming the URL without its password.
+pub(super) async fn connect_more(
+    target: &RedisTarget,
+    lanes: usize,
+) -> Result<Vec<RedisConn>, MirrorError> {
+    if target.is_cluster() {
+        return Ok(Vec::new());
+    }
+    let mut more = Vec::with_capacity(lanes.saturating_sub(1));
+    for _ in 1..lanes {
+        more.push(connect(target).await?);
+    }
+    Ok(more)
+}

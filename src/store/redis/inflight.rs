@@ -1,40 +1,44 @@
-//! Pipelines in flight: up to [`MAX_IN_FLIGHT`] flushes on the wire at once, on the writer's
-//! one multiplexed connection, answered in the order they were sent. While Redis executes
-//! one pipeline the writer coalesces and encodes the next, so neither side waits for the
-//! other's round trip.
+//! Flushes in flight: up to [`MAX_IN_FLIGHT`] flushes on the wire at once, each one pipeline
+//! per lane (the writer's connections; every key always on the same lane), answered in the
+//! order they were sent. While Redis executes one flush the writer coalesces and encodes the
+//! next, so neither side waits for the other's round trip.
 //!
 //! Why the order of writes per key holds (a store and a later remove of one field must never
 //! be reordered):
 //! 1. Every command's value is read from the index when its pipeline is built, so of two
 //!    pipelines that write one key, the later one carries the index's later state; Redis
 //!    ends right when it executes them in the order they were built.
-//! 2. The writer builds pipelines one after the other in its single task and hands each to
-//!    the connection before building the next: [`InFlight::submit`] polls the send once
-//!    before it returns, and that first poll queues the encoded pipeline on the multiplexed
-//!    connection's request channel (a FIFO; when it is full, waiting senders are served in
-//!    arrival order). The connection writes its requests to one socket in that order, and
-//!    Redis executes one connection's commands in the order they arrive.
+//! 2. A key's lane depends on the key alone, so every write of one key goes through one
+//!    connection. The writer builds flushes one after the other in its single task and hands
+//!    each lane's pipeline to that lane's connection before building the next:
+//!    [`InFlight::submit`] polls each send once before it returns, and that first poll queues
+//!    the encoded pipeline on the multiplexed connection's request channel (a FIFO; when it
+//!    is full, waiting senders are served in arrival order). The connection writes its
+//!    requests to one socket in that order, and Redis executes one connection's commands in
+//!    the order they arrive. Lanes need no order between them: they never share a key.
 //! 3. The one way around 2. is a reconnect: pipelines submitted while the connection manager
 //!    replaces a broken connection may reach the new connection in any order. A reconnect
-//!    follows a failed request, and the first failure the writer sees (replies are taken in
-//!    submission order, [`FuturesOrdered`]) makes it drop every pipeline still in flight and
-//!    record all their keys, whatever became of them, as possibly wrong: the reconcile then
-//!    rewrites each from the index. Nothing is sent (but a PING) until then, and the PING
-//!    queues behind whatever the old connection still held.
+//!    follows a failed request, so once a lane's pipeline fails, every key that lane carried
+//!    in that flush and in every later one still in flight counts as possibly wrong, whatever
+//!    its answer, and the reconcile rewrites each from the index. The other lanes' pipelines
+//!    are still answered in order on their own connections; their keys count as written only
+//!    if their own answers say so. Nothing is sent (but a PING on every lane) until every
+//!    flush in flight is answered and the reconcile starts.
 //! 4. Background passes and adopted removes wait until nothing is in flight before they read
 //!    Redis or write, as they did when each flush was awaited.
 //!
 //! Watermarks (the checkpoint) must never run ahead of the data they cover, even across a
-//! reconnect as in 3. So a flush only records which sources' seqs its pipeline completes;
-//! once that pipeline (and, by the order of replies, every earlier one) is answered, the
-//! watermarks are confirmed and written by a later pipeline.
+//! reconnect as in 3. So a flush only records which sources' seqs it completes; once every
+//! lane of that flush (and, by the order of replies, every earlier flush) is answered, the
+//! watermarks are confirmed and written by a later flush, always on lane 0 (so the writes of
+//! the one watermark hash keep their order too).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Instant;
 
-use futures::future::BoxFuture;
+use futures::future::{join_all, BoxFuture};
 use futures::stream::{FuturesOrdered, StreamExt};
 use futures::FutureExt;
 use redis::aio::ConnectionLike;
@@ -43,43 +47,54 @@ use redis::{Pipeline, RedisError, Value};
 use super::key::Key;
 use crate::index::{PodId, SourceId};
 
-/// Pipelines on the wire at most: enough to keep Redis busy while the next one is encoded.
+/// Flushes on the wire at most: enough to keep Redis busy while the next one is encoded.
 pub(super) const MAX_IN_FLIGHT: usize = 4;
 
 /// A source's watermark as of one flush: `(pod, rank)`, its source id and seq.
 pub(super) type MarkAt = ((PodId, u8), SourceId, u64);
 
-/// What one pipeline in flight carries besides its commands.
+/// What one flush in flight carries besides its commands.
 #[derive(Default)]
 pub(super) struct Batch {
-    /// Keys it writes: recorded as possibly wrong if it or an earlier pipeline fails.
-    pub(super) keys: Vec<Key>,
+    /// Keys it writes, per lane: recorded as possibly wrong if their lane fails.
+    pub(super) keys: Vec<Vec<Key>>,
     /// Watermarks whose data this pipeline completes (confirmed once it is answered).
     pub(super) covers: Vec<MarkAt>,
     /// Sources whose confirmed watermark it writes (unwritten again if it fails).
     pub(super) marks: Vec<(PodId, u8)>,
     /// When ingest handed over each message this pipeline completes.
     pub(super) stamps: Vec<Instant>,
-    /// Commands in the pipeline.
+    /// Commands in the flush.
     pub(super) commands: usize,
+    /// Pipelines in the flush (one per lane with commands).
+    pub(super) pipelines: usize,
     /// When it was handed to the connection.
     pub(super) sent: Option<Instant>,
 }
 
-/// The answer to one pipeline, and the pipeline back for reuse.
-type Reply = (Result<(), RedisError>, Pipeline);
+/// One lane's answer to its pipeline, and the pipeline back for reuse.
+type LaneReply = (usize, Result<(), RedisError>, Pipeline);
 
-/// The pipelines in flight, oldest first.
+/// A flush whose answer says that some of its lanes failed.
+#[derive(Debug)]
+pub(super) struct Failure {
+    /// The lanes whose pipeline failed.
+    pub(super) lanes: Vec<usize>,
+    /// The first of their errors.
+    pub(super) error: RedisError,
+}
+
+/// The flushes in flight, oldest first.
 #[derive(Default)]
 pub(super) struct InFlight {
-    sends: FuturesOrdered<BoxFuture<'static, Reply>>,
+    sends: FuturesOrdered<BoxFuture<'static, Vec<LaneReply>>>,
     batches: VecDeque<Batch>,
     /// Answered pipelines, cleared, so their command vectors are reused.
     spare: Vec<Pipeline>,
 }
 
 impl InFlight {
-    /// Pipelines in flight.
+    /// Flushes in flight.
     pub(super) fn len(&self) -> usize {
         self.batches.len()
     }
@@ -97,7 +112,7 @@ impl InFlight {
     /// Keeps a pipeline that was not sent for reuse.
     pub(super) fn spare(&mut self, mut pipe: Pipeline) {
         pipe.clear();
-        if self.spare.len() < MAX_IN_FLIGHT {
+        if self.spare.len() < SPARE_PIPELINES {
             self.spare.push(pipe);
         }
     }
@@ -108,45 +123,66 @@ impl InFlight {
         self.batches.back_mut()
     }
 
-    /// Hands `pipe` to a clone of `conn` and returns once it is queued on the connection (see
-    /// the module header: the first poll queues it, which keeps pipelines in build order).
-    pub(super) async fn submit<C>(&mut self, conn: &C, pipe: Pipeline, mut batch: Batch)
+    /// Hands each lane's pipeline to a clone of that lane's connection and returns once all
+    /// are queued on their connections (see the module header: the first poll queues a
+    /// pipeline, which keeps each lane's pipelines in build order).
+    pub(super) async fn submit<C>(&mut self, parts: Vec<(usize, C, Pipeline)>, mut batch: Batch)
     where
-        C: ConnectionLike + Clone + Send + 'static,
+        C: ConnectionLike + Send + 'static,
     {
-        let mut conn = conn.clone();
-        let mut send: BoxFuture<'static, Reply> = Box::pin(async move {
-            let result = write(&mut conn, &pipe).await;
-            (result, pipe)
-        });
-        let first = std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await;
-        batch.sent = Some(Instant::now());
-        match first {
-            Poll::Ready(reply) => self.sends.push_back(futures::future::ready(reply).boxed()),
-            Poll::Pending => self.sends.push_back(send),
+        let mut sends = Vec::with_capacity(parts.len());
+        for (lane, mut conn, pipe) in parts {
+            let mut send: BoxFuture<'static, LaneReply> = Box::pin(async move {
+                let result = write(&mut conn, &pipe).await;
+                (lane, result, pipe)
+            });
+            let first = std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await;
+            match first {
+                Poll::Ready(reply) => sends.push(futures::future::ready(reply).boxed()),
+                Poll::Pending => sends.push(send),
+            }
         }
+        batch.sent = Some(Instant::now());
+        self.sends.push_back(join_all(sends).boxed());
         self.batches.push_back(batch);
     }
 
-    /// The oldest pipeline's answer, once it comes (never resolves while nothing is in
-    /// flight, so it can sit in a `select!`).
-    pub(super) async fn next(&mut self) -> (Result<(), RedisError>, Batch) {
-        let Some((result, pipe)) = self.sends.next().await else {
+    /// The oldest flush's answer, once every lane of it is answered (never resolves while
+    /// nothing is in flight, so it can sit in a `select!`).
+    pub(super) async fn next(&mut self) -> (Result<(), Failure>, Batch) {
+        let Some(replies) = self.sends.next().await else {
             return std::future::pending().await;
         };
-        self.spare(pipe);
+        let mut failure: Option<Failure> = None;
+        for (lane, result, pipe) in replies {
+            self.spare(pipe);
+            if let Err(error) = result {
+                match &mut failure {
+                    Some(f) => f.lanes.push(lane),
+                    None => {
+                        failure = Some(Failure {
+                            lanes: vec![lane],
+                            error,
+                        })
+                    }
+                }
+            }
+        }
         // One batch per send, pushed together: the queue cannot be empty here.
         let batch = self.batches.pop_front().unwrap_or_default();
-        (result, batch)
+        (failure.map_or(Ok(()), Err), batch)
     }
 
-    /// Drops every pipeline in flight (their writes may or may not land) and returns their
+    /// Drops every flush in flight (their writes may or may not land) and returns their
     /// batches, oldest first.
     pub(super) fn abandon(&mut self) -> Vec<Batch> {
         self.sends = FuturesOrdered::new();
         self.batches.drain(..).collect()
     }
 }
+
+/// Answered pipelines kept for reuse at most.
+const SPARE_PIPELINES: usize = 2 * MAX_IN_FLIGHT;
 
 /// Sends one pipeline and checks every reply (a pipeline's errors come back as values).
 async fn write<C: ConnectionLike>(conn: &mut C, pipe: &Pipeline) -> Result<(), RedisError> {

@@ -1,5 +1,7 @@
 //! The coalescing key of one flush: which Redis field or key a delta writes.
 
+use std::hash::BuildHasher;
+
 use crate::index::{Delta, ModelId, PodId};
 use crate::wire::{BlockHash, Engine};
 
@@ -93,6 +95,20 @@ impl Key {
                 rank: *rank,
             },
         }
+    }
+
+    /// The lane (of `lanes`) that carries every write of this key: the checkpoint entries of
+    /// one state key share a lane, as they are written by one command per flush, and the
+    /// watermark hash is always on lane 0.
+    pub(in crate::store::redis) fn lane(&self, lanes: usize, hasher: &impl BuildHasher) -> usize {
+        let hash = match self {
+            Key::Source { .. } => return 0,
+            Key::Engine {
+                pod, rank, model, ..
+            } => hasher.hash_one((pod, rank, model)),
+            Key::Field { .. } | Key::Mapping { .. } => hasher.hash_one(self),
+        };
+        (hash % lanes.max(1) as u64) as usize
     }
 
     /// The write that deletes this key (HDEL of the field, DEL of the mapping key).

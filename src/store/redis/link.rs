@@ -1,7 +1,8 @@
-//! [`Link`]: what the writer's roles work through. It owns the connection, read access to
-//! the index, the [`Encoder`] that fills pipelines and the checkpoint's [`Marks`], and it
-//! checks every background write against the lease just before it is sent. A role holds no
-//! connection or index of its own: the writer lends it the link for one step.
+//! [`Link`]: what the writer's roles work through. It owns the connections (the lanes), read
+//! access to the index, the [`Encoder`] that fills pipelines and the checkpoint's [`Marks`],
+//! and it checks every background write against the lease just before it is sent. A role
+//! holds no connection or index of its own: the writer lends it the link for one step. Roles
+//! work on lane 0 alone, and only while no flush is in flight; flushes use every lane.
 
 use std::sync::Arc;
 
@@ -25,8 +26,13 @@ pub(super) struct Link {
     pub(super) config: RedisConfig,
     /// The truth every write is read from.
     pub(super) index: Index,
-    /// The connection (one Redis or a cluster).
+    /// Lane 0: the connection of the roles, the watermarks and the first share of each
+    /// flush (one Redis or a cluster).
     pub(super) conn: RedisConn,
+    /// Lanes 1 and up: more connections to the same Redis, for flushes only.
+    more: Vec<RedisConn>,
+    /// Spreads keys over the lanes; fixed for the writer's life, so a key keeps its lane.
+    lane_hasher: hashbrown::DefaultHashBuilder,
     /// Deltas as commands.
     pub(super) enc: Encoder,
     /// The checkpoint's watermarks.
@@ -40,12 +46,12 @@ pub(super) struct Link {
 }
 
 impl Link {
-    /// The link of a writer on `conn`.
+    /// The link of a writer on lanes `conn` and `more`.
     pub(super) fn new(
         config: RedisConfig,
         index: Index,
         weights: TierWeights,
-        conn: RedisConn,
+        (conn, more): (RedisConn, Vec<RedisConn>),
         shared: Arc<Shared>,
     ) -> Link {
         let enc = Encoder::new(config.value_format, weights);
@@ -53,12 +59,46 @@ impl Link {
             config,
             index,
             conn,
+            more,
+            lane_hasher: hashbrown::DefaultHashBuilder::default(),
             enc,
             marks: Marks::default(),
             shared,
             gate: None,
             first_write_due: None,
         }
+    }
+
+    /// The number of lanes.
+    pub(super) fn lanes(&self) -> usize {
+        1 + self.more.len()
+    }
+
+    /// The connection of lane `lane`.
+    pub(super) fn lane(&self, lane: usize) -> &RedisConn {
+        match lane.checked_sub(1) {
+            Some(i) if i < self.more.len() => &self.more[i],
+            _ => &self.conn,
+        }
+    }
+
+    /// The lane every write of `key` goes through.
+    pub(super) fn lane_of(&self, key: &Key) -> usize {
+        key.lane(self.lanes(), &self.lane_hasher)
+    }
+
+    /// Asks every lane whether Redis answers.
+    pub(super) async fn ping_lanes(&mut self) -> Result<(), redis::RedisError> {
+        for conn in std::iter::once(&mut self.conn).chain(&mut self.more) {
+            redis::cmd("PING").query_async::<()>(conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Replaces every lane's connection (the same number of lanes).
+    pub(super) fn renew_lanes(&mut self, conn: RedisConn, more: Vec<RedisConn>) {
+        self.conn = conn;
+        self.more = more;
     }
 
     /// Puts every write behind `gate`.
@@ -127,6 +167,30 @@ impl Link {
     pub(super) fn push_deletion(&mut self, pipe: &mut redis::Pipeline, key: &Key) {
         let models = &mut self.marks.models;
         self.enc.push_deletion(&self.index, models, pipe, key);
+    }
+
+    /// Appends the write that brings `key` to the index's state now: its value, or its
+    /// deletion. A live source's watermark is left to the end of the repair, which writes
+    /// every watermark. Returns the number of commands.
+    pub(super) fn push_repair(&mut self, pipe: &mut redis::Pipeline, key: &Key) -> usize {
+        let delta = match key {
+            Key::Engine {
+                pod,
+                rank,
+                model,
+                hash,
+            } => Delta::Engine {
+                pod: *pod,
+                rank: *rank,
+                model: *model,
+                engine_hash: hash.clone(),
+                state: self.index.engine_state((*pod, *rank), *model, hash),
+            },
+            Key::Source { pod, rank } if self.index.source_of(*pod, *rank).is_some() => return 0,
+            // A field's and a mapping key's value is read from the index as it is encoded.
+            Key::Field { .. } | Key::Mapping { .. } | Key::Source { .. } => key.clone().deletion(),
+        };
+        self.push_commands(pipe, std::iter::once(&delta))
     }
 
     /// Appends the `HSET` of one field with the index's `value`.

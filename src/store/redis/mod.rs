@@ -12,10 +12,10 @@
 //! | `link.rs` | what the roles work through: the connection, the index, the encoder, the watermarks |
 //! | `encode.rs` | deltas as Redis commands, values read from the index at flush time |
 //! | `marks.rs` | the checkpoint's watermarks, written behind the data they cover |
-//! | `inflight.rs` | several pipelines in flight in order on one connection; the write-latency histogram |
+//! | `inflight.rs` | several flushes in flight, each a pipeline per lane, in order on each lane's connection; the write-latency histogram |
 //! | `key.rs` | which field or key a delta writes (the coalescing key) |
 //! | `shared.rs` | the queue's messages and the figures shared with the handle |
-//! | `connect.rs` | opening and checking the mirror's connection |
+//! | `connect.rs` | opening and checking the mirror's connections |
 //! | `checkpoint.rs` | kvindex's own `kvindex:` keys: watermarks and engine-block state for warm starts |
 //! | `lease.rs` | high availability: the per-shard lease that lets one replica write, [`lease::LeaseGate`] |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
@@ -31,7 +31,8 @@
 //!
 //! The index is the truth. Deltas flow one way into a bounded queue; the writer coalesces
 //! them per flush (last write of a field or mapping key wins, so writes to one key stay in
-//! order) and sends one pipeline, with a few in flight on one connection (answered in order;
+//! order) and sends one pipeline per lane, with a few flushes in flight (`redis.connections`
+//! lanes to a single Redis, each key always on the same lane and each lane answered in order;
 //! `inflight.rs` explains why a key's writes can never be reordered). When Redis fails, the
 //! writer keeps draining the queue (ingest never stops), records which keys it could not
 //! write (at most a cap; past it, a full pass), and on reconnect rewrites everything the
@@ -256,7 +257,9 @@ impl MirrorHandle {
         };
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let url = config.target.shown();
-        let mut writer = Writer::new(config, index, weights, conn, Arc::clone(&shared));
+        let more = connect::connect_more(&config.target, config.connections).await?;
+        let lanes = (conn, more);
+        let mut writer = Writer::new(config, index, weights, lanes, Arc::clone(&shared));
         writer.seed_marks(marks);
         if let Some(gate) = lease {
             writer.behind_lease(gate);

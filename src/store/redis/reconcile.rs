@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::connect::connect;
+use super::connect::{connect, connect_more};
 use super::key::Key;
 use super::link::Link;
 
@@ -76,6 +76,11 @@ impl Reconcile {
         std::mem::take(&mut self.touched)
     }
 
+    /// Whether the record overflowed (it no longer names every key that may be wrong).
+    pub(super) fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
     /// Whether the record overflowed since the last call (the verify after the rewrite
     /// then runs unthrottled).
     pub(super) fn take_overflowed(&mut self) -> bool {
@@ -115,17 +120,23 @@ impl Reconcile {
         self.overflowed = false;
     }
 
-    /// Asks Redis whether it answers, before the rewrite starts.
+    /// Asks Redis on every lane whether it answers, before the rewrite starts.
     pub(super) async fn probe(link: &mut Link) -> Result<(), redis::RedisError> {
-        redis::cmd("PING").query_async::<()>(&mut link.conn).await
+        link.ping_lanes().await
     }
 
-    /// A fresh connection after an authentication failure: the connection manager reconnects
+    /// Fresh connections after an authentication failure: the connection manager reconnects
     /// by itself only after I/O errors, so once its credentials were refused (a password
     /// rotated and back) it would keep answering with that refusal forever.
     pub(super) async fn renew_connection(link: &mut Link) {
-        match connect(&link.config.target).await {
-            Ok(conn) => link.conn = conn,
+        let target = &link.config.target;
+        let lanes = link.lanes();
+        let fresh = match connect(target).await {
+            Ok(conn) => connect_more(target, lanes).await.map(|more| (conn, more)),
+            Err(err) => Err(err),
+        };
+        match fresh {
+            Ok((conn, more)) => link.renew_lanes(conn, more),
             Err(err) => {
                 tracing::debug!(error = %err, "Could not open a fresh Redis connection; retrying after the backoff.")
             }

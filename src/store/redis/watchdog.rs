@@ -68,6 +68,12 @@ impl Watchdog {
         self.run_id = None;
     }
 
+    /// Whether the watchdog knows Redis well enough to vouch for it: armed, with a `run_id`
+    /// (without `INFO` a restart from a snapshot that kept the sentinel would go unseen).
+    pub(super) fn knows_redis(&self) -> bool {
+        self.armed && self.run_id.is_some()
+    }
+
     /// Checks Redis for a restart (`run_id`) or lost keys (the sentinel), and renews the
     /// sentinel; returns what Redis lost, if anything. An error means Redis could not be
     /// reached, so a Redis restarted while kvindex is idle is reconciled at once rather than

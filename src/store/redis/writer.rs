@@ -1,7 +1,8 @@
-//! [`Writer`]: the writer task's loop. It coalesces deltas per flush, sends one bounded
-//! pipeline per flush with several in flight (see `inflight.rs` for why that keeps each
-//! key's writes in order), handles outages (dirty mode, capped backoff) and the lease, and
-//! owns the background roles, giving each a turn through the [`Link`]:
+//! [`Writer`]: the writer task's loop. It coalesces deltas per flush, sends each flush as one
+//! bounded pipeline per lane with several flushes in flight (see `inflight.rs` for why that
+//! keeps each key's writes in order), handles outages (dirty mode, capped backoff, a repair
+//! or a rewrite once Redis answers) and the lease, and owns the background roles, giving
+//! each a turn through the [`Link`]:
 //!
 //! | role | file | job |
 //! | --- | --- | --- |
@@ -13,7 +14,7 @@
 //!
 //! Memory stays bounded under any load: a flush holds at most [`MAX_PIPELINE_COMMANDS`]
 //! commands (a message with more deltas, such as a clear of a large cache, is absorbed in
-//! slices, each flushed before the next is read), at most [`MAX_IN_FLIGHT`] pipelines are on
+//! slices, each flushed before the next is read), at most [`MAX_IN_FLIGHT`] flushes are on
 //! the wire, the coalescing map is shrunk after a spike, and while all pipelines are in flight
 //! the writer stops reading its queue, so ingest waits (backpressure) and nothing is dropped.
 //! The queue itself holds at most [`super::MAX_QUEUED_DELTAS`] deltas whatever the number of
@@ -30,7 +31,7 @@ use super::adopt::Adoption;
 use super::anti_entropy::{AntiEntropy, PassSettings, Step};
 use super::checkpoint::Watermark;
 use super::connect::MAX_BACKOFF;
-use super::inflight::{Batch, InFlight, MarkAt, MAX_IN_FLIGHT};
+use super::inflight::{Batch, Failure, InFlight, MarkAt, MAX_IN_FLIGHT};
 use super::key::Key;
 use super::labels::RedisReset;
 use super::lease::{LeaseGate, Role};
@@ -62,6 +63,9 @@ pub(super) struct Writer {
     /// so they do not count towards `flush_max_commands`.
     pending_entries: usize,
     dirty: bool,
+    /// Lanes whose pipeline failed since the last reconcile (only while dirty): every key
+    /// they carry until then may be wrong.
+    broken: Vec<bool>,
     backoff: Duration,
     retry_at: Instant,
     flush_at: Instant,
@@ -97,7 +101,7 @@ impl Writer {
         config: RedisConfig,
         index: Index,
         weights: TierWeights,
-        conn: RedisConn,
+        lanes: (RedisConn, Vec<RedisConn>),
         shared: Arc<Shared>,
     ) -> Writer {
         shared.healthy.store(true, Ordering::Relaxed);
@@ -108,8 +112,10 @@ impl Writer {
             max_commands_per_s: config.anti_entropy_max_commands_per_s,
         });
         let refresh = Refresh::new(config.refresh_after_s, config.anti_entropy_interval);
+        let broken = vec![false; 1 + lanes.1.len()];
         Writer {
-            link: Link::new(config, index, weights, conn, shared),
+            link: Link::new(config, index, weights, lanes, shared),
+            broken,
             pending: hashbrown::HashMap::new(),
             pending_entries: 0,
             dirty: true,
@@ -447,36 +453,62 @@ impl Writer {
                 return;
             }
         }
-        let mut pipe = self.inflight.pipeline();
         let mut batch = Batch::default();
-        let drained: Vec<(Key, Delta)> = self.pending.drain().collect();
-        self.pending_entries = 0;
-        self.shrink_pending();
-        let mut commands = (self.link).push_commands(&mut pipe, drained.iter().map(|(_, d)| d));
-        batch.keys = drained.into_iter().map(|(k, _)| k).collect();
+        let mut pipes = Vec::with_capacity(self.link.lanes());
+        let mut commands = 0;
+        for deltas in self.drain_by_lane() {
+            let mut pipe = self.inflight.pipeline();
+            commands += (self.link).push_commands(&mut pipe, deltas.iter().map(|(_, d)| d));
+            batch
+                .keys
+                .push(deltas.into_iter().map(|(k, _)| k).collect());
+            pipes.push(pipe);
+        }
         if self.watermarks_due() {
             let confirmed = self.link.marks.take_confirmed();
-            commands += self.link.push_watermarks(&mut pipe, &confirmed);
+            if let Some(first) = pipes.first_mut() {
+                commands += self.link.push_watermarks(first, &confirmed);
+            }
             batch.marks = confirmed.into_iter().map(|(key, ..)| key).collect();
             batch.covers = self.link.marks.take_covered();
         }
         if commands == 0 {
-            // The data of these watermarks and messages is all in earlier pipelines.
-            self.inflight.spare(pipe);
+            // The data of these watermarks and messages is all in earlier flushes.
+            pipes.into_iter().for_each(|pipe| self.inflight.spare(pipe));
             self.settle(batch.covers);
             return;
         }
         batch.stamps = std::mem::take(&mut self.stamps);
         batch.commands = commands;
         if self.link.lease_lost() {
-            self.inflight.spare(pipe);
+            pipes.into_iter().for_each(|pipe| self.inflight.spare(pipe));
             self.unsent(batch);
             return self.lease_expired();
         }
         self.link.note_first_write();
-        self.inflight.submit(&self.link.conn, pipe, batch).await;
+        let mut parts = Vec::with_capacity(pipes.len());
+        for (lane, pipe) in pipes.into_iter().enumerate() {
+            if pipe.is_empty() {
+                self.inflight.spare(pipe);
+            } else {
+                parts.push((lane, self.link.lane(lane).clone(), pipe));
+            }
+        }
+        batch.pipelines = parts.len();
+        self.inflight.submit(parts, batch).await;
         let peak = self.inflight.len() as u64;
         (self.link.shared.in_flight_peak).fetch_max(peak, Ordering::Relaxed);
+    }
+
+    /// Takes what is pending, split by lane (one list per lane, in lane order).
+    fn drain_by_lane(&mut self) -> Vec<Vec<(Key, Delta)>> {
+        let mut by_lane: Vec<Vec<(Key, Delta)>> = vec![Vec::new(); self.link.lanes()];
+        for (key, delta) in self.pending.drain() {
+            by_lane[self.link.lane_of(&key)].push((key, delta));
+        }
+        self.pending_entries = 0;
+        self.shrink_pending();
+        by_lane
     }
 
     /// Confirms `covers` and the stamps absorbed so far against the newest pipeline in
@@ -522,35 +554,57 @@ impl Writer {
         }
     }
 
-    /// Handles the oldest pipeline's answer: figures, latencies and confirmed watermarks, or
-    /// on failure the outage (see `inflight.rs` for why every pipeline in flight then counts
-    /// as failed).
-    fn answered(&mut self, result: Result<(), redis::RedisError>, batch: Batch) {
+    /// Handles the oldest flush's answer: figures, latencies and confirmed watermarks, or
+    /// on failure the outage. While the writer is dirty (this or an earlier flush failed),
+    /// an answer only tells which of its keys may be wrong (see `inflight.rs`).
+    fn answered(&mut self, result: Result<(), Failure>, batch: Batch) {
         match result {
-            Ok(()) => {
-                let shared = &self.link.shared;
-                if let Some(sent) = batch.sent {
-                    shared.record_latency(sent.elapsed());
+            Ok(()) if !self.dirty => self.written(batch),
+            Ok(()) => self.unsent_on_broken_lanes(batch),
+            Err(failure) => {
+                for &lane in &failure.lanes {
+                    self.broken[lane] = true;
                 }
-                shared.pipelines.fetch_add(1, Ordering::Relaxed);
-                let commands = batch.commands as u64;
-                shared.commands.fetch_add(commands, Ordering::Relaxed);
-                crate::metrics::mirror_commands(commands);
-                shared.healthy.store(true, Ordering::Relaxed);
-                self.record_stamps(&batch.stamps);
-                self.confirm(batch.covers);
-            }
-            Err(err) => {
-                self.unsent(batch);
-                self.go_dirty(&err);
+                self.unsent_on_broken_lanes(batch);
+                if !self.dirty {
+                    self.go_dirty(&failure.error);
+                }
             }
         }
     }
 
-    /// A pipeline that may not have landed: its keys join the outage record and its
+    /// A flush that landed whole: its figures, latencies and watermarks.
+    fn written(&mut self, batch: Batch) {
+        let shared = &self.link.shared;
+        if let Some(sent) = batch.sent {
+            shared.record_latency(sent.elapsed());
+        }
+        (shared.pipelines).fetch_add(batch.pipelines as u64, Ordering::Relaxed);
+        let commands = batch.commands as u64;
+        shared.commands.fetch_add(commands, Ordering::Relaxed);
+        crate::metrics::mirror_commands(commands);
+        shared.healthy.store(true, Ordering::Relaxed);
+        self.record_stamps(&batch.stamps);
+        self.confirm(batch.covers);
+    }
+
+    /// A flush answered after a lane failed: the keys of every failed lane join the outage
+    /// record (they may not have landed, or landed out of order), those of healthy lanes
+    /// landed in order. Its watermarks wait for the reconcile either way.
+    fn unsent_on_broken_lanes(&mut self, mut batch: Batch) {
+        let keys = std::mem::take(&mut batch.keys);
+        for (lane, keys) in keys.into_iter().enumerate() {
+            if self.broken[lane] {
+                self.reconcile.record_all(keys);
+            }
+        }
+        self.unsent(batch);
+    }
+
+    /// A flush that may not have landed: its keys join the outage record and its
     /// watermarks wait for the reconcile.
     fn unsent(&mut self, batch: Batch) {
-        self.reconcile.record_all(batch.keys);
+        self.reconcile.record_all(batch.keys.into_iter().flatten());
         let marks = batch.covers.into_iter().map(|(key, ..)| key);
         self.link.marks.unwritten_again(marks.chain(batch.marks));
     }
@@ -602,10 +656,8 @@ impl Writer {
         self.pending_entries = 0;
         self.shrink_pending();
         self.reconcile.record_all(keys);
-        // Every pipeline in flight may now land or not, and in any order (inflight.rs).
-        for batch in self.inflight.abandon() {
-            self.unsent(batch);
-        }
+        // Flushes still in flight are answered while dirty: each tells which of its keys
+        // may be wrong (inflight.rs); the reconcile waits for them.
         self.stamps.clear();
         self.retry_at = Instant::now() + self.backoff;
         self.on_dirty();
@@ -615,6 +667,7 @@ impl Writer {
     /// background and counts itself when done.
     fn go_clean(&mut self) {
         self.dirty = false;
+        self.broken.fill(false);
         self.backoff = MIN_BACKOFF;
         self.link.shared.dirty.store(false, Ordering::Relaxed);
         self.link.shared.healthy.store(true, Ordering::Relaxed);
@@ -629,13 +682,16 @@ impl Writer {
         self.reconcile.cap();
     }
 
-    /// One reconcile attempt: once Redis answers a PING, writes resume and the rewrite
-    /// starts; on failure the writer stays dirty and retries after backoff.
+    /// One reconcile attempt: once Redis answers a PING on every lane, writes resume and the
+    /// reconcile starts; on failure the writer stays dirty and retries after backoff.
     async fn try_reconcile(&mut self) {
         if self.standby {
             return;
         }
-        // Redis must answer before the background rewrite starts.
+        // Every flush still in flight is answered first: its keys that may be wrong must be
+        // in the record the reconcile takes, and nothing may race the reconcile's writes.
+        self.drain_inflight().await;
+        // Redis must answer on every lane before the background rewrite starts.
         if let Err(err) = Reconcile::probe(&mut self.link).await {
             self.go_dirty(&err);
             if is_auth_error(&err) {
@@ -643,8 +699,27 @@ impl Writer {
             }
             return;
         }
-        self.start_rewrite();
+        match self.redis_kept_its_keys().await {
+            Ok(true) => self.start_repair(),
+            Ok(false) => self.start_rewrite(),
+            Err(err) => return self.go_dirty(&err),
+        }
         self.go_clean();
+    }
+
+    /// Whether Redis provably kept every key the writer wrote before the outage, so the
+    /// reconcile may write back the outage record alone: the watchdog knew this Redis
+    /// before and finds the same `run_id` and its sentinel now, no earlier rewrite is owed,
+    /// and the record is whole. A Redis that lost keys is counted as the watchdog would.
+    async fn redis_kept_its_keys(&mut self) -> Result<bool, redis::RedisError> {
+        let knew = self.watchdog.knows_redis();
+        if let Some(kind) = self.watchdog.check(&mut self.link).await? {
+            self.count_reset(kind);
+            (self.anti_entropy).verify_after(kind == RedisReset::Restart);
+            return Ok(false);
+        }
+        let whole = !self.reconcile.overflowed() && !self.anti_entropy.rewrite_owed();
+        Ok(knew && whole)
     }
 
     /// Starts the rewrite of the outage record and the index.
@@ -653,6 +728,12 @@ impl Writer {
         let overflowed = self.reconcile.take_overflowed();
         self.anti_entropy
             .start_rewrite(&self.link, stale, overflowed);
+    }
+
+    /// Starts the repair of the outage record alone.
+    fn start_repair(&mut self) {
+        let stale = self.reconcile.take();
+        self.anti_entropy.start_repair(&self.link, stale);
     }
 
     /// Runs a reconcile in progress to its end, unthrottled (shutdown drain).
@@ -702,6 +783,16 @@ impl Writer {
             Ok(None) => return,
             Err(err) => return self.go_dirty(&err),
         };
+        self.count_reset(kind);
+        // After a restart Redis may hold an old snapshot: the verify that follows deletes
+        // what the index no longer holds, unthrottled.
+        (self.anti_entropy).verify_after(kind == RedisReset::Restart);
+        let overflowed = self.reconcile.take_overflowed();
+        (self.anti_entropy).start_rewrite(&self.link, Default::default(), overflowed);
+    }
+
+    /// Counts and logs a Redis that lost kvindex's keys.
+    fn count_reset(&self, kind: RedisReset) {
         let shared = &self.link.shared;
         shared.upkeep.redis_resets.fetch_add(1, Ordering::Relaxed);
         crate::metrics::redis_reset_detected(kind.as_str());
@@ -710,11 +801,6 @@ impl Writer {
             kind = kind.as_str(),
             "Redis lost kvindex's keys (restart, flush or failover); rewriting the mirror from the index."
         );
-        // After a restart Redis may hold an old snapshot: the verify that follows deletes
-        // what the index no longer holds, unthrottled.
-        (self.anti_entropy).verify_after(kind == RedisReset::Restart);
-        let overflowed = self.reconcile.take_overflowed();
-        (self.anti_entropy).start_rewrite(&self.link, Default::default(), overflowed);
     }
 
     /// One bounded step of the current pass, once what it must see is written.

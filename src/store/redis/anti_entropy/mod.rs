@@ -10,7 +10,9 @@
 //!
 //! A pass has up to three phases:
 //! 1. `Stale` (reconcile only): the keys whose last write may not have landed during an
-//!    outage and that the index no longer holds are deleted.
+//!    outage and that the index no longer holds are deleted. A repair (the reconcile of a
+//!    Redis the watchdog vouches for: same `run_id`, sentinel kept) writes each of them back
+//!    to the index's state instead, and ends there: every other key is known to have landed.
 //! 2. `Index`: every engine hash of every source. A field due for a refresh gets the pass's start
 //!    time in the index and is rewritten with its mapping key (`SET EX` renews the TTL). A
 //!    reconcile rewrites every field and mapping key; anti-entropy reads them (pipelined
@@ -65,6 +67,8 @@ const BURST_SECS: f64 = 1.0;
 enum Mode {
     /// Write everything the index holds (after an outage or lost keys).
     Rewrite,
+    /// Write back only the outage record (Redis kept everything else).
+    Repair,
     /// Compare and repair; `fast` = unthrottled.
     Verify { fast: bool },
 }
@@ -90,7 +94,7 @@ struct Pass {
 
 impl Pass {
     fn new(mode: Mode, stale: Vec<Key>) -> Pass {
-        let phase = if stale.is_empty() {
+        let phase = if stale.is_empty() && mode != Mode::Repair {
             Phase::Index
         } else {
             Phase::Stale(stale)
@@ -161,6 +165,9 @@ pub(super) struct AntiEntropy {
     refilled_at: Instant,
     /// When the current pass takes its next step.
     next_step: Instant,
+    /// A rewrite was cut short: Redis may still lack part of the index, so the next
+    /// reconcile must be a rewrite too, never a repair.
+    rewrite_owed: bool,
 }
 
 impl AntiEntropy {
@@ -176,6 +183,7 @@ impl AntiEntropy {
             tokens: 0.0,
             refilled_at: now,
             next_step: now,
+            rewrite_owed: false,
         }
     }
 
@@ -196,7 +204,12 @@ impl AntiEntropy {
 
     /// Whether a reconcile is still writing the index into Redis (flush waiters wait).
     pub(super) fn rewriting(&self) -> bool {
-        matches!(&self.pass, Some(p) if p.mode == Mode::Rewrite)
+        matches!(&self.pass, Some(p) if matches!(p.mode, Mode::Rewrite | Mode::Repair))
+    }
+
+    /// Whether the next reconcile must rewrite the whole index (a rewrite was cut short).
+    pub(super) fn rewrite_owed(&self) -> bool {
+        self.rewrite_owed
     }
 
     /// Whether a pass runs.
@@ -207,7 +220,7 @@ impl AntiEntropy {
     /// Whether the current pass compares Redis with the index (what ingest already
     /// produced must be written before).
     pub(super) fn compares(&self) -> bool {
-        matches!(&self.pass, Some(p) if p.mode != Mode::Rewrite)
+        matches!(&self.pass, Some(p) if matches!(p.mode, Mode::Verify { .. }))
     }
 
     /// Commands the current step may send.
@@ -251,17 +264,28 @@ impl AntiEntropy {
     /// index is written back in chunks while ingest goes on. `stale` is the outage record;
     /// `overflowed` says it was dropped (the verify after the rewrite runs unthrottled).
     pub(super) fn start_rewrite(&mut self, link: &Link, stale: HashSet<Key>, overflowed: bool) {
+        self.start_reconcile(link, Mode::Rewrite, stale, overflowed);
+    }
+
+    /// Starts the repair of a reconcile: only the outage record `stale` is written back from
+    /// the index, for a Redis that kept every other key (the caller checked it with the
+    /// watchdog, and no rewrite is owed).
+    pub(super) fn start_repair(&mut self, link: &Link, stale: HashSet<Key>) {
+        self.start_reconcile(link, Mode::Repair, stale, false);
+    }
+
+    fn start_reconcile(&mut self, link: &Link, mode: Mode, stale: HashSet<Key>, overflowed: bool) {
         let mut stale: Vec<Key> = stale.into_iter().collect();
         // A reconcile cut short hands its unchecked keys on.
         if let Some(Pass {
-            mode: Mode::Rewrite,
+            mode: Mode::Rewrite | Mode::Repair,
             phase: Phase::Stale(keys),
             ..
         }) = self.pass.take()
         {
             stale.extend(keys);
         }
-        self.pass = Some(Pass::new(Mode::Rewrite, stale));
+        self.pass = Some(Pass::new(mode, stale));
         // A verify it replaced drops its suspects: the rewrite compares everything anyway.
         link.shared.upkeep.suspects.store(0, Ordering::Relaxed);
         // A verify follows every reconcile; a fast one when the outage record was dropped.
@@ -278,9 +302,12 @@ impl AntiEntropy {
     pub(super) fn interrupt(&mut self, link: &Link) -> Vec<Key> {
         let mut unchecked = Vec::new();
         if let Some(pass) = self.pass.take() {
+            if pass.mode == Mode::Rewrite {
+                self.rewrite_owed = true;
+            }
             match (pass.mode, pass.phase) {
-                (Mode::Rewrite, Phase::Stale(keys)) => unchecked = keys,
-                (Mode::Rewrite, _) => {}
+                (Mode::Rewrite | Mode::Repair, Phase::Stale(keys)) => unchecked = keys,
+                (Mode::Rewrite | Mode::Repair, _) => {}
                 (Mode::Verify { fast }, _) => {
                     let wanted = self.verify_after.unwrap_or(false) || fast;
                     self.verify_after = Some(wanted);
@@ -330,6 +357,11 @@ impl AntiEntropy {
             return Step::Went;
         };
         let result = match pass.phase {
+            Phase::Stale(ref mut keys) if pass.mode == Mode::Repair => {
+                repair_step(link, keys, budget)
+                    .await
+                    .map(|n| (n, keys.is_empty()))
+            }
             Phase::Stale(ref mut keys) => stale_step(link, keys, budget)
                 .await
                 .map(|n| (n, keys.is_empty())),
@@ -360,6 +392,7 @@ impl AntiEntropy {
             return Step::Went;
         }
         let next = match (pass.mode, &pass.phase) {
+            (Mode::Repair, _) => None,
             (_, Phase::Stale(_)) => Some(Phase::Index),
             // Nothing to compare when no pod is owned.
             (Mode::Verify { .. }, Phase::Index) if !link.index.owned_pods().is_empty() => {
@@ -372,7 +405,7 @@ impl AntiEntropy {
             self.pass = Some(pass);
             return Step::Went;
         }
-        if pass.mode == Mode::Rewrite {
+        if matches!(pass.mode, Mode::Rewrite | Mode::Repair) {
             if let Err(err) = write_all_watermarks(link).await {
                 self.pass = Some(pass);
                 return Step::Failed(err);
@@ -386,11 +419,15 @@ impl AntiEntropy {
         let url = link.config.target.shown();
         let shared = &link.shared;
         match pass.mode {
-            Mode::Rewrite => {
+            Mode::Rewrite | Mode::Repair => {
+                if pass.mode == Mode::Rewrite {
+                    self.rewrite_owed = false;
+                }
                 shared.reconciling.store(false, Ordering::Relaxed);
                 shared.reconciles.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
                     url = %url,
+                    whole_index = pass.mode == Mode::Rewrite,
                     refreshed = pass.refreshed,
                     took_ms = took.as_millis() as u64,
                     "Reconciled the Redis mirror with the index."
@@ -462,6 +499,28 @@ async fn stale_step(
         link.push_deletion(&mut pipe, key);
     }
     let n = gone.len();
+    if n > 0 {
+        if let Err(err) = link.send(&pipe).await {
+            keys.extend(chunk);
+            return Err(err);
+        }
+    }
+    Ok(n.max(1))
+}
+
+/// Writes recorded outage keys back to the index's state (a repair's one phase).
+async fn repair_step(
+    link: &mut Link,
+    keys: &mut Vec<Key>,
+    budget: usize,
+) -> Result<usize, redis::RedisError> {
+    let take = budget.min(keys.len());
+    let chunk: Vec<Key> = keys.drain(keys.len() - take..).collect();
+    let mut pipe = redis::pipe();
+    let mut n = 0;
+    for key in &chunk {
+        n += link.push_repair(&mut pipe, key);
+    }
     if n > 0 {
         if let Err(err) = link.send(&pipe).await {
             keys.extend(chunk);
