@@ -173,23 +173,24 @@ impl Link {
     /// deletion. A live source's watermark is left to the end of the repair, which writes
     /// every watermark. Returns the number of commands.
     pub(super) fn push_repair(&mut self, pipe: &mut redis::Pipeline, key: &Key) -> usize {
-        let delta = match key {
-            Key::Engine {
-                pod,
-                rank,
-                model,
-                hash,
-            } => Delta::Engine {
-                pod: *pod,
-                rank: *rank,
-                model: *model,
-                engine_hash: hash.clone(),
-                state: self.index.engine_state((*pod, *rank), *model, hash),
-            },
-            Key::Source { pod, rank } if self.index.source_of(*pod, *rank).is_some() => return 0,
-            // A field's and a mapping key's value is read from the index as it is encoded.
-            Key::Field { .. } | Key::Mapping { .. } | Key::Source { .. } => key.clone().deletion(),
-        };
+        if let Key::Source { pod, rank } = key {
+            if self.index.source_of(*pod, *rank).is_some() {
+                return 0;
+            }
+        }
+        // A field's and a mapping key's value is read from the index as it is encoded; a
+        // checkpoint entry's is looked up here.
+        let mut delta = key.clone().deletion();
+        if let Delta::Engine {
+            pod,
+            rank,
+            model,
+            engine_hash,
+            state,
+        } = &mut delta
+        {
+            *state = self.index.engine_state((*pod, *rank), *model, engine_hash);
+        }
         self.push_commands(pipe, std::iter::once(&delta))
     }
 

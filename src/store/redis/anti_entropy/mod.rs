@@ -480,32 +480,23 @@ async fn stale_step(
     keys: &mut Vec<Key>,
     budget: usize,
 ) -> Result<usize, redis::RedisError> {
-    let take = budget.min(keys.len());
-    let chunk: Vec<Key> = keys.drain(keys.len() - take..).collect();
-    let index = &link.index;
-    let owned = index.owned_pods();
-    let gone: Vec<&Key> = (chunk.iter())
-        .filter(|key| match key {
+    let owned = link.index.owned_pods();
+    keys_step(link, keys, budget, |link, pipe, key| {
+        let index = &link.index;
+        let gone = match key {
             Key::Field { model, std, pod } => index.field_value(*model, *std, *pod).is_none(),
             Key::Mapping { pod, hash, .. } => owned.engine_hash_std(*pod, hash).is_none(),
             Key::Engine {
                 pod, rank, hash, ..
             } => !index.source_holds(*pod, *rank, hash),
             Key::Source { pod, rank } => index.source_of(*pod, *rank).is_none(),
-        })
-        .collect();
-    let mut pipe = redis::pipe();
-    for key in &gone {
-        link.push_deletion(&mut pipe, key);
-    }
-    let n = gone.len();
-    if n > 0 {
-        if let Err(err) = link.send(&pipe).await {
-            keys.extend(chunk);
-            return Err(err);
+        };
+        if gone {
+            link.push_deletion(pipe, key);
         }
-    }
-    Ok(n.max(1))
+        usize::from(gone)
+    })
+    .await
 }
 
 /// Writes recorded outage keys back to the index's state (a repair's one phase).
@@ -514,13 +505,24 @@ async fn repair_step(
     keys: &mut Vec<Key>,
     budget: usize,
 ) -> Result<usize, redis::RedisError> {
+    keys_step(link, keys, budget, |link, pipe, key| {
+        link.push_repair(pipe, key)
+    })
+    .await
+}
+
+/// Sends what `push` writes for up to `budget` recorded keys (it returns its number of
+/// commands); on a failure they stay recorded for the next attempt.
+async fn keys_step(
+    link: &mut Link,
+    keys: &mut Vec<Key>,
+    budget: usize,
+    mut push: impl FnMut(&mut Link, &mut redis::Pipeline, &Key) -> usize,
+) -> Result<usize, redis::RedisError> {
     let take = budget.min(keys.len());
     let chunk: Vec<Key> = keys.drain(keys.len() - take..).collect();
     let mut pipe = redis::pipe();
-    let mut n = 0;
-    for key in &chunk {
-        n += link.push_repair(&mut pipe, key);
-    }
+    let n: usize = chunk.iter().map(|key| push(link, &mut pipe, key)).sum();
     if n > 0 {
         if let Err(err) = link.send(&pipe).await {
             keys.extend(chunk);
