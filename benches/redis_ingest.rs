@@ -63,6 +63,11 @@ use kvindex::store::redis::{block_key, mapping_key};
 use kvindex::store::redis::{MirrorHandle, MirrorStats, RedisConfig, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
 // `cli`, `flush` and `benchmark` serve the examples; this bench empties its server through
 // its client.
 #[allow(dead_code)]
@@ -70,6 +75,10 @@ use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 mod redis_server;
 
 use redis_server::RedisServer;
+
+// The daemon's allocator (jemalloc by default), so the figures are the daemon's.
+#[global_allocator]
+static GLOBAL: allocator::Chosen = allocator::Chosen;
 
 const BLOCK_SIZE: u32 = 16;
 /// The model every case and reference writes.
@@ -561,7 +570,12 @@ fn main() {
     let url = server.url();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let requests = a.blocks.max(100_000);
-    println!("{} blocks per case, best of {}", a.blocks, a.repeat.max(1));
+    println!(
+        "{} blocks per case, best of {}, allocator {}",
+        a.blocks,
+        a.repeat.max(1),
+        allocator::NAME
+    );
     let before = references(&rt, &server, a.blocks);
     let rows: Vec<(Case, Outcome)> = cases(&a.connections)
         .into_iter()
