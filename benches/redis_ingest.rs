@@ -1,31 +1,42 @@
-//! Ingest into Redis through the mirror, in blocks per second, against the pipelined limit of
-//! the same Redis measured in the same run: `kvindex replay --redis`-style ingest
-//! of `--blocks` blocks (default 600,000) as 1-block and as 8-block `BlockStored` events (GPU,
-//! tiered values, mapping keys on: `HSET` + `SETEX` per block), each event applied to the
-//! index and its deltas handed to the mirror, timed until the mirror has flushed, so the
-//! figure is end to end (index + coalescing + encoding + pipelines + Redis).
-//!
-//! The reference: `redis-benchmark -P 64 -q -t set,hset -n 1000000` against the same
-//! redis-server, run by this bench before and after the cases; the limit in blocks/s is one
-//! `SET` plus one `HSET` per block, `1 / (1/SET + 1/HSET)`, and each case prints its ratio to
-//! the mean of the two runs. The bench starts its own redis-server on a free 127.0.0.1 port
-//! (no persistence), so no other client of a shared Redis skews either side.
+//! Ingest into Redis through the mirror, in blocks per second, against what the same Redis
+//! takes for the mirror's own commands, measured in the same run: `kvindex replay
+//! --redis`-style ingest of `--blocks` blocks (default 600,000) as 1-block and as 8-block
+//! `BlockStored` events (GPU, tiered values, mapping keys on: `HSET` + `SETEX` per block),
+//! each event applied to the index and its deltas handed to the mirror, timed until the
+//! mirror has flushed, so the figure is end to end (index, coalescing, encoding, pipelines,
+//! Redis). The bench starts its own redis-server on a free 127.0.0.1 port (no persistence),
+//! so no other client of a shared Redis skews either side.
 //!
 //! Three variants per event size, so each cost is a ratio within one run:
 //! - `kthena`: kthena's layout alone, background passes held to 1 command per second (what
 //!   `replay --redis` writes);
-//! - `+checkpoint`: the same plus the daemon's checkpoint (`kvindex:` watermark per message,
+//! - `+checkpoint`: the same plus the daemon's checkpoint (`kvindex:` watermark per flush,
 //!   engine-block state per block);
 //! - `serve`: checkpoint and background passes (anti-entropy, refresh, watchdog) at their
 //!   defaults, as the daemon runs. The stores carry an old time, so every field is due for a
 //!   refresh and the passes work at their rate cap throughout (the worst case).
 //!
-//! A second reference, Redis's own ceiling for these very commands: the `HSET` + `SETEX` of
-//! `--blocks` fresh blocks in kthena's layout, encoded before the clock starts and streamed
-//! over one raw socket as `redis-cli --pipe` does. `redis-benchmark` rewrites one key with a
-//! 3-byte value; the mirror creates two keys per block (one with a TTL) with longer names, so
-//! Redis itself does several times more work per block, and this ceiling shows how much of
-//! the gap is Redis's and how much the writer's.
+//! `kthena` and `+checkpoint` run once per writer connection count in `--connections`
+//! (default `1,4`; `RedisConfig::connections`); `serve` runs with the default count.
+//!
+//! Two references, each measured before and after the cases (the mean is what rows divide
+//! by), every run on a server emptied first, so each starts on an empty keyspace:
+//! - multi-client: `redis-benchmark -P 64 -c 50 -r 100000000 -n N` (N = `--blocks`, at least
+//!   100,000) with the mirror's exact commands, every `__rand_int__` a random 12-digit number,
+//!   so nearly every request creates a key or field as the mirror's do:
+//!   `HSET matrix:kv:block:bench-model@1234567__rand_int__ {pod} 1700000000|GPU` (a 19-digit
+//!   std hash like the mirror's), `SETEX vllm:kv:block:{pod}@1__rand_int__ 86400 {std hash}`
+//!   (the mirror's own `SETEX`, not `SET … EX`) and, for the checkpoint,
+//!   `HSET kvindex:src:{pod}#0@bench-model __rand_int__ {value}` with a checkpoint value of
+//!   a block with chain and parent (47 bytes). Each command is its own run; the limit in
+//!   blocks/s is `1 / (1/HSET + 1/SETEX)`, plus `1/checkpoint HSET` for the checkpoint.
+//! - single connection: the same commands for `--blocks` fresh blocks, encoded before the
+//!   clock starts and streamed over one raw socket as `redis-cli --pipe` does.
+//!
+//! How the checkpoint's reference differs from the writer: the writer sends one `HMSET` of
+//! many fields per state key per flush (fewer, larger commands) and one watermark `HSET` per
+//! flush, where both references send one `HSET` of one field per block; Redis does less
+//! command work per block for the writer's form, so a `+checkpoint` row may pass them.
 //!
 //! Each case also reports Redis's memory growth per block (`used_memory` before and after
 //! the run, on a server emptied before it): kthena's layout alone against the checkpoint's
@@ -35,29 +46,49 @@
 //! processes on a shared machine only ever slow a run down.
 //!
 //! Then the write latency (event handed over → written in Redis, p50/p99 of every event) at
-//! `--load` (default 0.5) of the lower of the two references, paced for `--paced-secs`
-//! (default 3) seconds, for 1-block events in the `kthena` and `serve` variants.
+//! `--load` (default 0.5) of the lower of the two `kthena` references, paced for
+//! `--paced-secs` (default 3) seconds, for 1-block events in the `kthena` and `serve`
+//! variants with the default connection count.
 //!
-//! Run: `cargo bench --bench redis_ingest [-- --blocks N --repeat R --load F --paced-secs S]`.
-//! Needs `redis-server` and `redis-benchmark` on the PATH.
+//! Run: `cargo bench --bench redis_ingest [-- --blocks N --repeat R --connections 1,4 --load F
+//! --paced-secs S]`. Needs `redis-server` and `redis-benchmark` on the PATH.
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use kvindex::index::{Checkpoint, Delta, Index, SourceSpec};
-use kvindex::medium::{Medium, TierWeights};
+use kvindex::index::{Checkpoint, Delta, EngineState, Index, SourceSpec};
+use kvindex::medium::{MediaSet, Medium, TierWeights};
+use kvindex::store::redis::checkpoint::{engine_field, engine_value, state_key};
 use kvindex::store::redis::{block_key, mapping_key};
 use kvindex::store::redis::{MirrorHandle, MirrorStats, RedisConfig, RedisTarget};
 use kvindex::wire::{BlockHash, BlockStored, Engine, EngineBatch, Event};
 
-// `cli` and `flush` serve the examples; this bench empties its server through its client.
+// The binary's allocator, included by path: it is private to the binary.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
+// `cli`, `flush` and `benchmark` serve the examples; this bench empties its server through
+// its client.
 #[allow(dead_code)]
 #[path = "../examples/common/redis_server.rs"]
 mod redis_server;
 
 use redis_server::RedisServer;
 
+// The daemon's allocator (jemalloc by default), so the figures are the daemon's.
+#[global_allocator]
+static GLOBAL: allocator::Chosen = allocator::Chosen;
+
 const BLOCK_SIZE: u32 = 16;
+/// The model every case and reference writes.
+const MODEL: &str = "bench-model";
+/// The pod the references write as (as long as the cases' pod names).
+const REFERENCE_POD: &str = "bench-reference.bench";
+/// The store time of every block (Unix seconds).
+const STORED_AT: u32 = 1_700_000_000;
+/// A 19-digit std hash, as long as most of the mirror's.
+const SAMPLE_STD: u64 = 0x9E37_79B9_7F4A_7C15 >> 1;
 
 /// Command-line settings.
 struct Args {
@@ -65,6 +96,8 @@ struct Args {
     repeat: u32,
     load: f64,
     paced_secs: f64,
+    /// Writer connection counts the `kthena` and `+checkpoint` variants run with.
+    connections: Vec<usize>,
 }
 
 fn args() -> Args {
@@ -73,6 +106,7 @@ fn args() -> Args {
         repeat: 2,
         load: 0.5,
         paced_secs: 3.0,
+        connections: vec![1, 4],
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -86,11 +120,108 @@ fn args() -> Args {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(a.paced_secs)
             }
+            "--connections" => {
+                let list = connection_list(&it.next().unwrap_or_default());
+                if !list.is_empty() {
+                    a.connections = list;
+                }
+            }
             // `cargo bench` passes `--bench`; anything else is ignored too.
             _ => {}
         }
     }
     a
+}
+
+/// `1,4` → `[1, 4]`; zeros and what does not parse are left out.
+fn connection_list(text: &str) -> Vec<usize> {
+    text.split(',')
+        .filter_map(|v| v.trim().parse().ok())
+        .filter(|&n| n > 0)
+        .collect()
+}
+
+/// kthena's field value of a GPU block stored at [`STORED_AT`].
+fn field_text() -> String {
+    format!("{STORED_AT}|GPU")
+}
+
+/// The checkpoint entry of a GPU block with chain and parent (the longest, 47 bytes).
+fn checkpoint_text() -> String {
+    engine_value(&EngineState {
+        std_hash: SAMPLE_STD,
+        media: MediaSet::single(Medium::GPU),
+        stored_at: STORED_AT,
+        chain: SAMPLE_STD ^ 0x5555,
+        parent: SAMPLE_STD ^ 0xAAAA,
+    })
+}
+
+/// Requests per second of each of one block's commands, from `redis-benchmark`.
+#[derive(Debug, Clone, Copy)]
+struct Rates {
+    hset: f64,
+    setex: f64,
+    checkpoint: f64,
+}
+
+impl Rates {
+    /// The limits in blocks/s: one of each command per block.
+    fn limits(self) -> Limits {
+        let kthena = 1.0 / self.hset + 1.0 / self.setex;
+        Limits {
+            kthena: 1.0 / kthena,
+            checkpoint: 1.0 / (kthena + 1.0 / self.checkpoint),
+        }
+    }
+}
+
+/// A reference's limit in blocks/s, without and with the checkpoint.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    kthena: f64,
+    checkpoint: f64,
+}
+
+impl Limits {
+    fn mean(a: Limits, b: Limits) -> Limits {
+        Limits {
+            kthena: (a.kthena + b.kthena) / 2.0,
+            checkpoint: (a.checkpoint + b.checkpoint) / 2.0,
+        }
+    }
+
+    /// The limit `variant` is measured against.
+    fn of(self, variant: Variant) -> f64 {
+        match variant {
+            Variant::Kthena => self.kthena,
+            Variant::Checkpoint | Variant::Serve => self.checkpoint,
+        }
+    }
+}
+
+/// The multi-client reference: each of the mirror's commands from `redis-benchmark` with
+/// random new keys, each run on an emptied server (see the header).
+fn multi_client(rt: &tokio::runtime::Runtime, server: &RedisServer, requests: u64) -> Rates {
+    let url = server.url();
+    let block = format!("{}__rand_int__", block_key(MODEL, 1_234_567));
+    let mapping = format!(
+        "{}__rand_int__",
+        mapping_key(Engine::Vllm, REFERENCE_POD, &BlockHash::Int(1))
+    );
+    let state = state_key(REFERENCE_POD, 0, MODEL);
+    let (field, std, entry) = (field_text(), SAMPLE_STD.to_string(), checkpoint_text());
+    let run = |command: &[&str]| {
+        rt.block_on(flush_server(&url));
+        let rate = server.benchmark_command(requests, command);
+        rt.block_on(flush_server(&url));
+        rate
+    };
+    Rates {
+        hset: run(&["HSET", &block, REFERENCE_POD, &field]),
+        setex: run(&["SETEX", &mapping, "86400", &std]),
+        checkpoint: run(&["HSET", &state, "__rand_int__", &entry]),
+    }
 }
 
 /// Appends one command in RESP.
@@ -101,28 +232,38 @@ fn resp(out: &mut Vec<u8>, args: &[&str]) {
     }
 }
 
-/// Redis's ceiling for the mirror's commands in blocks/s (see the header).
-fn ceiling(port: u16, blocks: u64) -> f64 {
-    let pod = "bench-ceiling.bench";
-    let mut bytes = Vec::with_capacity(blocks as usize * 200);
+/// One block's commands for `blocks` fresh blocks in RESP, and how many there are.
+fn encode_blocks(blocks: u64, checkpoint: bool) -> (Vec<u8>, u64) {
+    let (field, entry) = (field_text(), checkpoint_text());
+    let state = state_key(REFERENCE_POD, 0, MODEL);
+    let mut bytes = Vec::with_capacity(blocks as usize * if checkpoint { 300 } else { 200 });
     for i in 0..blocks {
         let std = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 1;
+        let engine = BlockHash::Int(i);
         resp(
             &mut bytes,
-            &[
-                "HSET",
-                &block_key("bench-model", std),
-                pod,
-                "1700000000|GPU",
-            ],
+            &["HSET", &block_key(MODEL, std), REFERENCE_POD, &field],
         );
-        let mk = mapping_key(Engine::Vllm, pod, &BlockHash::Int(i));
+        let mk = mapping_key(Engine::Vllm, REFERENCE_POD, &engine);
         resp(&mut bytes, &["SETEX", &mk, "86400", &std.to_string()]);
+        if checkpoint {
+            resp(
+                &mut bytes,
+                &["HSET", &state, &engine_field(&engine), &entry],
+            );
+        }
     }
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    (bytes, blocks * if checkpoint { 3 } else { 2 })
+}
+
+/// The single-connection reference in blocks/s (see the header), on an emptied server.
+fn pipe(rt: &tokio::runtime::Runtime, server: &RedisServer, blocks: u64, checkpoint: bool) -> f64 {
+    let (bytes, replies) = encode_blocks(blocks, checkpoint);
+    rt.block_on(flush_server(&server.url()));
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
     let mut reader = stream.try_clone().expect("clone the socket");
-    let replies = 2 * blocks;
     let started = Instant::now();
+    // Every reply (`:1`, `+OK`) is one line.
     let read = std::thread::spawn(move || {
         let mut buf = vec![0u8; 1 << 16];
         let mut lines = 0u64;
@@ -134,7 +275,25 @@ fn ceiling(port: u16, blocks: u64) -> f64 {
     });
     stream.write_all(&bytes).expect("write commands");
     read.join().expect("reader");
-    blocks as f64 / started.elapsed().as_secs_f64()
+    let rate = blocks as f64 / started.elapsed().as_secs_f64();
+    rt.block_on(flush_server(&server.url()));
+    rate
+}
+
+/// Both references, measured once.
+struct References {
+    multi: Rates,
+    pipe: Limits,
+}
+
+fn references(rt: &tokio::runtime::Runtime, server: &RedisServer, blocks: u64) -> References {
+    References {
+        multi: multi_client(rt, server, blocks.max(100_000)),
+        pipe: Limits {
+            kthena: pipe(rt, server, blocks, false),
+            checkpoint: pipe(rt, server, blocks, true),
+        },
+    }
 }
 
 fn event(first_hash: u64, blocks: u64, salt: u64) -> Event {
@@ -220,10 +379,11 @@ impl Variant {
         }
     }
 
-    fn config(self, url: &str) -> RedisConfig {
+    fn config(self, url: &str, connections: usize) -> RedisConfig {
         let mut config = RedisConfig {
             target: RedisTarget::Single(url.to_owned()),
             checkpoint: self != Variant::Kthena,
+            connections,
             ..RedisConfig::default()
         };
         if self != Variant::Serve {
@@ -234,6 +394,37 @@ impl Variant {
     }
 }
 
+/// One case: event size, variant and writer connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Case {
+    per_event: u64,
+    variant: Variant,
+    connections: usize,
+}
+
+/// The flat-out cases: `kthena` and `+checkpoint` per connection count, `serve` with the
+/// default count, for 1- and 8-block events.
+fn cases(connections: &[usize]) -> Vec<Case> {
+    let mut all = Vec::new();
+    for per_event in [1u64, 8] {
+        for variant in [Variant::Kthena, Variant::Checkpoint] {
+            for &connections in connections {
+                all.push(Case {
+                    per_event,
+                    variant,
+                    connections,
+                });
+            }
+        }
+        all.push(Case {
+            per_event,
+            variant: Variant::Serve,
+            connections: RedisConfig::default().connections,
+        });
+    }
+    all
+}
+
 /// One case's outcome.
 struct Outcome {
     blocks_per_s: f64,
@@ -242,28 +433,32 @@ struct Outcome {
     redis_bytes_per_block: f64,
 }
 
-/// Ingests `blocks` blocks as `per_event`-block events; paced at `rate` blocks/s when given
-/// (flat out otherwise).
+/// Ingests `blocks` blocks as `case.per_event`-block events; paced at `rate` blocks/s when
+/// given (flat out otherwise).
 fn run(
     rt: &tokio::runtime::Runtime,
     url: &str,
-    per_event: u64,
-    variant: Variant,
+    case: Case,
     blocks: u64,
     rate: Option<f64>,
 ) -> Outcome {
+    let Case {
+        per_event,
+        variant,
+        connections,
+    } = case;
     let index = Index::new();
     let source = index
         .register_source(&SourceSpec {
             pod: format!("bench-{per_event}-{}.bench", variant.label()),
-            model: "bench-model".to_owned(),
+            model: MODEL.to_owned(),
             engine: Engine::Vllm,
             dp_rank: 0,
         })
         .expect("register");
     let mirror = rt
         .block_on(MirrorHandle::start(
-            variant.config(url),
+            variant.config(url, connections),
             index.clone(),
             TierWeights::default(),
         ))
@@ -285,7 +480,7 @@ fn run(
                 }
             }
             let mut deltas: Vec<Delta> = Vec::new();
-            let _ = index.apply(source, batch, 1_700_000_000, &mut deltas);
+            let _ = index.apply(source, batch, STORED_AT, &mut deltas);
             let mark = checkpoint.then_some(Checkpoint {
                 source,
                 seq: i as u64 + 1,
@@ -307,53 +502,59 @@ fn run(
     }
 }
 
-fn main() {
-    let a = args();
-    let server = RedisServer::start();
-    let url = server.url();
-    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let (set0, hset0) = server.benchmark();
-    rt.block_on(flush_server(&url));
-    let ceiling0 = ceiling(server.port, a.blocks);
-    rt.block_on(flush_server(&url));
-    let mut rows = Vec::new();
-    for per_event in [1u64, 8] {
-        for variant in [Variant::Kthena, Variant::Checkpoint, Variant::Serve] {
-            let out = (0..a.repeat.max(1))
-                .map(|_| run(&rt, &url, per_event, variant, a.blocks, None))
-                .max_by(|x, y| x.blocks_per_s.total_cmp(&y.blocks_per_s))
-                .expect("one run at least");
-            rows.push((per_event, variant, out));
-        }
-    }
-    let ceiling1 = ceiling(server.port, a.blocks);
-    rt.block_on(flush_server(&url));
-    let (set1, hset1) = server.benchmark();
-    rt.block_on(flush_server(&url));
-    let limit_of = |set: f64, hset: f64| 1.0 / (1.0 / set + 1.0 / hset);
-    let limit = (limit_of(set0, hset0) + limit_of(set1, hset1)) / 2.0;
-    let same = (ceiling0 + ceiling1) / 2.0;
-    println!(
-        "redis-benchmark -P 64: SET {set0:.0}/s HSET {hset0:.0}/s before, SET {set1:.0}/s HSET {hset1:.0}/s after; limit {limit:.0} blocks/s (SET + HSET per block, mean of both runs)"
-    );
-    println!(
-        "Redis's ceiling for the mirror's own commands (raw pipe): {ceiling0:.0} blocks/s before, {ceiling1:.0} after; mean {same:.0} blocks/s = {:.1} % of the redis-benchmark limit",
-        100.0 * same / limit
-    );
-    println!("| events | variant | blocks/s | % of limit | % of ceiling | cost vs kthena | pipelines | commands | flush p99 µs | write p99 µs | Redis B/block |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    for (per_event, variant, out) in &rows {
-        let reference = rows
-            .iter()
-            .find(|(n, v, _)| n == per_event && *v == Variant::Kthena)
-            .map_or(out.blocks_per_s, |(_, _, o)| o.blocks_per_s);
+/// Prints both references, before and after the cases; returns their means.
+fn print_references(before: &References, after: &References, requests: u64) -> (Limits, Limits) {
+    let multi = Limits::mean(before.multi.limits(), after.multi.limits());
+    let pipe = Limits::mean(before.pipe, after.pipe);
+    for (when, r) in [("before", before), ("after", after)] {
+        let l = r.multi.limits();
         println!(
-            "| {per_event}-block | {} | {:.0} | {:.1} % | {:.1} % | {:.1} % | {} | {} | {} | {} | {:.0} |",
-            variant.label(),
+            "{when}: redis-benchmark -P 64 -c 50, random new keys, -n {requests}: HSET {:.0}/s, SETEX {:.0}/s, checkpoint HSET {:.0}/s → {:.0} blocks/s kthena, {:.0} +checkpoint; one connection, raw pipe: {:.0} blocks/s kthena, {:.0} +checkpoint",
+            r.multi.hset, r.multi.setex, r.multi.checkpoint, l.kthena, l.checkpoint, r.pipe.kthena, r.pipe.checkpoint,
+        );
+    }
+    println!(
+        "mean: redis-benchmark {:.0} blocks/s kthena, {:.0} +checkpoint; pipe {:.0} kthena ({:.1} % of redis-benchmark), {:.0} +checkpoint ({:.1} %)",
+        multi.kthena,
+        multi.checkpoint,
+        pipe.kthena,
+        100.0 * pipe.kthena / multi.kthena,
+        pipe.checkpoint,
+        100.0 * pipe.checkpoint / multi.checkpoint,
+    );
+    (multi, pipe)
+}
+
+/// The `kthena` row a row's checkpoint cost is measured against: same event size, same
+/// connections, else the first `kthena` row of that event size.
+fn kthena_of(rows: &[(Case, Outcome)], case: Case) -> Option<&Outcome> {
+    let kthena =
+        |(c, _): &&(Case, Outcome)| c.variant == Variant::Kthena && c.per_event == case.per_event;
+    rows.iter()
+        .filter(kthena)
+        .find(|(c, _)| c.connections == case.connections)
+        .or_else(|| rows.iter().find(kthena))
+        .map(|(_, o)| o)
+}
+
+fn print_table(rows: &[(Case, Outcome)], multi: Limits, pipe: Limits) {
+    println!("| events | variant | conns | blocks/s | ÷ redis-benchmark | ÷ pipe | cost vs kthena | pipelines | commands | flush p99 µs | write p99 µs | Redis B/block |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (case, out) in rows {
+        let cost = match kthena_of(rows, *case) {
+            Some(k) if case.variant != Variant::Kthena => {
+                format!("{:.1} %", 100.0 * (1.0 - out.blocks_per_s / k.blocks_per_s))
+            }
+            _ => "—".to_owned(),
+        };
+        println!(
+            "| {}-block | {} | {} | {:.0} | {:.1} % | {:.1} % | {cost} | {} | {} | {} | {} | {:.0} |",
+            case.per_event,
+            case.variant.label(),
+            case.connections,
             out.blocks_per_s,
-            100.0 * out.blocks_per_s / limit,
-            100.0 * out.blocks_per_s / same,
-            100.0 * (1.0 - out.blocks_per_s / reference),
+            100.0 * out.blocks_per_s / multi.of(case.variant),
+            100.0 * out.blocks_per_s / pipe.of(case.variant),
             out.stats.pipelines,
             out.stats.commands,
             out.stats.flush_p99_us,
@@ -361,13 +562,47 @@ fn main() {
             out.redis_bytes_per_block,
         );
     }
-    let rate = a.load * limit.min(same);
+}
+
+fn main() {
+    let a = args();
+    let server = RedisServer::start();
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let requests = a.blocks.max(100_000);
+    println!(
+        "{} blocks per case, best of {}, allocator {}",
+        a.blocks,
+        a.repeat.max(1),
+        allocator::NAME
+    );
+    let before = references(&rt, &server, a.blocks);
+    let rows: Vec<(Case, Outcome)> = cases(&a.connections)
+        .into_iter()
+        .map(|case| {
+            let best = (0..a.repeat.max(1))
+                .map(|_| run(&rt, &url, case, a.blocks, None))
+                .max_by(|x, y| x.blocks_per_s.total_cmp(&y.blocks_per_s))
+                .expect("one run at least");
+            (case, best)
+        })
+        .collect();
+    let after = references(&rt, &server, a.blocks);
+    let (multi, pipe) = print_references(&before, &after, requests);
+    print_table(&rows, multi, pipe);
+    let rate = a.load * multi.kthena.min(pipe.kthena);
     let paced_blocks = (rate * a.paced_secs) as u64;
     for variant in [Variant::Kthena, Variant::Serve] {
-        let out = run(&rt, &url, 1, variant, paced_blocks, Some(rate));
+        let case = Case {
+            per_event: 1,
+            variant,
+            connections: RedisConfig::default().connections,
+        };
+        let out = run(&rt, &url, case, paced_blocks, Some(rate));
         println!(
-            "paced 1-block {} at {:.0} % of the lower reference ({rate:.0} blocks/s target, {:.0} achieved): write latency p50 {} µs, p99 {} µs",
+            "paced 1-block {} ({} connections) at {:.0} % of the lower kthena reference ({rate:.0} blocks/s target, {:.0} achieved): write latency p50 {} µs, p99 {} µs",
             variant.label(),
+            case.connections,
             100.0 * a.load,
             out.blocks_per_s,
             out.stats.write_p50_us,

@@ -18,6 +18,7 @@ use clap::Parser;
 use kvindex::ingest::fixture::format_line;
 use rmpv::Value as V;
 
+#[allow(dead_code)] // `benchmark_command` serves `redis_ingest`
 #[path = "common/redis_server.rs"]
 mod redis_server;
 

@@ -1,7 +1,8 @@
 //! A `redis-server` of a bench's own on 127.0.0.1 (no persistence), killed on drop, and
-//! `redis-benchmark -P 64` against it: the reference the Redis benches divide by. Shared by
-//! `benches/redis_ingest.rs` and the `shard_scale`, `state_soak` and `cluster_ingest`
-//! examples.
+//! `redis-benchmark -P 64` against it: the references the Redis benches divide by (its
+//! built-in `SET`/`HSET` tests, or any command with random new keys). Shared by
+//! `benches/redis_ingest.rs` and the `shard_scale`, `state_soak`, `cluster_ingest` and
+//! `ha_takeover` examples.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,7 +68,37 @@ impl RedisServer {
         }
     }
 
-    /// `redis-benchmark -P 64 -t set,hset -n 1000000`: (SET/s, HSET/s).
+    /// `redis-benchmark -P 64 -c 50 -r 100000000 -n {requests} COMMAND…`: requests/s of one
+    /// command from 50 clients, each `__rand_int__` in it replaced by a random 12-digit number
+    /// per request, so nearly every request writes a new key or field.
+    pub fn benchmark_command(&self, requests: u64, command: &[&str]) -> f64 {
+        let out = Command::new("redis-benchmark")
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-P",
+                "64",
+                "-c",
+                "50",
+                "-q",
+                "--csv",
+            ])
+            .args(["-r", "100000000", "-n", &requests.to_string()])
+            .args(command)
+            .output()
+            .expect("redis-benchmark on the PATH");
+        let text = String::from_utf8_lossy(&out.stdout);
+        // `"test","rps",…` then one row; the test's name is the command, so its columns are
+        // counted from the end (rps is the seventh of eight).
+        text.lines()
+            .nth(1)
+            .and_then(|row| row.rsplit(',').nth(6))
+            .and_then(|rps| rps.trim_matches('"').parse().ok())
+            .unwrap_or_else(|| panic!("no figure in redis-benchmark's output: {text}"))
+    }
+
+    /// `redis-benchmark -P 64 -t set,hset -n 1000000`: (SET/s, HSET/s). Both tests rewrite one
+    /// existing key with a 3-byte value.
     pub fn benchmark(&self) -> (f64, f64) {
         let out = Command::new("redis-benchmark")
             .args(["-p", &self.port.to_string(), "-P", "64", "-q", "--csv"])
