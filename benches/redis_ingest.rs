@@ -256,10 +256,17 @@ fn encode_blocks(blocks: u64, checkpoint: bool) -> (Vec<u8>, u64) {
     (bytes, blocks * if checkpoint { 3 } else { 2 })
 }
 
-/// The single-connection reference in blocks/s (see the header), on an emptied server.
-fn pipe(rt: &tokio::runtime::Runtime, server: &RedisServer, blocks: u64, checkpoint: bool) -> f64 {
+/// The single-connection reference in blocks/s (see the header), on an emptied server, and
+/// the CPU Redis spent per block on it, in µs.
+fn pipe(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    blocks: u64,
+    checkpoint: bool,
+) -> (f64, f64) {
     let (bytes, replies) = encode_blocks(blocks, checkpoint);
     rt.block_on(flush_server(&server.url()));
+    let cpu = server.cpu_seconds();
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
     let mut reader = stream.try_clone().expect("clone the socket");
     let started = Instant::now();
@@ -276,23 +283,27 @@ fn pipe(rt: &tokio::runtime::Runtime, server: &RedisServer, blocks: u64, checkpo
     stream.write_all(&bytes).expect("write commands");
     read.join().expect("reader");
     let rate = blocks as f64 / started.elapsed().as_secs_f64();
+    let us = 1e6 * (server.cpu_seconds() - cpu) / blocks as f64;
     rt.block_on(flush_server(&server.url()));
-    rate
+    (rate, us)
 }
 
 /// Both references, measured once.
 struct References {
     multi: Rates,
     pipe: Limits,
+    /// Redis's CPU per block on the pipe, µs: kthena's commands, and with the checkpoint.
+    pipe_redis_us: (f64, f64),
 }
 
 fn references(rt: &tokio::runtime::Runtime, server: &RedisServer, blocks: u64) -> References {
+    let multi = multi_client(rt, server, blocks.max(100_000));
+    let (kthena, kthena_us) = pipe(rt, server, blocks, false);
+    let (checkpoint, checkpoint_us) = pipe(rt, server, blocks, true);
     References {
-        multi: multi_client(rt, server, blocks.max(100_000)),
-        pipe: Limits {
-            kthena: pipe(rt, server, blocks, false),
-            checkpoint: pipe(rt, server, blocks, true),
-        },
+        multi,
+        pipe: Limits { kthena, checkpoint },
+        pipe_redis_us: (kthena_us, checkpoint_us),
     }
 }
 
@@ -431,13 +442,17 @@ struct Outcome {
     stats: MirrorStats,
     /// Redis's memory growth over the run, per block.
     redis_bytes_per_block: f64,
+    /// Redis's CPU over the run, per block, µs.
+    redis_us_per_block: f64,
+    /// This process's CPU over the run (ingest and the writer), per block, µs.
+    own_us_per_block: f64,
 }
 
 /// Ingests `blocks` blocks as `case.per_event`-block events; paced at `rate` blocks/s when
 /// given (flat out otherwise).
 fn run(
     rt: &tokio::runtime::Runtime,
-    url: &str,
+    server: &RedisServer,
     case: Case,
     blocks: u64,
     rate: Option<f64>,
@@ -447,6 +462,7 @@ fn run(
         variant,
         connections,
     } = case;
+    let url = &server.url();
     let index = Index::new();
     let source = index
         .register_source(&SourceSpec {
@@ -470,6 +486,7 @@ fn run(
         .collect();
     let checkpoint = variant != Variant::Kthena;
     let memory_before = rt.block_on(used_memory(url));
+    let (redis_cpu, own_cpu) = (server.cpu_seconds(), process_cpu_seconds());
     let started = Instant::now();
     rt.block_on(async {
         for (i, batch) in batches.iter().enumerate() {
@@ -490,6 +507,9 @@ fn run(
         mirror.flush().await.expect("flush");
     });
     let took = started.elapsed();
+    let per_block = |seconds: f64| 1e6 * seconds / blocks as f64;
+    let redis_us_per_block = per_block(server.cpu_seconds() - redis_cpu);
+    let own_us_per_block = per_block(process_cpu_seconds() - own_cpu);
     let memory_after = rt.block_on(used_memory(url));
     let stats = mirror.stats();
     rt.block_on(mirror.shutdown(Duration::from_secs(30)));
@@ -499,7 +519,21 @@ fn run(
         blocks_per_s: blocks as f64 / took.as_secs_f64(),
         stats,
         redis_bytes_per_block: memory_after.saturating_sub(memory_before) as f64 / blocks as f64,
+        redis_us_per_block,
+        own_us_per_block,
     }
+}
+
+/// CPU seconds this process (ingest and the writer) has used so far.
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 /// Prints both references, before and after the cases; returns their means.
@@ -511,6 +545,10 @@ fn print_references(before: &References, after: &References, requests: u64) -> (
         println!(
             "{when}: redis-benchmark -P 64 -c 50, random new keys, -n {requests}: HSET {:.0}/s, SETEX {:.0}/s, checkpoint HSET {:.0}/s → {:.0} blocks/s kthena, {:.0} +checkpoint; one connection, raw pipe: {:.0} blocks/s kthena, {:.0} +checkpoint",
             r.multi.hset, r.multi.setex, r.multi.checkpoint, l.kthena, l.checkpoint, r.pipe.kthena, r.pipe.checkpoint,
+        );
+        println!(
+            "{when}: Redis's CPU per block on the pipe: {:.2} µs kthena, {:.2} µs +checkpoint",
+            r.pipe_redis_us.0, r.pipe_redis_us.1,
         );
     }
     println!(
@@ -538,8 +576,10 @@ fn kthena_of(rows: &[(Case, Outcome)], case: Case) -> Option<&Outcome> {
 }
 
 fn print_table(rows: &[(Case, Outcome)], multi: Limits, pipe: Limits) {
-    println!("| events | variant | conns | blocks/s | ÷ redis-benchmark | ÷ pipe | cost vs kthena | pipelines | commands | flush p99 µs | write p99 µs | Redis B/block |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| events | variant | conns | blocks/s | ÷ redis-benchmark | ÷ pipe | cost vs kthena | Redis µs/block | kvindex µs/block | pipelines | commands | flush p99 µs | write p99 µs | Redis B/block |");
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
     for (case, out) in rows {
         let cost = match kthena_of(rows, *case) {
             Some(k) if case.variant != Variant::Kthena => {
@@ -548,13 +588,15 @@ fn print_table(rows: &[(Case, Outcome)], multi: Limits, pipe: Limits) {
             _ => "—".to_owned(),
         };
         println!(
-            "| {}-block | {} | {} | {:.0} | {:.1} % | {:.1} % | {cost} | {} | {} | {} | {} | {:.0} |",
+            "| {}-block | {} | {} | {:.0} | {:.1} % | {:.1} % | {cost} | {:.2} | {:.2} | {} | {} | {} | {} | {:.0} |",
             case.per_event,
             case.variant.label(),
             case.connections,
             out.blocks_per_s,
             100.0 * out.blocks_per_s / multi.of(case.variant),
             100.0 * out.blocks_per_s / pipe.of(case.variant),
+            out.redis_us_per_block,
+            out.own_us_per_block,
             out.stats.pipelines,
             out.stats.commands,
             out.stats.flush_p99_us,
@@ -567,7 +609,6 @@ fn print_table(rows: &[(Case, Outcome)], multi: Limits, pipe: Limits) {
 fn main() {
     let a = args();
     let server = RedisServer::start();
-    let url = server.url();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let requests = a.blocks.max(100_000);
     println!(
@@ -581,7 +622,7 @@ fn main() {
         .into_iter()
         .map(|case| {
             let best = (0..a.repeat.max(1))
-                .map(|_| run(&rt, &url, case, a.blocks, None))
+                .map(|_| run(&rt, &server, case, a.blocks, None))
                 .max_by(|x, y| x.blocks_per_s.total_cmp(&y.blocks_per_s))
                 .expect("one run at least");
             (case, best)
@@ -598,7 +639,7 @@ fn main() {
             variant,
             connections: RedisConfig::default().connections,
         };
-        let out = run(&rt, &url, case, paced_blocks, Some(rate));
+        let out = run(&rt, &server, case, paced_blocks, Some(rate));
         println!(
             "paced 1-block {} ({} connections) at {:.0} % of the lower kthena reference ({rate:.0} blocks/s target, {:.0} achieved): write latency p50 {} µs, p99 {} µs",
             variant.label(),

@@ -42,6 +42,23 @@ impl RedisServer {
         RedisServer { child, port }
     }
 
+    /// CPU seconds the server has used so far (user + system, from `/proc`), 0 where that
+    /// cannot be read: what a run's share of Redis's one thread is measured by.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()));
+        let Ok(stat) = stat else { return 0.0 };
+        // After the parenthesised name come the state (field 3) … utime (14) and stime (15).
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+        // SAFETY: sysconf reads a constant of the running system.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        match (ticks(11), ticks(12)) {
+            (Some(utime), Some(stime)) => (utime + stime) / per_second,
+            _ => 0.0,
+        }
+    }
+
     /// `redis://127.0.0.1:{port}/0`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
