@@ -50,6 +50,9 @@ const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// Commands one pipeline holds at most, whatever `flush_max_commands` says: what bounds the
 /// writer's memory (the coalescing map, the encoded pipeline and its replies) in a spike.
 pub(super) const MAX_PIPELINE_COMMANDS: usize = 16_384;
+/// Queued messages the loop takes in one turn at most, so answers and timers still get
+/// their turn under a steady stream.
+const MAX_MESSAGES_PER_TURN: usize = 256;
 /// The coalescing map is shrunk back once its capacity passes this many times the flush size.
 const SHRINK_FACTOR: usize = 4;
 
@@ -201,12 +204,27 @@ impl Writer {
                     }
                 }
                 msg = rx.recv() => {
-                    if self.on_msg(msg).await {
+                    if self.on_msg(msg).await || self.take_queued(&mut rx).await {
                         return;
                     }
                 }
             }
         }
+    }
+
+    /// Handles the messages already queued, up to [`MAX_MESSAGES_PER_TURN`], before the
+    /// loop arms its timers again: per message, arming them would cost more than the message.
+    /// True when the task must end.
+    async fn take_queued(&mut self, rx: &mut mpsc::Receiver<Msg>) -> bool {
+        for _ in 0..MAX_MESSAGES_PER_TURN {
+            let Ok(msg) = rx.try_recv() else {
+                return false;
+            };
+            if self.on_msg(Some(msg)).await {
+                return true;
+            }
+        }
+        false
     }
 
     /// Handles one message from ingest (`None`: every sender is gone); true when the task
