@@ -6,19 +6,26 @@
 //!   tracking, hashing, index) of a recording of `--replay-messages` messages, each one vLLM
 //!   `BlockStored` of 8 blocks (array era, int hashes, 16 tokens a block, GPU; prompts of 128
 //!   blocks, every block new): blocks/s of wall time against the floor.
+//! - **in process**: the serve stream's decode alone, then decode + index (the index the
+//!   daemon's config builds, no mirror) of its first 16,000 blocks and of all of it, each
+//!   into a fresh index, on this thread, in ns of its CPU time per block: what the daemon's
+//!   CPU below is compared with.
 //! - **serve**: `kvindex serve` (no Redis; the default `ingest`, then `std_hashes: false`)
 //!   draining a backlog of `--serve-messages` such messages over ZeroMQ: CPU seconds of the
-//!   daemon (`/proc/PID/stat`, every thread) per block stored against the floor's per hash.
+//!   daemon (`/proc/PID/stat`, every thread) per block stored against the floor's per hash,
+//!   and its minor page faults (fresh memory the kernel zeroes).
 //!   The publisher is a minimal ZMTP PUB of this example's own over one TCP connection, which
 //!   writes the whole stream as fast as the daemon reads it: TCP pushes back instead of the
 //!   `zeromq` crate's PUB dropping what its queue cannot hold, so nothing is lost. The run
 //!   checks the daemon's counters (`GET /v1/pods`): every message received, every block
 //!   stored, no seq gap and no decode error.
 //!
-//! Everything is on 127.0.0.1 and bounded by `--timeout-secs`.
+//! Everything is on 127.0.0.1 and bounded by `--timeout-secs`. `--recording FILE` keeps the
+//! recording, to profile `kvindex replay` on it; `--kvindex` may name a wrapper script (a
+//! profiler in front of the binary): the daemon is stopped with SIGTERM, so it exits cleanly.
 //!
 //! Run: `cargo build --release --bin kvindex && cargo run --release --example ingest_cost --
-//! [--replay-messages 50000] [--serve-messages 200000] [--kvindex PATH]`
+//! [--replay-messages 50000] [--serve-messages 200000] [--kvindex PATH] [--recording FILE]`
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -27,8 +34,24 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use kvindex::config::Config;
+use kvindex::index::{Discard, Index, SourceSpec};
 use kvindex::ingest::fixture::format_line;
+use kvindex::wire::{decode_message, DecodeOptions, Engine};
 use rmpv::Value as V;
+
+// The daemon's allocator (jemalloc by default), so the in-process figures are the daemon's.
+#[allow(dead_code)]
+#[path = "../src/allocator.rs"]
+mod allocator;
+
+#[global_allocator]
+static GLOBAL: allocator::Chosen = allocator::Chosen;
+
+#[path = "../benches/common/thread_cpu.rs"]
+mod thread_cpu;
+
+use thread_cpu::thread_cpu;
 
 /// Blocks in one message's `BlockStored`.
 const BLOCKS_PER_MESSAGE: u64 = 8;
@@ -102,13 +125,18 @@ fn payload(seq: u64, rng: &mut Rng) -> Vec<u8> {
     out
 }
 
-/// The three frames of message `seq`: topic, seq, payload.
-fn frames(seq: u64, rng: &mut Rng) -> [Vec<u8>; 3] {
-    [
-        b"kv".to_vec(),
-        seq.to_be_bytes().to_vec(),
-        payload(seq, rng),
-    ]
+/// One message's three frames: topic, seq, payload.
+type Frames = [Vec<u8>; 3];
+
+/// The first `messages` messages of the stream (always the same).
+fn stream(messages: u64) -> Vec<Frames> {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    (0..messages)
+        .map(|seq| {
+            let payload = payload(seq, &mut rng);
+            [b"kv".to_vec(), seq.to_be_bytes().to_vec(), payload]
+        })
+        .collect()
 }
 
 /// `openssl speed -bytes 64 -seconds 3 sha256`: SHA-256 hashes of 64 bytes per second.
@@ -132,18 +160,24 @@ fn sha256_floor() -> f64 {
     kilobytes * 1000.0 / 64.0
 }
 
-/// CPU seconds (user + system, every thread) of process `pid` so far.
-fn cpu_seconds(pid: u32) -> f64 {
+/// Fields of `/proc/PID/stat` after the command name: `[0]` is the state, `[7]` minor
+/// faults, `[11]` and `[12]` user and system CPU ticks.
+fn proc_stat(pid: u32) -> Vec<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
+    let after_command = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    after_command
         .split_whitespace()
-        .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
-    let ticks = ticks(11).unwrap_or(0.0) + ticks(12).unwrap_or(0.0);
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect()
+}
+
+/// CPU seconds (user + system, every thread) and minor page faults of process `pid` so far.
+fn cpu_and_faults(pid: u32) -> (f64, f64) {
+    let fields = proc_stat(pid);
+    let field = |i: usize| fields.get(i).copied().unwrap_or(0.0);
     // SAFETY: sysconf reads a constant of the system.
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ((field(11) + field(12)) / tick, field(7))
 }
 
 /// Peak RSS (`VmHWM`) of process `pid`, MiB.
@@ -179,9 +213,8 @@ struct ReplayRun {
 /// Writes the recording and runs `kvindex replay --json` on it.
 fn replay(kvindex: &Path, path: &Path, messages: u64, timeout: Duration) -> ReplayRun {
     let mut file = std::io::BufWriter::new(std::fs::File::create(path).expect("the recording"));
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    for seq in 0..messages {
-        writeln!(file, "{}", format_line(0, &frames(seq, &mut rng))).expect("write the recording");
+    for frames in stream(messages) {
+        writeln!(file, "{}", format_line(0, &frames)).expect("write the recording");
     }
     file.flush().expect("write the recording");
     drop(file);
@@ -242,16 +275,73 @@ fn zmtp_frame(out: &mut Vec<u8>, flags: u8, body: &[u8]) {
 }
 
 /// The whole stream the daemon drains, as ZMTP message frames ready to write.
-fn zmtp_stream(messages: u64) -> Vec<u8> {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+fn zmtp_stream(messages: &[Frames]) -> Vec<u8> {
     let mut out = Vec::new();
-    for seq in 0..messages {
-        let [topic, seq, payload] = frames(seq, &mut rng);
-        zmtp_frame(&mut out, 0x01, &topic);
-        zmtp_frame(&mut out, 0x01, &seq);
-        zmtp_frame(&mut out, 0x00, &payload);
+    for [topic, seq, payload] in messages {
+        zmtp_frame(&mut out, 0x01, topic);
+        zmtp_frame(&mut out, 0x01, seq);
+        zmtp_frame(&mut out, 0x00, payload);
     }
     out
+}
+
+/// Messages of the small case of [`in_process`]: 16,000 blocks, the size of the
+/// `decode_index` bench's streams, an index that fits in the caches.
+const SMALL_MESSAGES: usize = 2_000;
+
+/// What decoding and indexing cost on this thread, in ns of its CPU time per block.
+struct InProcess {
+    /// Decoding every message alone.
+    decode: f64,
+    /// Decode + index of the first [`SMALL_MESSAGES`] into a fresh index.
+    small: f64,
+    /// Decode + index of every message into a fresh index.
+    whole: f64,
+}
+
+/// Decoding alone, then decode + index into the index `config` builds (no mirror).
+fn in_process(messages: &[Frames], config: &str) -> InProcess {
+    let config = Config::from_str(config).expect("a valid config");
+    let per_block =
+        |d: Duration, n: usize| d.as_secs_f64() * 1e9 / (n as u64 * BLOCKS_PER_MESSAGE) as f64;
+    let started = thread_cpu();
+    for frames in messages {
+        let decoded = decode_message(frames, DecodeOptions::INDEX).expect("a good message");
+        std::hint::black_box(decoded);
+    }
+    let decode = per_block(thread_cpu() - started, messages.len());
+    let index_all = |messages: &[Frames]| {
+        let index = Index::with_options(config.index_options());
+        let spec = SourceSpec {
+            pod: "bench-0.default".to_owned(),
+            model: "m".to_owned(),
+            engine: Engine::Vllm,
+            dp_rank: 0,
+        };
+        let source = index.register_source(&spec).expect("one source");
+        let started = thread_cpu();
+        for frames in messages {
+            let (_, batch) = decode_message(frames, DecodeOptions::INDEX).expect("a good message");
+            index
+                .apply(source, &batch, 1, &mut Discard)
+                .expect("a registered source");
+        }
+        per_block(thread_cpu() - started, messages.len())
+    };
+    let small = index_all(&messages[..SMALL_MESSAGES.min(messages.len())]);
+    InProcess {
+        decode,
+        small,
+        whole: index_all(messages),
+    }
+}
+
+/// The daemon's config: no Redis, listeners on free 127.0.0.1 ports, `ingest` (a YAML
+/// section or nothing), one vLLM target on `port`.
+fn config_yaml(ingest: &str, port: u16) -> String {
+    format!(
+        "api:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: 127.0.0.1:0\n{ingest}targets:\n  - {{pod: bench-0, namespace: default, model: m, engine: vllm, endpoint: 'tcp://127.0.0.1:{port}'}}\n"
+    )
 }
 
 /// Reads one ZMTP frame: (flags, body).
@@ -346,14 +436,25 @@ struct ServeRun {
     blocks: u64,
     wall: Duration,
     cpu: f64,
+    faults: f64,
     peak_rss_mib: f64,
 }
 
-/// Kills the daemon on every way out of [`serve`].
+/// Stops the daemon on every way out of [`serve`]: SIGTERM (it drains and exits, so a
+/// profiler wrapping it writes its data), SIGKILL past ten seconds.
 struct Daemon(Child);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of a child not yet waited for.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -372,10 +473,7 @@ fn serve(
     let listener = TcpListener::bind("127.0.0.1:0").expect("a 127.0.0.1 port");
     let port = listener.local_addr().expect("its address").port();
     let config = dir.join("ingest-cost.yaml");
-    let yaml = format!(
-        "api:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: 127.0.0.1:0\n{ingest}targets:\n  - {{pod: bench-0, namespace: default, model: m, engine: vllm, endpoint: 'tcp://127.0.0.1:{port}'}}\n"
-    );
-    std::fs::write(&config, yaml).expect("write the config");
+    std::fs::write(&config, config_yaml(ingest, port)).expect("write the config");
     let mut child = Command::new(kvindex)
         .args(["--log-format", "json", "--log", "info", "serve", "--config"])
         .arg(&config)
@@ -390,7 +488,11 @@ fn serve(
     let pid = daemon.0.id();
     let api = api_address(stderr, Duration::from_secs(30));
     let mut conn = accept_subscriber(&listener);
-    let cpu_before = cpu_seconds(pid);
+    // A daemon that stops reading fails the write instead of holding the run (the scope
+    // below waits for the writer even when the wait for the daemon gives up).
+    conn.set_write_timeout(Some(timeout))
+        .expect("a write timeout");
+    let (cpu_before, faults_before) = cpu_and_faults(pid);
     let started = Instant::now();
     let writer = std::thread::scope(|s| {
         let writer = s.spawn(move || conn.write_all(stream));
@@ -409,7 +511,7 @@ fn serve(
             std::thread::sleep(Duration::from_millis(20));
         };
         let wall = started.elapsed();
-        let cpu = cpu_seconds(pid) - cpu_before;
+        let (cpu, faults) = cpu_and_faults(pid);
         let blocks = counters["blocks_stored"].as_u64().unwrap_or(0);
         assert_eq!(blocks, messages * BLOCKS_PER_MESSAGE, "{counters}");
         for clean in [
@@ -423,7 +525,8 @@ fn serve(
         let run = ServeRun {
             blocks,
             wall,
-            cpu,
+            cpu: cpu - cpu_before,
+            faults: faults - faults_before,
             peak_rss_mib: peak_rss_mib(pid),
         };
         (writer.join(), run)
@@ -471,31 +574,47 @@ fn main() {
         r.blocks as f64 / r.cpu / 1e6
     );
 
-    let stream = zmtp_stream(args.serve_messages);
-    for (name, ingest) in [
-        ("serve (default)", ""),
-        (
-            "serve (std_hashes: false)",
-            "ingest:\n  std_hashes: false\n",
-        ),
-    ] {
+    let messages = stream(args.serve_messages);
+    let cases = [
+        ("default", ""),
+        ("std_hashes: false", "ingest:\n  std_hashes: false\n"),
+    ];
+    let per_hash_ns = per_hash * 1e9;
+    let mut index_ns = Vec::new();
+    for (name, ingest) in cases {
+        let p = in_process(&messages, &config_yaml(ingest, 1));
+        println!(
+            "in process ({name}): decode {:.0} ns/block; decode + index {:.0} ns/block into an index of 16,000 blocks, {:.0} ns/block ({:.2} × the floor) into one of {}",
+            p.decode,
+            p.small,
+            p.whole,
+            p.whole / per_hash_ns,
+            messages.len() as u64 * BLOCKS_PER_MESSAGE
+        );
+        index_ns.push(p.whole);
+    }
+    let wire = zmtp_stream(&messages);
+    drop(messages);
+    for ((name, ingest), index_ns) in cases.into_iter().zip(index_ns) {
         let s = serve(
             &kvindex,
             dir.path(),
             ingest,
-            &stream,
+            &wire,
             args.serve_messages,
             timeout,
         );
         let per_block = s.cpu / s.blocks as f64;
         println!(
-            "{name}: {} blocks in {:.2} s = {:.2} M blocks/s; {:.2} CPU-s = {:.3} CPU-s per million blocks = {:.2} × the floor (goal ≤ 4); peak RSS {:.0} MiB",
+            "serve ({name}): {} blocks in {:.2} s = {:.2} M blocks/s; {:.2} CPU-s = {:.3} CPU-s per million blocks = {:.2} × the floor (goal ≤ 4), {:.0} ns/block beyond decode + index in process; {:.0} minor page faults, peak RSS {:.0} MiB",
             s.blocks,
             s.wall.as_secs_f64(),
             s.blocks as f64 / s.wall.as_secs_f64() / 1e6,
             s.cpu,
             per_block * 1e6,
             per_block / per_hash,
+            per_block * 1e9 - index_ns,
+            s.faults,
             s.peak_rss_mib
         );
     }
