@@ -37,7 +37,8 @@ pub const NAME: &str = if cfg!(feature = "jemalloc") {
 /// after them and still wins). `dirty_decay_ms:0`: return freed pages to the OS at once instead
 /// of keeping them for 10 s. With the default, pages freed by a burst of removes stay resident
 /// until later allocations run the decay, and an idle daemon runs none; `lora_names` shows
-/// both, and `decode_index` that ingest time per block does not pay for it.
+/// both. An index that grows pays for it: each table's doubling faults in fresh pages
+/// instead of reusing the ones just freed (`ingest_cost`, docs/benchmarks.md).
 pub const JEMALLOC_CONF: &std::ffi::CStr = c"dirty_decay_ms:0";
 
 /// jemalloc reads this symbol at its first allocation (`malloc_conf`, prefixed `_rjem_` by

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use metrics::{counter, gauge, histogram, Counter};
+use metrics::{counter, gauge, histogram, Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::wire::{Engine, EventKind};
@@ -226,6 +226,8 @@ pub struct SourceMetrics {
     connects: Counter,
     /// Per [`WarmStart`] outcome, registered up front so the series exist (at 0) from start.
     warm_starts: [Counter; 4],
+    /// Registered at its first sample, so the series appears with the first message.
+    pipeline: OnceLock<Histogram>,
 }
 
 impl SourceMetrics {
@@ -248,6 +250,7 @@ impl SourceMetrics {
             warm_starts: WarmStart::ALL.map(
                 |o| counter!("kvindex_warm_starts_total", "engine" => e, "outcome" => o.as_str()),
             ),
+            pipeline: OnceLock::new(),
         }
     }
 
@@ -339,7 +342,10 @@ impl SourceMetrics {
 
     /// Time from receive to deltas queued.
     pub fn pipeline(&self, seconds: f64) {
-        histogram!("kvindex_pipeline_seconds").record(seconds);
+        let histogram = self
+            .pipeline
+            .get_or_init(|| histogram!("kvindex_pipeline_seconds"));
+        histogram.record(seconds);
     }
 }
 

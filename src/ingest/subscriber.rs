@@ -345,10 +345,14 @@ impl Worker {
         socket: &mut SubSocket,
         monitor: &mut futures::channel::mpsc::Receiver<SocketEvent>,
     ) -> Option<&'static str> {
+        // One wait for the whole loop: a fresh one per message would register and drop a
+        // waiter on the token each time.
+        let cancelled = self.ctx.cancel.clone().cancelled_owned();
+        tokio::pin!(cancelled);
         loop {
             tokio::select! {
                 biased;
-                _ = self.ctx.cancel.cancelled() => return Some("cancelled"),
+                _ = &mut cancelled => return Some("cancelled"),
                 event = monitor.next() => match event {
                     Some(SocketEvent::Disconnected(_)) | Some(SocketEvent::Closed) | None => return None,
                     Some(_) => {}
