@@ -73,6 +73,10 @@ mod allocator;
 #[allow(dead_code)]
 #[path = "../examples/common/redis_server.rs"]
 mod redis_server;
+// `thread_cpu()` serves the benches that time one thread.
+#[allow(dead_code)]
+#[path = "common/thread_cpu.rs"]
+mod thread_cpu;
 
 use redis_server::RedisServer;
 
@@ -526,14 +530,7 @@ fn run(
 
 /// CPU seconds this process (ingest and the writer) has used so far.
 fn process_cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+    thread_cpu::cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID).as_secs_f64()
 }
 
 /// Prints both references, before and after the cases; returns their means.

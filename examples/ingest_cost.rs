@@ -193,14 +193,7 @@ fn peak_rss_mib(pid: u32) -> f64 {
 
 /// CPU seconds of every child waited for so far.
 fn children_cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
-        usage
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(usage.ru_utime) + secs(usage.ru_stime)
+    thread_cpu::children_cpu().as_secs_f64()
 }
 
 /// What one replay did.
