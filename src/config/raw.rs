@@ -109,7 +109,7 @@ pub struct RawRedis {
     pub flush_interval_ms: Option<Spanned<u64>>,
     /// Delta batches queued before ingest waits (default 1024).
     pub queue_capacity: Option<Spanned<usize>>,
-    /// Connections the writer spreads its flushes over (default 4, 1 … 16).
+    /// Connections the writer spreads its flushes over (default 1, 1 … 16).
     pub connections: Option<Spanned<usize>>,
     /// A periodic anti-entropy pass starts at most this often, seconds (default 60).
     pub anti_entropy_interval_s: Option<Spanned<u64>>,

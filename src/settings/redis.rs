@@ -14,8 +14,10 @@ pub const MAX_LEASE_TTL: Duration = Duration::from_secs(60);
 /// Default lease: a dead leader is replaced within about this long.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
 
-/// The writer's connections to a single Redis unless the config says otherwise.
-pub const DEFAULT_CONNECTIONS: usize = 4;
+/// The writer's connections to a single Redis unless the config says otherwise: one
+/// connection's pipelines are already large enough for Redis to batch, and every further
+/// connection costs kvindex CPU (docs/benchmarks.md, `redis_ingest`).
+pub const DEFAULT_CONNECTIONS: usize = 1;
 /// Connections a config may ask for at most: past a few, Redis's one thread is the limit.
 pub const MAX_CONNECTIONS: usize = 16;
 
