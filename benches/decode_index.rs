@@ -30,9 +30,12 @@ use kvindex::hash::std_hash;
 use kvindex::index::{Delta, Discard, Index, IndexOptions, SourceId, SourceSpec};
 use kvindex::wire::{decode_batch, DecodeOptions, Engine};
 
+#[path = "common/rng.rs"]
+mod rng;
 #[path = "common/thread_cpu.rs"]
 mod thread_cpu;
 
+use rng::Rng;
 use thread_cpu::thread_cpu;
 
 /// Blocks per measured stream.
@@ -67,18 +70,6 @@ impl Measurement for ThreadCpu {
         // Nanoseconds either way: wall time's formatter prints them with units.
         static WALL: WallTime = WallTime;
         WALL.formatter()
-    }
-}
-
-/// A small deterministic generator (xorshift64*), so every run sees the same stream.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 }
 

@@ -48,9 +48,12 @@ mod allocator;
 #[global_allocator]
 static GLOBAL: allocator::Chosen = allocator::Chosen;
 
+#[path = "../benches/common/rng.rs"]
+mod rng;
 #[path = "../benches/common/thread_cpu.rs"]
 mod thread_cpu;
 
+use rng::Rng;
 use thread_cpu::thread_cpu;
 
 /// Blocks in one message's `BlockStored`.
@@ -80,18 +83,6 @@ struct Args {
     /// temporary directory.
     #[arg(long)]
     recording: Option<PathBuf>,
-}
-
-/// xorshift64*: a fixed, seeded stream of token ids.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
 }
 
 /// Engine hash of block `n` of the stream: distinct for every `n` (an odd multiplier is a
