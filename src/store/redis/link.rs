@@ -84,6 +84,9 @@ impl Link {
 
     /// The lane every write of `key` goes through.
     pub(super) fn lane_of(&self, key: &Key) -> usize {
+        if self.more.is_empty() {
+            return 0;
+        }
         key.lane(self.lanes(), &self.lane_hasher)
     }
 
