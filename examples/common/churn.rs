@@ -11,18 +11,9 @@ pub const PER_MESSAGE: usize = 100;
 /// A clear every this many messages.
 pub const CLEAR_EVERY: u64 = 4000;
 
-/// xorshift64*: a fixed, seeded stream.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next value.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
+#[path = "../../benches/common/rng.rs"]
+mod rng;
+pub use rng::Rng;
 
 fn store(block: u64, medium: &str) -> V {
     let tokens: Vec<V> = (0..16).map(|t| V::from(block * 16 + t)).collect();
