@@ -60,22 +60,25 @@ pub(super) async fn connect(target: &RedisTarget) -> Result<RedisConn, MirrorErr
     Ok(conn)
 }
 
-/// The writer's lanes besides the first: `lanes - 1` more connections to a single Redis,
-/// each opened and checked as [`connect`] does. None for a cluster, whose connection keeps
+/// The writer's lanes: the first connection and `lanes - 1` more to a single Redis, each
+/// opened and checked as [`connect`] does. A cluster gets one lane: its connection keeps
 /// one connection per master and routes every command by its slot.
 ///
 /// # Errors
 /// [`MirrorError`] naming the URL without its password.
-pub(super) async fn connect_more(
+pub(super) async fn connect_lanes(
     target: &RedisTarget,
     lanes: usize,
-) -> Result<Vec<RedisConn>, MirrorError> {
-    if target.is_cluster() {
-        return Ok(Vec::new());
-    }
-    let mut more = Vec::with_capacity(lanes.saturating_sub(1));
-    for _ in 1..lanes {
+) -> Result<(RedisConn, Vec<RedisConn>), MirrorError> {
+    let first = connect(target).await?;
+    let more_lanes = if target.is_cluster() {
+        0
+    } else {
+        lanes.saturating_sub(1)
+    };
+    let mut more = Vec::with_capacity(more_lanes);
+    for _ in 0..more_lanes {
         more.push(connect(target).await?);
     }
-    Ok(more)
+    Ok((first, more))
 }

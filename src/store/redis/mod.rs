@@ -247,7 +247,7 @@ impl MirrorHandle {
     ) -> Result<MirrorHandle, MirrorError> {
         let shared = Arc::new(Shared::default());
         labels::register_upkeep_series();
-        let mut conn = connect::connect(&config.target).await?;
+        let (mut conn, more) = connect::connect_lanes(&config.target, config.connections).await?;
         let (restored, marks) = if config.checkpoint {
             let (summary, marks) =
                 checkpoint::restore(&mut conn, &config.target, &index, config.shard).await?;
@@ -257,7 +257,6 @@ impl MirrorHandle {
         };
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let url = config.target.shown();
-        let more = connect::connect_more(&config.target, config.connections).await?;
         let lanes = (conn, more);
         let mut writer = Writer::new(config, index, weights, lanes, Arc::clone(&shared));
         writer.seed_marks(marks);

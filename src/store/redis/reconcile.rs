@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::connect::{connect, connect_more};
+use super::connect::connect_lanes;
 use super::key::Key;
 use super::link::Link;
 
@@ -129,13 +129,7 @@ impl Reconcile {
     /// by itself only after I/O errors, so once its credentials were refused (a password
     /// rotated and back) it would keep answering with that refusal forever.
     pub(super) async fn renew_connection(link: &mut Link) {
-        let target = &link.config.target;
-        let lanes = link.lanes();
-        let fresh = match connect(target).await {
-            Ok(conn) => connect_more(target, lanes).await.map(|more| (conn, more)),
-            Err(err) => Err(err),
-        };
-        match fresh {
+        match connect_lanes(&link.config.target, link.lanes()).await {
             Ok((conn, more)) => link.renew_lanes(conn, more),
             Err(err) => {
                 tracing::debug!(error = %err, "Could not open a fresh Redis connection; retrying after the backoff.")

@@ -115,10 +115,10 @@ impl Writer {
             max_commands_per_s: config.anti_entropy_max_commands_per_s,
         });
         let refresh = Refresh::new(config.refresh_after_s, config.anti_entropy_interval);
-        let broken = vec![false; 1 + lanes.1.len()];
+        let link = Link::new(config, index, weights, lanes, shared);
         Writer {
-            link: Link::new(config, index, weights, lanes, shared),
-            broken,
+            broken: vec![false; link.lanes()],
+            link,
             pending: hashbrown::HashMap::new(),
             pending_entries: 0,
             dirty: true,
@@ -192,10 +192,8 @@ impl Writer {
                     // Deltas of events the index already applied must be pending before a
                     // pass compares Redis with the index: otherwise it "repairs" (and
                     // counts) what a queued delta is about to write anyway.
-                    while let Ok(msg) = rx.try_recv() {
-                        if self.on_msg(Some(msg)).await {
-                            return;
-                        }
+                    if self.take_queued(&mut rx, usize::MAX).await {
+                        return;
                     }
                     if self.link.lease_lost() {
                         self.lease_expired();
@@ -204,7 +202,8 @@ impl Writer {
                     }
                 }
                 msg = rx.recv() => {
-                    if self.on_msg(msg).await || self.take_queued(&mut rx).await {
+                    let more = MAX_MESSAGES_PER_TURN;
+                    if self.on_msg(msg).await || self.take_queued(&mut rx, more).await {
                         return;
                     }
                 }
@@ -212,11 +211,11 @@ impl Writer {
         }
     }
 
-    /// Handles the messages already queued, up to [`MAX_MESSAGES_PER_TURN`], before the
-    /// loop arms its timers again: per message, arming them would cost more than the message.
-    /// True when the task must end.
-    async fn take_queued(&mut self, rx: &mut mpsc::Receiver<Msg>) -> bool {
-        for _ in 0..MAX_MESSAGES_PER_TURN {
+    /// Handles up to `most` messages already queued. After a message, the loop takes the
+    /// rest (up to [`MAX_MESSAGES_PER_TURN`]) before it arms its timers again: per message,
+    /// arming them would cost more than the message. True when the task must end.
+    async fn take_queued(&mut self, rx: &mut mpsc::Receiver<Msg>, most: usize) -> bool {
+        for _ in 0..most {
             let Ok(msg) = rx.try_recv() else {
                 return false;
             };
@@ -732,8 +731,7 @@ impl Writer {
     async fn redis_kept_its_keys(&mut self) -> Result<bool, redis::RedisError> {
         let knew = self.watchdog.knows_redis();
         if let Some(kind) = self.watchdog.check(&mut self.link).await? {
-            self.count_reset(kind);
-            (self.anti_entropy).verify_after(kind == RedisReset::Restart);
+            self.on_reset(kind);
             return Ok(false);
         }
         let whole = !self.reconcile.overflowed() && !self.anti_entropy.rewrite_owed();
@@ -801,16 +799,16 @@ impl Writer {
             Ok(None) => return,
             Err(err) => return self.go_dirty(&err),
         };
-        self.count_reset(kind);
-        // After a restart Redis may hold an old snapshot: the verify that follows deletes
-        // what the index no longer holds, unthrottled.
-        (self.anti_entropy).verify_after(kind == RedisReset::Restart);
+        self.on_reset(kind);
         let overflowed = self.reconcile.take_overflowed();
         (self.anti_entropy).start_rewrite(&self.link, Default::default(), overflowed);
     }
 
-    /// Counts and logs a Redis that lost kvindex's keys.
-    fn count_reset(&self, kind: RedisReset) {
+    /// Counts and logs a Redis that lost kvindex's keys, and wants the verify that follows
+    /// its rewrite: after a restart Redis may hold an old snapshot, so that verify deletes
+    /// what the index no longer holds unthrottled.
+    fn on_reset(&mut self, kind: RedisReset) {
+        (self.anti_entropy).verify_after(kind == RedisReset::Restart);
         let shared = &self.link.shared;
         shared.upkeep.redis_resets.fetch_add(1, Ordering::Relaxed);
         crate::metrics::redis_reset_detected(kind.as_str());
