@@ -73,10 +73,6 @@ mod allocator;
 #[allow(dead_code)]
 #[path = "../examples/common/redis_server.rs"]
 mod redis_server;
-// `thread_cpu()` serves the benches that time one thread.
-#[allow(dead_code)]
-#[path = "common/thread_cpu.rs"]
-mod thread_cpu;
 
 use redis_server::RedisServer;
 
@@ -530,7 +526,7 @@ fn run(
 
 /// CPU seconds this process (ingest and the writer) has used so far.
 fn process_cpu_seconds() -> f64 {
-    thread_cpu::cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID).as_secs_f64()
+    redis_server::thread_cpu::cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID).as_secs_f64()
 }
 
 /// Prints both references, before and after the cases; returns their means.

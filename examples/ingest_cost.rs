@@ -151,24 +151,10 @@ fn sha256_floor() -> f64 {
     kilobytes * 1000.0 / 64.0
 }
 
-/// Fields of `/proc/PID/stat` after the command name: `[0]` is the state, `[7]` minor
-/// faults, `[11]` and `[12]` user and system CPU ticks.
-fn proc_stat(pid: u32) -> Vec<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after_command = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    after_command
-        .split_whitespace()
-        .map(|v| v.parse().unwrap_or(0.0))
-        .collect()
-}
-
 /// CPU seconds (user + system, every thread) and minor page faults of process `pid` so far.
 fn cpu_and_faults(pid: u32) -> (f64, f64) {
-    let fields = proc_stat(pid);
-    let field = |i: usize| fields.get(i).copied().unwrap_or(0.0);
-    // SAFETY: sysconf reads a constant of the system.
-    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ((field(11) + field(12)) / tick, field(7))
+    let (cpu, faults) = thread_cpu::process_cpu_and_faults(pid);
+    (cpu.as_secs_f64(), faults as f64)
 }
 
 /// Peak RSS (`VmHWM`) of process `pid`, MiB.

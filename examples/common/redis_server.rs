@@ -5,6 +5,11 @@
 //! `ha_takeover` examples.
 
 use std::process::{Child, Command, Stdio};
+
+// Its process clock reads the server's CPU; the rest serves the benches.
+#[allow(dead_code)]
+#[path = "../../benches/common/thread_cpu.rs"]
+pub mod thread_cpu;
 use std::time::{Duration, Instant};
 
 /// A `redis-server` child, killed on drop.
@@ -45,18 +50,9 @@ impl RedisServer {
     /// CPU seconds the server has used so far (user + system, from `/proc`), 0 where that
     /// cannot be read: what a run's share of Redis's one thread is measured by.
     pub fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()));
-        let Ok(stat) = stat else { return 0.0 };
-        // After the parenthesised name come the state (field 3) … utime (14) and stime (15).
-        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-        // SAFETY: sysconf reads a constant of the running system.
-        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        match (ticks(11), ticks(12)) {
-            (Some(utime), Some(stime)) => (utime + stime) / per_second,
-            _ => 0.0,
-        }
+        thread_cpu::process_cpu_and_faults(self.child.id())
+            .0
+            .as_secs_f64()
     }
 
     /// `redis://127.0.0.1:{port}/0`.
