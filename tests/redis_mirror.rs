@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use kvindex::index::{Checkpoint, Delta, Index, SourceId, SourceSpec};
-use kvindex::ingest::{load_files, unix_now, OfflineReplay};
+use kvindex::ingest::{unix_now, OfflineReplay, Recording};
 use kvindex::medium::{Medium, TierWeights};
 use kvindex::store::redis::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, MirrorError, MirrorHandle, RedisConfig, RedisDump, RedisTarget};
@@ -120,12 +120,11 @@ async fn replay_stream(stream: &str, pod: &str, model: &str) -> Index {
     let sender = mirror.sender();
     let mut replay = OfflineReplay::new(index.clone(), pod, model, engine);
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/{stream}.jsonl"));
-    for file in &load_files(&[path]).unwrap() {
-        replay
-            .replay_loaded_mirrored(file, &sender, || {})
-            .await
-            .unwrap();
-    }
+    let recording = Recording::open(&[path]).unwrap();
+    replay
+        .replay_mirrored(recording, &sender, |_| {})
+        .await
+        .unwrap();
     tokio::time::timeout(WAIT, mirror.flush())
         .await
         .unwrap()

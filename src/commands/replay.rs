@@ -8,10 +8,12 @@ use anyhow::Context;
 
 use super::EngineArg;
 use kvindex::index::{Discard, Index, IndexStats};
-use kvindex::ingest::{load_files, IngestStats, LoadedFile, OfflineReplay};
+use kvindex::ingest::{IngestStats, OfflineReplay, Recording};
 use kvindex::medium::TierWeights;
 use kvindex::store::redis::{MirrorHandle, MirrorStats, RedisConfig, RedisTarget, ValueFormat};
 
+/// Recordings smaller than this replay without a progress bar.
+const PROGRESS_MIN_BYTES: u64 = 8 << 20;
 /// How long the end of a replay waits for Redis to take the last writes.
 const REDIS_DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -204,10 +206,8 @@ pub fn replay_into_index(args: &ReplayArgs) -> anyhow::Result<(Index, ReplaySumm
     let started = Instant::now();
     let engine = args.engine.resolve(&args.files[0]);
     let mut replay = OfflineReplay::new(Index::new(), &args.pod, &args.model, engine);
-    let (loaded, progress) = load(args)?;
-    for file in &loaded {
-        replay.replay_loaded(file, &mut Discard, || progress.inc(1))?;
-    }
+    let (recording, progress) = open(args)?;
+    replay.replay(recording, &mut Discard, |bytes| progress.inc(bytes))?;
     progress.finish_and_clear();
     finish(args, &replay, started, None)
 }
@@ -235,12 +235,10 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
     let mirror = MirrorHandle::start(config, index.clone(), TierWeights::default()).await?;
     let sender = mirror.sender();
     let mut replay = OfflineReplay::new(index.clone(), &args.pod, &args.model, engine);
-    let (loaded, progress) = load(args)?;
-    for file in &loaded {
-        replay
-            .replay_loaded_mirrored(file, &sender, || progress.inc(1))
-            .await?;
-    }
+    let (recording, progress) = open(args)?;
+    replay
+        .replay_mirrored(recording, &sender, |bytes| progress.inc(bytes))
+        .await?;
     progress.finish_and_clear();
     tokio::time::timeout(REDIS_DRAIN_DEADLINE, mirror.flush())
         .await
@@ -250,11 +248,11 @@ pub async fn replay_into_redis(args: &ReplayArgs) -> anyhow::Result<(Index, Repl
     finish(args, &replay, started, Some(stats))
 }
 
-/// Every file's recorded messages, read up front, with a progress bar sized to them.
-fn load(args: &ReplayArgs) -> anyhow::Result<(Vec<LoadedFile>, indicatif::ProgressBar)> {
-    let loaded = load_files(&args.files)?;
-    let total: u64 = loaded.iter().map(|(_, m)| m.len() as u64).sum();
-    Ok((loaded, progress_bar(total)))
+/// The files, opened and being read, with a progress bar sized to their bytes.
+fn open(args: &ReplayArgs) -> anyhow::Result<(Recording, indicatif::ProgressBar)> {
+    let recording = Recording::open(&args.files)?;
+    let bar = progress_bar(recording.bytes());
+    Ok((recording, bar))
 }
 
 /// Builds the summary (and writes the dump when asked) once every file was replayed.
@@ -287,15 +285,15 @@ pub fn write_dump(index: &Index, path: &std::path::Path) -> anyhow::Result<()> {
     std::fs::write(path, json + "\n").with_context(|| format!("cannot write {}", path.display()))
 }
 
-fn progress_bar(total: u64) -> indicatif::ProgressBar {
+fn progress_bar(total_bytes: u64) -> indicatif::ProgressBar {
     // Only worth drawing for long inputs, and never into a pipe.
-    if total < 10_000 || !std::io::stdout().is_terminal() {
+    if total_bytes < PROGRESS_MIN_BYTES || !std::io::stdout().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
-    let bar = indicatif::ProgressBar::new(total);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} messages {per_sec}")
-    {
+    let bar = indicatif::ProgressBar::new(total_bytes);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
+    ) {
         bar.set_style(style);
     }
     bar

@@ -4,14 +4,19 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use tracing::Instrument;
+use std::io::BufRead;
+
+use futures::channel::mpsc;
+use futures::executor::block_on;
+use futures::{SinkExt, StreamExt};
 
 use crate::index::{DeltaMirror, DeltaSink, Discard, Index, IndexError, SourceSpec};
+use crate::settings::target::DEFAULT_MAX_FRAME_BYTES;
 use crate::wire::Engine;
 
 use super::fixture::{self, FixtureError, RecordedMessage};
 use super::mirror_sink::MirrorSink;
-use super::pipeline::{Observer, Outcome, SourcePipeline};
+use super::pipeline::{Decoded, Observer, Outcome, SourcePipeline};
 use super::stats::IngestStats;
 use super::unix_now;
 
@@ -34,18 +39,116 @@ pub enum OfflineError {
     Index(#[from] IndexError),
 }
 
-/// One recorded file, read whole: its path and every line, good or bad.
-pub type LoadedFile = (PathBuf, Vec<Result<RecordedMessage, FixtureError>>);
+/// Messages the reader thread hands over at a time.
+const READ_CHUNK: usize = 256;
+/// Chunks the reader may be ahead of the index: what bounds a replay's memory, whatever
+/// the size of its files.
+const READ_AHEAD_CHUNKS: usize = 8;
 
-/// Reads every file up front (so a caller can size a progress bar).
-///
-/// # Errors
-/// [`FixtureError::Io`] when a file cannot be read.
-pub fn load_files(files: &[PathBuf]) -> Result<Vec<LoadedFile>, FixtureError> {
-    files
-        .iter()
-        .map(|f| Ok((f.clone(), fixture::read_file(f)?)))
-        .collect()
+/// Recorded files being read, parsed and decoded in order on a thread of their own, a
+/// bounded distance ahead of the index: a replay's file reading, JSON, base64 and msgpack
+/// run beside its index work instead of before it.
+pub struct Recording {
+    chunks: mpsc::Receiver<Vec<ReadAhead>>,
+    bytes: u64,
+}
+
+/// What the reader thread hands over, in file order.
+enum ReadAhead {
+    /// The next file begins (a new recording: like a reconnect).
+    File(PathBuf),
+    /// One non-blank line and its length in bytes.
+    Line(Result<DecodedLine, FixtureError>, u64),
+}
+
+/// A recorded line, decoded.
+struct DecodedLine {
+    line: usize,
+    endpoint_index: u32,
+    decoded: Decoded,
+}
+
+impl Recording {
+    /// Opens every file first (so a missing one fails before anything is applied), then
+    /// starts reading them in order.
+    ///
+    /// # Errors
+    /// [`FixtureError::Io`] when a file cannot be opened.
+    pub fn open(files: &[PathBuf]) -> Result<Recording, FixtureError> {
+        let mut opened = Vec::with_capacity(files.len());
+        let mut bytes = 0;
+        for path in files {
+            let file = std::fs::File::open(path).map_err(|source| io_error(path, source))?;
+            bytes += file.metadata().map_or(0, |m| m.len());
+            opened.push((path.clone(), file));
+        }
+        let (tx, chunks) = mpsc::channel(READ_AHEAD_CHUNKS);
+        let reader = std::thread::Builder::new()
+            .name("replay-reader".into())
+            .spawn(move || read_ahead(opened, tx));
+        if let Err(source) = reader {
+            let path = files.first().cloned().unwrap_or_default();
+            return Err(io_error(&path, source));
+        }
+        Ok(Recording { chunks, bytes })
+    }
+
+    /// The files' total size in bytes (what a progress bar counts).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The next chunk, waiting for the reader; `None` once every file is read.
+    async fn next_chunk(&mut self) -> Option<Vec<ReadAhead>> {
+        self.chunks.next().await
+    }
+}
+
+fn io_error(path: &std::path::Path, source: std::io::Error) -> FixtureError {
+    FixtureError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The reader thread: every file's lines, parsed and decoded, in chunks. Stops at the first
+/// read error (handed over last) or when the replay stops taking chunks.
+fn read_ahead(files: Vec<(PathBuf, std::fs::File)>, mut tx: mpsc::Sender<Vec<ReadAhead>>) {
+    let mut chunk = vec![];
+    for (path, file) in files {
+        chunk.push(ReadAhead::File(path.clone()));
+        let mut reader = std::io::BufReader::new(file);
+        let mut text = String::new();
+        let mut number = 0;
+        loop {
+            text.clear();
+            let read = match reader.read_line(&mut text) {
+                Ok(0) => break,
+                Ok(n) => n as u64,
+                Err(source) => {
+                    chunk.push(ReadAhead::Line(Err(io_error(&path, source)), 0));
+                    let _ = block_on(tx.send(chunk));
+                    return;
+                }
+            };
+            number += 1;
+            if text.trim().is_empty() {
+                continue;
+            }
+            let line = fixture::parse_line(number, text.trim_end()).map(|m| DecodedLine {
+                line: m.line,
+                endpoint_index: m.endpoint_index,
+                decoded: Decoded::of(&m.frames, DEFAULT_MAX_FRAME_BYTES),
+            });
+            chunk.push(ReadAhead::Line(line, read));
+            if chunk.len() >= READ_CHUNK && block_on(tx.send(std::mem::take(&mut chunk))).is_err() {
+                return;
+            }
+        }
+    }
+    if !chunk.is_empty() {
+        let _ = block_on(tx.send(chunk));
+    }
 }
 
 /// Replays `files`, in order, as the history of pod `pod` serving `model`, into `index`
@@ -61,9 +164,7 @@ pub fn replay_files(
     files: &[PathBuf],
 ) -> Result<OfflineReplay, OfflineError> {
     let mut replay = OfflineReplay::new(index, pod, model, engine);
-    for file in &load_files(files)? {
-        replay.replay_loaded(file, &mut Discard, || {})?;
-    }
+    replay.replay(Recording::open(files)?, &mut Discard, |_| {})?;
     Ok(replay)
 }
 
@@ -75,6 +176,8 @@ pub struct OfflineReplay {
     engine: Engine,
     pipelines: BTreeMap<u8, SourcePipeline>,
     observer: Observer,
+    /// The file being replayed, named in what its lines log.
+    span: tracing::Span,
 }
 
 impl OfflineReplay {
@@ -87,6 +190,7 @@ impl OfflineReplay {
             engine,
             pipelines: BTreeMap::new(),
             observer: Observer::new(engine),
+            span: tracing::Span::none(),
         }
     }
 
@@ -97,63 +201,67 @@ impl OfflineReplay {
         }
     }
 
-    /// Replays one loaded file (a new recording: see [`OfflineReplay::start_file`]), calling
-    /// `tick` once per line; bad lines and bad messages are logged and counted, never fatal.
+    /// Replays every file of `recording` (each a new recording: see
+    /// [`OfflineReplay::start_file`]), handing deltas to `sink` and each line's bytes to
+    /// `progress`; bad lines and bad messages are logged and counted, never fatal.
     ///
     /// # Errors
-    /// As [`OfflineReplay::offer`].
-    pub fn replay_loaded(
+    /// A file that cannot be read, or as [`OfflineReplay::offer`].
+    pub fn replay(
         &mut self,
-        (path, lines): &LoadedFile,
+        mut recording: Recording,
         sink: &mut impl DeltaSink,
-        mut tick: impl FnMut(),
+        mut progress: impl FnMut(u64),
     ) -> Result<(), OfflineError> {
-        let span = tracing::info_span!("replay", file = %path.display(), pod = %self.pod);
-        let _entered = span.enter();
-        self.start_file();
-        for line in lines {
-            tick();
-            self.offer_line(line, sink)?;
+        while let Some(chunk) = block_on(recording.next_chunk()) {
+            for item in chunk {
+                if let Some(line) = self.take(item)? {
+                    progress(line.1);
+                    self.offer_read(line.0, sink)?;
+                }
+            }
         }
         Ok(())
     }
 
-    /// [`OfflineReplay::replay_loaded`] handing each message's deltas to `mirror` (which may
-    /// hold the replay back: backpressure).
+    /// [`OfflineReplay::replay`] handing each message's deltas to `mirror` (which may hold
+    /// the replay back: backpressure).
     ///
     /// # Errors
-    /// As [`OfflineReplay::offer`].
-    pub async fn replay_loaded_mirrored(
+    /// As [`OfflineReplay::replay`].
+    pub async fn replay_mirrored(
         &mut self,
-        (path, lines): &LoadedFile,
+        mut recording: Recording,
         mirror: &dyn DeltaMirror,
-        mut tick: impl FnMut(),
+        mut progress: impl FnMut(u64),
     ) -> Result<(), OfflineError> {
-        let span = tracing::info_span!("replay", file = %path.display(), pod = %self.pod);
-        async {
-            self.start_file();
-            for line in lines {
-                tick();
-                let mut deltas = MirrorSink::new();
-                self.offer_line(line, &mut deltas)?;
-                deltas.hand_over(mirror, None).await;
+        while let Some(chunk) = recording.next_chunk().await {
+            for item in chunk {
+                if let Some(line) = self.take(item)? {
+                    progress(line.1);
+                    let mut deltas = MirrorSink::new();
+                    self.offer_read(line.0, &mut deltas)?;
+                    deltas.hand_over(mirror, None).await;
+                }
             }
-            Ok(())
         }
-        .instrument(span)
-        .await
+        Ok(())
     }
 
-    fn offer_line(
-        &mut self,
-        line: &Result<RecordedMessage, FixtureError>,
-        sink: &mut impl DeltaSink,
-    ) -> Result<(), OfflineError> {
-        match line {
-            Ok(message) => self.offer(message, unix_now(), sink).map(drop),
-            Err(err) => {
-                self.count_bad_line(err);
-                Ok(())
+    /// Handles what the reader handed over but a line to offer: a new file starts, a bad
+    /// line is counted, a read error ends the replay.
+    fn take(&mut self, item: ReadAhead) -> Result<Option<(DecodedLine, u64)>, OfflineError> {
+        match item {
+            ReadAhead::File(path) => {
+                self.span = tracing::info_span!("replay", file = %path.display(), pod = %self.pod);
+                self.start_file();
+                Ok(None)
+            }
+            ReadAhead::Line(Ok(line), bytes) => Ok(Some((line, bytes))),
+            ReadAhead::Line(Err(err @ FixtureError::Io { .. }), _) => Err(err.into()),
+            ReadAhead::Line(Err(err), _) => {
+                self.count_bad_line(&err);
+                Ok(None)
             }
         }
     }
@@ -171,6 +279,31 @@ impl OfflineReplay {
     pub fn offer(
         &mut self,
         message: &RecordedMessage,
+        now: u32,
+        sink: &mut impl DeltaSink,
+    ) -> Result<Outcome, OfflineError> {
+        let line = DecodedLine {
+            line: message.line,
+            endpoint_index: message.endpoint_index,
+            decoded: Decoded::of(&message.frames, DEFAULT_MAX_FRAME_BYTES),
+        };
+        self.apply(line, now, sink)
+    }
+
+    /// Applies a line the reader decoded, stored now, in its file's span.
+    fn offer_read(
+        &mut self,
+        line: DecodedLine,
+        sink: &mut impl DeltaSink,
+    ) -> Result<(), OfflineError> {
+        let span = self.span.clone();
+        span.in_scope(|| self.apply(line, unix_now(), sink).map(drop))
+    }
+
+    /// Sends a decoded line through its DP rank's pipeline.
+    fn apply(
+        &mut self,
+        message: DecodedLine,
         now: u32,
         sink: &mut impl DeltaSink,
     ) -> Result<Outcome, OfflineError> {
@@ -195,7 +328,8 @@ impl OfflineReplay {
             }
         };
         self.observer.set_line(Some(message.line));
-        let outcome = pipeline.offer(&self.index, &message.frames, now, sink, &mut self.observer);
+        let outcome =
+            pipeline.offer_decoded(&self.index, message.decoded, now, sink, &mut self.observer);
         self.observer.set_line(None);
         Ok(outcome?)
     }

@@ -100,6 +100,47 @@ fn seq_of<F: AsRef<[u8]>>(frames: &[F]) -> Option<u64> {
     Some(u64::from_be_bytes(seq))
 }
 
+/// The size of `frames`' largest frame, when it passes `limit`.
+fn oversized<F: AsRef<[u8]>>(frames: &[F], limit: usize) -> Option<usize> {
+    let largest = frames.iter().map(|f| f.as_ref().len()).max()?;
+    (largest > limit).then_some(largest)
+}
+
+/// One message's frames checked against the size cap and decoded: the half of
+/// [`SourcePipeline::offer`] that needs no state, so a reader may run it ahead of the index
+/// on a thread of its own ([`SourcePipeline::offer_decoded`] is the other half).
+#[derive(Debug)]
+pub enum Decoded {
+    /// A frame passed the cap: left undecoded.
+    Oversized {
+        /// Size of the largest frame.
+        bytes: usize,
+        /// The cap it passed.
+        limit: usize,
+        /// The message's seq, if its seq frame reads as one.
+        seq: Option<u64>,
+    },
+    /// The message did not decode.
+    Rejected(MessageError),
+    /// The message's seq and batch.
+    Batch(u64, EngineBatch),
+}
+
+impl Decoded {
+    /// Decodes `frames` unless a frame passes `max_frame_bytes`.
+    pub fn of<F: AsRef<[u8]>>(frames: &[F], max_frame_bytes: usize) -> Decoded {
+        if let Some(bytes) = oversized(frames, max_frame_bytes) {
+            let seq = seq_of(frames);
+            let limit = max_frame_bytes;
+            return Decoded::Oversized { bytes, limit, seq };
+        }
+        match decode_message(frames, DecodeOptions::INDEX) {
+            Ok((seq, batch)) => Decoded::Batch(seq, batch),
+            Err(err) => Decoded::Rejected(err),
+        }
+    }
+}
+
 /// One thing that happened while ingesting, reported exactly once.
 enum Happening<'a> {
     Message,
@@ -391,12 +432,6 @@ impl SourcePipeline {
         self
     }
 
-    /// The size of the largest frame, when it passes the cap.
-    fn oversized<F: AsRef<[u8]>>(&self, frames: &[F]) -> Option<usize> {
-        let largest = frames.iter().map(|f| f.as_ref().len()).max()?;
-        (largest > self.max_frame_bytes).then_some(largest)
-    }
-
     /// The source in the index.
     pub fn source(&self) -> SourceId {
         self.source
@@ -431,21 +466,36 @@ impl SourcePipeline {
         sink: &mut impl DeltaSink,
         obs: &mut Observer,
     ) -> Result<Outcome, IndexError> {
+        let decoded = Decoded::of(frames, self.max_frame_bytes);
+        self.offer_decoded(index, decoded, now, sink, obs)
+    }
+
+    /// Applies one message [`Decoded`] already (its cap may differ from this pipeline's:
+    /// the reader chose it), in seq order.
+    ///
+    /// # Errors
+    /// As [`SourcePipeline::offer`].
+    pub fn offer_decoded(
+        &mut self,
+        index: &Index,
+        decoded: Decoded,
+        now: u32,
+        sink: &mut impl DeltaSink,
+        obs: &mut Observer,
+    ) -> Result<Outcome, IndexError> {
         obs.observe(Happening::Message);
-        if let Some(bytes) = self.oversized(frames) {
-            let seq = seq_of(frames);
-            self.pass_over(seq);
-            let limit = self.max_frame_bytes;
-            obs.observe(Happening::Oversized { bytes, limit, seq });
-            return Ok(Outcome::Oversized { bytes });
-        }
-        match decode_message(frames, DecodeOptions::INDEX) {
-            Err(err) => {
+        match decoded {
+            Decoded::Oversized { bytes, limit, seq } => {
+                self.pass_over(seq);
+                obs.observe(Happening::Oversized { bytes, limit, seq });
+                Ok(Outcome::Oversized { bytes })
+            }
+            Decoded::Rejected(err) => {
                 self.pass_over(err.seq);
                 obs.observe(Happening::Rejected(&err));
                 Ok(Outcome::DecodeError(err))
             }
-            Ok((seq, batch)) => {
+            Decoded::Batch(seq, batch) => {
                 obs.observe(Happening::Decoded(&batch));
                 self.sequence(index, seq, batch, now, sink, obs)
             }
@@ -575,9 +625,9 @@ impl SourcePipeline {
         sink: &mut impl DeltaSink,
         obs: &mut Observer,
     ) -> Result<(), IndexError> {
-        if let Some(bytes) = self.oversized(&replayed.frames) {
+        let limit = self.max_frame_bytes;
+        if let Some(bytes) = oversized(&replayed.frames, limit) {
             let seq = Some(replayed.seq);
-            let limit = self.max_frame_bytes;
             obs.observe(Happening::Oversized { bytes, limit, seq });
             self.tracker.applied(replayed.seq);
             return Ok(());

@@ -413,3 +413,70 @@ fn an_endpoint_index_past_255_is_rejected_not_folded_into_rank_255() {
     assert!(err.to_string().contains("256"), "{err}");
     assert!(replay.index().sources_of_pod("p.ns").len() == 1);
 }
+
+/// A recording read ahead on a thread of its own applies exactly what offering its lines
+/// one by one applies: several files in one replay (each a new recording), blank and bad
+/// lines between messages, and far more lines than the reader may hold ahead.
+#[test]
+fn a_recording_read_ahead_replays_as_its_lines_offered_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = |stream: &str| -> Vec<String> {
+        std::fs::read_to_string(fixtures_dir().join(format!("{stream}.jsonl")))
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut long = String::new();
+    for round in 0..1000 {
+        for line in lines("vllm-e08-0.25.1-int") {
+            long.push_str(&line);
+            long.push('\n');
+        }
+        if round % 125 == 0 {
+            long.push_str("\n{\"seq\": 1}\nnot json\n");
+        }
+    }
+    let files = [
+        dir.path().join("long.jsonl"),
+        dir.path().join("second.jsonl"),
+    ];
+    std::fs::write(&files[0], &long).unwrap();
+    std::fs::write(&files[1], lines("vllm-e13-0.33.0-bytes").join("\n")).unwrap();
+
+    let read_ahead =
+        kvindex::ingest::replay_files(Index::new(), "p.ns", "m", Engine::Vllm, &files).unwrap();
+
+    let mut one_by_one = OfflineReplay::new(Index::new(), "p.ns", "m", Engine::Vllm);
+    for file in &files {
+        one_by_one.start_file();
+        for line in fixture::read_file(file).unwrap() {
+            match line {
+                Ok(message) => drop(one_by_one.offer(&message, unix_now(), &mut Discard)),
+                Err(err) => one_by_one.count_bad_line(&err),
+            }
+        }
+    }
+    assert!(read_ahead.stats().messages > 2 * 8 * 256);
+    assert_eq!(
+        read_ahead.stats().decode_errors.get("bad_fixture_line"),
+        Some(&16)
+    );
+    assert_eq!(read_ahead.stats(), one_by_one.stats());
+    assert_eq!(read_ahead.index().dump(), one_by_one.index().dump());
+}
+
+/// Every file is opened before the first line applies: a missing one fails the replay with
+/// its path and leaves the index empty.
+#[test]
+fn a_missing_file_fails_the_replay_before_anything_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.jsonl");
+    let files = [fixtures_dir().join("vllm-e01-0.9.0.jsonl"), missing.clone()];
+    let index = Index::new();
+    let err = kvindex::ingest::replay_files(index.clone(), "p.ns", "m", Engine::Vllm, &files)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("missing.jsonl"), "{err}");
+    assert!(index.dump().is_empty());
+}
