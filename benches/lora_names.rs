@@ -11,10 +11,11 @@
 //! Batches are built outside the timed part.
 //!
 //! Reported: ingest time per block and its ratio to the 1-name case (goal ≤ 1.5×), the live
-//! heap (counting allocator) and RSS before, after ingest and after every block is removed
-//! (goal: RSS after removes within 10 % of before), and RSS after `malloc_trim(0)` to tell
-//! freed-but-cached allocator pages from memory still held (glibc only: a no-op for
-//! jemalloc, which as built returns freed pages at once). Each case runs in a fresh index, in
+//! heap (counting allocator) and RSS before, after ingest and after every block is removed,
+//! once it stopped falling (jemalloc as built returns freed pages within about a second,
+//! from a background thread; goal: within 10 % of before), and RSS after `malloc_trim(0)`
+//! to tell freed-but-cached allocator pages from memory still held (glibc only: a no-op for
+//! jemalloc). Each case runs in a fresh index, in
 //! this order, within one process; the 1-name case runs first and again last as the
 //! reference.
 //!
@@ -27,7 +28,7 @@
 mod allocator;
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvindex::index::{
     Discard, Index, IndexOptions, SourceSpec, DEFAULT_FREED_MODEL_NAMES,
@@ -55,6 +56,27 @@ const BLOCK_SIZE: u32 = 16;
 fn live_mib() -> f64 {
     LIVE.load(Ordering::Relaxed) as f64 / (1 << 20) as f64
 }
+
+/// RSS once the allocator has given back what it will: read until it has not fallen for a
+/// second (jemalloc's background thread returns freed pages over its decay time), at most
+/// `SETTLE_DEADLINE`. What an idle daemon holds after the same frees.
+fn settled_rss() -> f64 {
+    let deadline = Instant::now() + SETTLE_DEADLINE;
+    let mut low = rss_mib();
+    let mut since = Instant::now();
+    while Instant::now() < deadline && since.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = rss_mib();
+        if now < low - 0.05 {
+            low = now;
+            since = Instant::now();
+        }
+    }
+    low
+}
+
+/// The longest [`settled_rss`] waits.
+const SETTLE_DEADLINE: Duration = Duration::from_secs(5);
 
 fn trim() {
     // SAFETY: malloc_trim only returns free pages to the OS.
@@ -140,7 +162,7 @@ fn run(blocks: u64, names: u64, cap: usize, freed_names: usize) -> Figures {
     }
     assert_eq!(index.entry_counts().0, 0, "every block removed");
     assert_eq!(index.live_models(), 1, "only the base model is left");
-    let (live2, rss2) = (live_mib(), rss_mib());
+    let (live2, rss2) = (live_mib(), settled_rss());
     trim();
     let rss3 = rss_mib();
     drop(index);
