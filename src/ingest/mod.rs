@@ -7,7 +7,7 @@
 //! | `pipeline.rs` | [`SourcePipeline`]: frames → seq tracking → index for one source, pure; [`Observer`]: counters, metrics and logs in one place |
 //! | `stats.rs` | [`IngestStats`] counters |
 //! | `mirror_sink.rs` | [`MirrorSink`]: a message's deltas to a mirror in bounded chunks, clears whole |
-//! | `offline.rs` | [`OfflineReplay`], [`replay_files`]: recorded streams through the same path |
+//! | `offline.rs` | [`OfflineReplay`], [`replay_files`]: recorded streams through the same path; [`Recording`]: files read and decoded ahead on a thread of their own |
 //! | `failure_log.rs` | `FailureLog`: which connect failures are logged at WARN (first, then rate-limited) |
 //! | `subscriber.rs` | one SUB socket + task per (target, DP rank): connect loop, recv, replay I/O |
 //! | `replay_client.rs` | the replay DEALER: request, both reply shapes, contiguity |

@@ -463,7 +463,13 @@ fn a_recording_read_ahead_replays_as_its_lines_offered_in_order() {
         Some(&16)
     );
     assert_eq!(read_ahead.stats(), one_by_one.stats());
-    assert_eq!(read_ahead.index().dump(), one_by_one.index().dump());
+    // Store times are the seconds each replay ran in.
+    let untimed = |index: &Index| -> Vec<_> {
+        let mut dump = index.dump();
+        dump.iter_mut().for_each(|entry| entry.stored_at = 0);
+        dump
+    };
+    assert_eq!(untimed(read_ahead.index()), untimed(one_by_one.index()));
 }
 
 /// Every file is opened before the first line applies: a missing one fails the replay with

@@ -30,6 +30,7 @@ use kvindex::store::redis::{checkpoint, dump, MappingEntry, RedisDump};
 use kvindex::wire::Engine;
 use rmpv::Value as V;
 use util::own_redis::OwnRedis;
+use util::redis_proxy::RedisProxy;
 use util::{
     body_of, http_get, http_request, listeners, spawn_router, vllm_frames, write_fixture, FakePub,
 };
@@ -747,50 +748,6 @@ async fn a_frozen_leader_writes_nothing_after_it_wakes_and_its_late_writes_are_r
     b.stop(libc::SIGTERM);
 }
 
-/// A TCP proxy to Redis that can stop forwarding: while cut, open connections are dropped
-/// and new ones are closed at once.
-struct Proxy {
-    port: u16,
-    cut: tokio::sync::watch::Sender<bool>,
-    _task: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(upstream: u16) -> Proxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (cut, _) = tokio::sync::watch::channel(false);
-        let cuts = cut.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let mut rx = cuts.subscribe();
-                if *rx.borrow_and_update() {
-                    continue;
-                }
-                tokio::spawn(async move {
-                    let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
-                    else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut out) => {}
-                        _ = rx.wait_for(|cut| *cut) => {}
-                    }
-                });
-            }
-        });
-        Proxy {
-            port,
-            cut,
-            _task: task,
-        }
-    }
-
-    fn set_cut(&self, cut: bool) {
-        self.cut.send_replace(cut);
-    }
-}
-
 // Multi-threaded: the proxy must forward while the test blocks on a child's start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_redis_loses_the_lease_and_stays_standby_when_back() {
@@ -803,7 +760,7 @@ async fn a_leader_cut_off_from_redis_loses_the_lease_and_stays_standby_when_back
         .and_then(|p| p.split('/').next())
         .and_then(|p| p.parse().ok())
         .unwrap();
-    let proxy = Proxy::start(redis_port).await;
+    let proxy = RedisProxy::start(redis_port).await;
     let proxied = url.replace(&format!(":{redis_port}"), &format!(":{}", proxy.port));
     let all = stream(4, 1, 0..60);
     let (mut publisher, port) = FakePub::bind_any().await;

@@ -17,6 +17,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 use util::own_redis::OwnRedis;
+use util::redis_proxy::RedisProxy;
 
 /// Upper bound for anything that waits on Redis.
 const WAIT: Duration = Duration::from_secs(30);
@@ -459,93 +460,6 @@ async fn redis_now(url: &str) -> RedisDump {
     got
 }
 
-/// A TCP proxy to Redis that can cut one of its connections, by the order they were opened,
-/// once that connection has carried a few more bytes towards Redis: in the middle of a
-/// pipeline. Reconnects are forwarded as usual.
-struct CuttingProxy {
-    port: u16,
-    /// `(connection, bytes)`: cut that connection after that many more bytes.
-    cut: tokio::sync::watch::Sender<Option<(usize, usize)>>,
-    _task: tokio::task::JoinHandle<()>,
-}
-
-impl CuttingProxy {
-    async fn start(upstream: u16) -> CuttingProxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (cut, _) = tokio::sync::watch::channel(None);
-        let cuts = cut.clone();
-        let task = tokio::spawn(async move {
-            let mut opened = 0usize;
-            while let Ok((inbound, _)) = listener.accept().await {
-                let this = opened;
-                opened += 1;
-                let rx = cuts.subscribe();
-                tokio::spawn(forward(inbound, upstream, this, rx));
-            }
-        });
-        CuttingProxy {
-            port,
-            cut,
-            _task: task,
-        }
-    }
-
-    /// Cuts connection `n` (0 = the first opened) after `bytes` more bytes towards Redis.
-    fn cut_after(&self, n: usize, bytes: usize) {
-        self.cut.send_replace(Some((n, bytes)));
-    }
-}
-
-/// Forwards one connection both ways; towards Redis byte by count, so a cut can fall inside
-/// a pipeline.
-async fn forward(
-    inbound: tokio::net::TcpStream,
-    upstream: u16,
-    this: usize,
-    mut cut: tokio::sync::watch::Receiver<Option<(usize, usize)>>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(out) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
-        return;
-    };
-    let (mut from_client, mut to_client) = inbound.into_split();
-    let (mut from_redis, mut to_redis) = out.into_split();
-    let replies = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut from_redis, &mut to_client).await;
-    });
-    let mut left: Option<usize> = None;
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        tokio::select! {
-            read = from_client.read(&mut buf) => {
-                let n = match read {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                let pass = left.map_or(n, |l| l.min(n));
-                if to_redis.write_all(&buf[..pass]).await.is_err() {
-                    break;
-                }
-                if let Some(l) = &mut left {
-                    *l -= pass;
-                    if *l == 0 {
-                        break;
-                    }
-                }
-            }
-            Ok(()) = cut.changed(), if left.is_none() => {
-                if let Some((n, bytes)) = *cut.borrow_and_update() {
-                    if n == this {
-                        left = Some(bytes.max(1));
-                    }
-                }
-            }
-        }
-    }
-    replies.abort();
-}
-
 /// One of four writer connections is cut in the middle of a flush, while the others go on:
 /// the reconcile repairs every key the cut connection carried (Redis ends equal to the index,
 /// the watermark at the last seq, and a warm start from the checkpoint rebuilds the same
@@ -567,7 +481,7 @@ async fn connection_cut(url: &str, port: u16) {
     const BEFORE: u64 = 20_000;
     const AFTER: u64 = 2_000;
     flushall(url).await;
-    let proxy = CuttingProxy::start(port).await;
+    let proxy = RedisProxy::start(port).await;
     let proxied = url.replace(&format!(":{port}"), &format!(":{}", proxy.port));
     let (index, sources) = two_rank_index();
     let config = mirror_config(&proxied, 64, true, 4);

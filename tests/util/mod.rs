@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod own_redis;
+pub mod redis_proxy;
 pub mod vllm_frames;
 
 use std::path::{Path, PathBuf};
