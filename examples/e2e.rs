@@ -9,6 +9,12 @@
 #[path = "../src/allocator.rs"]
 mod allocator;
 
+#[path = "../benches/common/proc_status.rs"]
+mod proc_status;
+#[allow(dead_code)] // Only the process's CPU serves here.
+#[path = "../benches/common/thread_cpu.rs"]
+mod thread_cpu;
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -23,22 +29,11 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 #[global_allocator]
 static GLOBAL: allocator::Chosen = allocator::Chosen;
 
+/// (user + system CPU seconds, RSS KiB) of this process.
 fn proc_figures() -> (f64, u64) {
-    // (user+system CPU seconds, RSS KiB) of this process.
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    let rss = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0);
-    (ticks / 100.0, rss)
+    let (cpu, _) = thread_cpu::process_cpu_and_faults(std::process::id());
+    let rss_kib = proc_status::status_mib("self", "VmRSS") * 1024.0;
+    (cpu.as_secs_f64(), rss_kib as u64)
 }
 
 async fn bind_any() -> (PubSocket, u16) {

@@ -21,6 +21,9 @@
 #[path = "../src/sim/mod.rs"]
 mod sim;
 
+#[path = "../benches/common/proc_status.rs"]
+mod proc_status;
+
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -169,21 +172,9 @@ impl Replica {
     /// CPU seconds (user + system) and RSS in MiB, from /proc.
     fn cpu_and_rss(&self) -> (f64, f64) {
         let pid = self.child.id();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks: f64 = [11, 12]
-            .iter()
-            .filter_map(|i| fields.get(*i)?.parse::<f64>().ok())
-            .sum();
-        let hz = 100.0;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let rss_kib: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0.0);
-        (ticks / hz, rss_kib / 1024.0)
+        let (cpu, _) = redis_server::thread_cpu::process_cpu_and_faults(pid);
+        let rss = proc_status::status_mib(&pid.to_string(), "VmRSS");
+        (cpu.as_secs_f64(), rss)
     }
 }
 

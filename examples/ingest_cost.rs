@@ -48,6 +48,8 @@ mod allocator;
 #[global_allocator]
 static GLOBAL: allocator::Chosen = allocator::Chosen;
 
+#[path = "../benches/common/proc_status.rs"]
+mod proc_status;
 #[path = "../benches/common/rng.rs"]
 mod rng;
 #[path = "../benches/common/thread_cpu.rs"]
@@ -159,13 +161,7 @@ fn cpu_and_faults(pid: u32) -> (f64, f64) {
 
 /// Peak RSS (`VmHWM`) of process `pid`, MiB.
 fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
+    proc_status::status_mib(&pid.to_string(), "VmHWM")
 }
 
 /// CPU seconds of every child waited for so far.

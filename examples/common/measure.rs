@@ -4,6 +4,9 @@
 use kvindex::index::DumpEntry;
 use kvindex::Daemon;
 
+#[path = "../../benches/common/proc_status.rs"]
+mod proc_status;
+
 /// The process's resident set, MiB.
 pub fn rss_mib() -> f64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -17,13 +20,7 @@ pub fn rss_mib() -> f64 {
 
 /// The process's swapped-out memory, MiB (`VmSwap` in /proc/self/status).
 pub fn swap_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmSwap:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
+    proc_status::status_mib("self", "VmSwap")
 }
 
 /// A dump without store times, sorted, for comparing runs made at different seconds.
