@@ -114,6 +114,19 @@ pub fn parse_line(line: usize, text: &str) -> Result<RecordedMessage, FixtureErr
     })
 }
 
+/// Reads one line of a fixture file as read from it (`line` is its 1-based number): `None`
+/// for a blank line, an error for one that is not UTF-8 text or not a fixture object.
+pub fn parse_bytes(line: usize, bytes: &[u8]) -> Option<Result<RecordedMessage, FixtureError>> {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Some(Err(FixtureError::Line {
+            line,
+            what: "not UTF-8 text".to_owned(),
+        }));
+    };
+    let text = text.trim();
+    (!text.is_empty()).then(|| parse_line(line, text))
+}
+
 /// Reads every line of a fixture file; blank lines are skipped, bad lines are returned as
 /// errors in place so callers can report them and go on.
 ///
@@ -128,12 +141,8 @@ pub fn read_file(
     };
     let file = std::fs::File::open(path).map_err(io)?;
     let mut out = Vec::new();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(io)?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        out.push(parse_line(i + 1, &line));
+    for (i, line) in std::io::BufReader::new(file).split(b'\n').enumerate() {
+        out.extend(parse_bytes(i + 1, &line.map_err(io)?));
     }
     Ok(out)
 }
@@ -189,6 +198,19 @@ mod tests {
         let line = format_line(0, &odd);
         assert!(line.contains("frames_b64"));
         assert_eq!(parse_line(1, &line).unwrap().frames, odd);
+    }
+
+    #[test]
+    fn lines_read_as_bytes_skip_blanks_take_crlf_and_refuse_what_is_not_text() {
+        let line = format_line(
+            0,
+            &[b"kv".to_vec(), 1u64.to_be_bytes().to_vec(), vec![0x90]],
+        );
+        assert!(parse_bytes(1, b" \r\n").is_none());
+        let with_crlf = format!("{line}\r\n");
+        assert!(parse_bytes(2, with_crlf.as_bytes()).unwrap().is_ok());
+        let err = parse_bytes(3, b"\xff{}").unwrap().unwrap_err();
+        assert_eq!(err.to_string(), "line 3: not UTF-8 text");
     }
 
     #[test]

@@ -118,29 +118,27 @@ fn read_ahead(files: Vec<(PathBuf, std::fs::File)>, mut tx: mpsc::Sender<Vec<Rea
     for (path, file) in files {
         chunk.push(ReadAhead::File(path.clone()));
         let mut reader = std::io::BufReader::new(file);
-        let mut text = String::new();
+        let mut bytes = Vec::new();
         let mut number = 0;
         loop {
-            text.clear();
-            let read = match reader.read_line(&mut text) {
+            bytes.clear();
+            match reader.read_until(b'\n', &mut bytes) {
                 Ok(0) => break,
-                Ok(n) => n as u64,
+                Ok(_) => number += 1,
                 Err(source) => {
                     chunk.push(ReadAhead::Line(Err(io_error(&path, source)), 0));
                     let _ = block_on(tx.send(chunk));
                     return;
                 }
-            };
-            number += 1;
-            if text.trim().is_empty() {
-                continue;
             }
-            let line = fixture::parse_line(number, text.trim_end()).map(|m| DecodedLine {
-                line: m.line,
-                endpoint_index: m.endpoint_index,
-                decoded: Decoded::of(&m.frames, DEFAULT_MAX_FRAME_BYTES),
-            });
-            chunk.push(ReadAhead::Line(line, read));
+            if let Some(line) = fixture::parse_bytes(number, &bytes) {
+                let line = line.map(|m| DecodedLine {
+                    line: m.line,
+                    endpoint_index: m.endpoint_index,
+                    decoded: Decoded::of(&m.frames, DEFAULT_MAX_FRAME_BYTES),
+                });
+                chunk.push(ReadAhead::Line(line, bytes.len() as u64));
+            }
             if chunk.len() >= READ_CHUNK && block_on(tx.send(std::mem::take(&mut chunk))).is_err() {
                 return;
             }

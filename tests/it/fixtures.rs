@@ -442,7 +442,10 @@ fn a_recording_read_ahead_replays_as_its_lines_offered_in_order() {
         dir.path().join("second.jsonl"),
     ];
     std::fs::write(&files[0], &long).unwrap();
-    std::fs::write(&files[1], lines("vllm-e13-0.33.0-bytes").join("\n")).unwrap();
+    // A line that is not UTF-8 is a bad line like any other, never the end of the replay.
+    let mut second = lines("vllm-e13-0.33.0-bytes").join("\r\n").into_bytes();
+    second.extend_from_slice(b"\r\n\xff\xfe not text\r\n");
+    std::fs::write(&files[1], second).unwrap();
 
     let read_ahead =
         kvindex::ingest::replay_files(Index::new(), "p.ns", "m", Engine::Vllm, &files).unwrap();
@@ -460,7 +463,7 @@ fn a_recording_read_ahead_replays_as_its_lines_offered_in_order() {
     assert!(read_ahead.stats().messages > 2 * 8 * 256);
     assert_eq!(
         read_ahead.stats().decode_errors.get("bad_fixture_line"),
-        Some(&16)
+        Some(&17)
     );
     assert_eq!(read_ahead.stats(), one_by_one.stats());
     // Store times are the seconds each replay ran in.
