@@ -41,8 +41,8 @@ pub enum OfflineError {
 
 /// Messages the reader thread hands over at a time.
 const READ_CHUNK: usize = 256;
-/// Chunks the reader may be ahead of the index: what bounds a replay's memory, whatever
-/// the size of its files.
+/// Chunks queued between the reader and the index (the channel keeps one more, and the
+/// reader fills another): what bounds a replay's memory, whatever the size of its files.
 const READ_AHEAD_CHUNKS: usize = 8;
 
 /// Recorded files being read, parsed and decoded in order on a thread of their own, a
