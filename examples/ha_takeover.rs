@@ -21,10 +21,11 @@
 #[path = "../src/sim/mod.rs"]
 mod sim;
 
+#[path = "common/daemon_log.rs"]
+mod daemon_log;
 #[path = "../benches/common/proc_status.rs"]
 mod proc_status;
 
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -86,26 +87,10 @@ impl Replica {
             .stderr(Stdio::piped())
             .spawn()
             .expect("the kvindex binary");
-        let (tx, rx) = std::sync::mpsc::channel();
-        if let Some(stderr) = child.stderr.take() {
-            std::thread::spawn(move || {
-                let lines = std::io::BufReader::new(stderr).lines();
-                for line in lines.map_while(Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
-        }
-        let end = Instant::now() + Duration::from_secs(30);
-        // Later lines go nowhere: the thread drains them into a dropped channel.
-        while let Ok(line) = rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
-            let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if json["message"] == "Listening." && json["listener"] == "metrics" {
-                if let Some(metrics) = json["addr"].as_str().and_then(|a| a.parse().ok()) {
-                    return Replica { child, metrics };
-                }
-            }
+        let stderr = child.stderr.take().expect("piped stderr");
+        let timeout = Duration::from_secs(30);
+        if let Some(metrics) = daemon_log::listener_address(stderr, "metrics", timeout) {
+            return Replica { child, metrics };
         }
         let _ = child.kill();
         let _ = child.wait();

@@ -48,6 +48,8 @@ mod allocator;
 #[global_allocator]
 static GLOBAL: allocator::Chosen = allocator::Chosen;
 
+#[path = "common/daemon_log.rs"]
+mod daemon_log;
 #[path = "../benches/common/proc_status.rs"]
 mod proc_status;
 #[path = "../benches/common/rng.rs"]
@@ -373,30 +375,6 @@ fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
 }
 
-/// The API address from the daemon's JSON log lines.
-fn api_address(stderr: impl Read + Send + 'static, timeout: Duration) -> SocketAddr {
-    use std::io::BufRead;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if json["message"] == "Listening." && json["listener"] == "API" {
-                if let Some(addr) = json["addr"].as_str().and_then(|a| a.parse().ok()) {
-                    let _ = tx.send(addr);
-                }
-            }
-            // Later lines are read and dropped, so the daemon never blocks on its stderr.
-        }
-    });
-    rx.recv_timeout(timeout)
-        .expect("the daemon's API listening")
-}
-
 /// What one drain cost the daemon.
 struct ServeRun {
     blocks: u64,
@@ -452,7 +430,8 @@ fn serve(
     let stderr = child.stderr.take().expect("piped stderr");
     let daemon = Daemon(child);
     let pid = daemon.0.id();
-    let api = api_address(stderr, Duration::from_secs(30));
+    let api = daemon_log::listener_address(stderr, "API", Duration::from_secs(30))
+        .expect("the daemon's API listening");
     let mut conn = accept_subscriber(&listener);
     // A daemon that stops reading fails the write instead of holding the run (the scope
     // below waits for the writer even when the wait for the daemon gives up).

@@ -68,6 +68,17 @@ struct DecodedLine {
     decoded: Decoded,
 }
 
+impl DecodedLine {
+    /// `message` decoded under the default frame cap (a recording's pipelines keep it).
+    fn of(message: &RecordedMessage) -> DecodedLine {
+        DecodedLine {
+            line: message.line,
+            endpoint_index: message.endpoint_index,
+            decoded: Decoded::of(&message.frames, DEFAULT_MAX_FRAME_BYTES),
+        }
+    }
+}
+
 impl Recording {
     /// Opens every file first (so a missing one fails before anything is applied), then
     /// starts reading them in order.
@@ -132,11 +143,7 @@ fn read_ahead(files: Vec<(PathBuf, std::fs::File)>, mut tx: mpsc::Sender<Vec<Rea
                 }
             }
             if let Some(line) = fixture::parse_bytes(number, &bytes) {
-                let line = line.map(|m| DecodedLine {
-                    line: m.line,
-                    endpoint_index: m.endpoint_index,
-                    decoded: Decoded::of(&m.frames, DEFAULT_MAX_FRAME_BYTES),
-                });
+                let line = line.map(|message| DecodedLine::of(&message));
                 chunk.push(ReadAhead::Line(line, bytes.len() as u64));
             }
             if chunk.len() >= READ_CHUNK && block_on(tx.send(std::mem::take(&mut chunk))).is_err() {
@@ -280,12 +287,7 @@ impl OfflineReplay {
         now: u32,
         sink: &mut impl DeltaSink,
     ) -> Result<Outcome, OfflineError> {
-        let line = DecodedLine {
-            line: message.line,
-            endpoint_index: message.endpoint_index,
-            decoded: Decoded::of(&message.frames, DEFAULT_MAX_FRAME_BYTES),
-        };
-        self.apply(line, now, sink)
+        self.apply(DecodedLine::of(message), now, sink)
     }
 
     /// Applies a line the reader decoded, stored now, in its file's span.

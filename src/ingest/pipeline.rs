@@ -100,12 +100,6 @@ fn seq_of<F: AsRef<[u8]>>(frames: &[F]) -> Option<u64> {
     Some(u64::from_be_bytes(seq))
 }
 
-/// The size of `frames`' largest frame, when it passes `limit`.
-fn oversized<F: AsRef<[u8]>>(frames: &[F], limit: usize) -> Option<usize> {
-    let largest = frames.iter().map(|f| f.as_ref().len()).max()?;
-    (largest > limit).then_some(largest)
-}
-
 /// One message's frames checked against the size cap and decoded: the half of
 /// [`SourcePipeline::offer`] that needs no state, so a reader may run it ahead of the index
 /// on a thread of its own ([`SourcePipeline::offer_decoded`] is the other half).
@@ -129,10 +123,15 @@ pub enum Decoded {
 impl Decoded {
     /// Decodes `frames` unless a frame passes `max_frame_bytes`.
     pub fn of<F: AsRef<[u8]>>(frames: &[F], max_frame_bytes: usize) -> Decoded {
-        if let Some(bytes) = oversized(frames, max_frame_bytes) {
+        let largest = frames.iter().map(|f| f.as_ref().len()).max().unwrap_or(0);
+        if largest > max_frame_bytes {
             let seq = seq_of(frames);
             let limit = max_frame_bytes;
-            return Decoded::Oversized { bytes, limit, seq };
+            return Decoded::Oversized {
+                bytes: largest,
+                limit,
+                seq,
+            };
         }
         match decode_message(frames, DecodeOptions::INDEX) {
             Ok((seq, batch)) => Decoded::Batch(seq, batch),
@@ -625,25 +624,25 @@ impl SourcePipeline {
         sink: &mut impl DeltaSink,
         obs: &mut Observer,
     ) -> Result<(), IndexError> {
-        let limit = self.max_frame_bytes;
-        if let Some(bytes) = oversized(&replayed.frames, limit) {
-            let seq = Some(replayed.seq);
-            obs.observe(Happening::Oversized { bytes, limit, seq });
-            self.tracker.applied(replayed.seq);
-            return Ok(());
-        }
-        match decode_message(&replayed.frames, DecodeOptions::INDEX) {
+        match Decoded::of(&replayed.frames, self.max_frame_bytes) {
+            // The seq frame is the reply's own: the replay names the seq.
+            Decoded::Oversized { bytes, limit, .. } => {
+                let seq = Some(replayed.seq);
+                obs.observe(Happening::Oversized { bytes, limit, seq });
+                self.tracker.applied(replayed.seq);
+                Ok(())
+            }
             // Within a replay nothing is a restart: a seq at or below the last one is a
             // reply overlapping what was already applied.
-            Ok((seq, _)) if self.tracker.last().is_some_and(|last| seq <= last) => {
+            Decoded::Batch(seq, _) if self.tracker.last().is_some_and(|last| seq <= last) => {
                 obs.observe(Happening::Duplicate(seq));
                 Ok(())
             }
-            Ok((seq, batch)) => {
+            Decoded::Batch(seq, batch) => {
                 obs.observe(Happening::Decoded(&batch));
                 self.apply(index, seq, &batch, now, sink, obs)
             }
-            Err(err) => {
+            Decoded::Rejected(err) => {
                 obs.observe(Happening::Rejected(&err));
                 self.tracker.applied(replayed.seq);
                 Ok(())

@@ -754,14 +754,8 @@ async fn a_leader_cut_off_from_redis_loses_the_lease_and_stays_standby_when_back
     let dir = tempfile::tempdir().unwrap();
     let redis = OwnRedis::start(None, &[]);
     let url = redis.url();
-    let redis_port: u16 = url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap();
-    let proxy = RedisProxy::start(redis_port).await;
-    let proxied = url.replace(&format!(":{redis_port}"), &format!(":{}", proxy.port));
+    let proxy = RedisProxy::start(redis.port).await;
+    let proxied = proxy.url();
     let all = stream(4, 1, 0..60);
     let (mut publisher, port) = FakePub::bind_any().await;
     let engine = Engine0 {

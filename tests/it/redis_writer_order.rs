@@ -1,7 +1,8 @@
 //! The mirror's writer with several flushes in flight over one to four connections: stores,
 //! removes and clears of the same few blocks from two DP ranks of one pod, interleaved across
 //! many tiny flushes and spread over the connections, must leave Redis exactly what the index
-//! holds, and the checkpoint's watermark at the last seq. A real redis-server of the test's own, on a free port, flushed between cases.
+//! holds, and the checkpoint's watermark at the last seq. A real redis-server of the test's
+//! own, on a free port, flushed between cases.
 
 use crate::util;
 
@@ -482,28 +483,25 @@ async fn connection_cut(url: &str, port: u16) {
     const AFTER: u64 = 2_000;
     flushall(url).await;
     let proxy = RedisProxy::start(port).await;
-    let proxied = url.replace(&format!(":{port}"), &format!(":{}", proxy.port));
     let (index, sources) = two_rank_index();
-    let config = mirror_config(&proxied, 64, true, 4);
+    let config = mirror_config(&proxy.url(), 64, true, 4);
     let mirror = started_mirror(config.clone(), &index).await;
-    let sender = mirror.sender();
-    for hash in 0..BEFORE {
-        apply_and_hand_over(&index, &sender, sources[0], vec![store(hash)], hash + 1).await;
-    }
-    tokio::time::timeout(WAIT, mirror.flush())
-        .await
-        .unwrap()
-        .unwrap();
+    // Stores of engine hashes `hashes` from rank 0 (seq = hash + 1), until Redis has them.
+    let store_all = async |hashes: std::ops::Range<u64>| {
+        let sender = mirror.sender();
+        for hash in hashes {
+            apply_and_hand_over(&index, &sender, sources[0], vec![store(hash)], hash + 1).await;
+        }
+        tokio::time::timeout(WAIT, mirror.flush())
+            .await
+            .unwrap()
+            .unwrap();
+    };
+    store_all(0..BEFORE).await;
     let before = mirror.stats();
     // Lanes open in order: lane 0 first, then lanes 1, 2 and 3.
     proxy.cut_after(2, 1000);
-    for hash in BEFORE..BEFORE + AFTER {
-        apply_and_hand_over(&index, &sender, sources[0], vec![store(hash)], hash + 1).await;
-    }
-    tokio::time::timeout(WAIT, mirror.flush())
-        .await
-        .unwrap()
-        .unwrap();
+    store_all(BEFORE..BEFORE + AFTER).await;
     let after = mirror.stats();
     assert!(
         after.reconciles > before.reconciles,

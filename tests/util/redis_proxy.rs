@@ -20,7 +20,7 @@ enum Cut {
 /// The proxy; it stops with the test's runtime.
 pub struct RedisProxy {
     /// The port clients connect to instead of Redis's.
-    pub port: u16,
+    port: u16,
     cut: watch::Sender<Cut>,
     _task: tokio::task::JoinHandle<()>,
 }
@@ -49,6 +49,11 @@ impl RedisProxy {
             cut,
             _task: task,
         }
+    }
+
+    /// The URL that reaches Redis through the proxy (db 0, as `OwnRedis::url`).
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
     }
 
     /// Cuts every connection (`true`) until called with `false`.

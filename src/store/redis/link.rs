@@ -172,13 +172,13 @@ impl Link {
         self.enc.push_deletion(&self.index, models, pipe, key);
     }
 
-    /// Appends the write that brings `key` to the index's state now: its value, or its
-    /// deletion. A live source's watermark is left to the end of the repair, which writes
-    /// every watermark. Returns the number of commands.
-    pub(super) fn push_repair(&mut self, pipe: &mut redis::Pipeline, key: &Key) -> usize {
+    /// The write that brings `key` to the index's state now: its value, or its deletion.
+    /// `None` for a live source's watermark, left to the end of the repair, which writes
+    /// every watermark.
+    pub(super) fn repair_delta(&self, key: &Key) -> Option<Delta> {
         if let Key::Source { pod, rank } = key {
             if self.index.source_of(*pod, *rank).is_some() {
-                return 0;
+                return None;
             }
         }
         // A field's and a mapping key's value is read from the index as it is encoded; a
@@ -194,7 +194,7 @@ impl Link {
         {
             *state = self.index.engine_state((*pod, *rank), *model, engine_hash);
         }
-        self.push_commands(pipe, std::iter::once(&delta))
+        Some(delta)
     }
 
     /// Appends the `HSET` of one field with the index's `value`.

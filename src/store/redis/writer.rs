@@ -519,7 +519,11 @@ impl Writer {
 
     /// Takes what is pending, split by lane (one list per lane, in lane order).
     fn drain_by_lane(&mut self) -> Vec<Vec<(Key, Delta)>> {
-        let mut by_lane: Vec<Vec<(Key, Delta)>> = vec![Vec::new(); self.link.lanes()];
+        let lanes = self.link.lanes();
+        // Sized up front: a flush's deltas would otherwise grow each list by doubling.
+        let each = self.pending.len().div_ceil(lanes);
+        let mut by_lane: Vec<Vec<(Key, Delta)>> =
+            (0..lanes).map(|_| Vec::with_capacity(each)).collect();
         for (key, delta) in self.pending.drain() {
             by_lane[self.link.lane_of(&key)].push((key, delta));
         }

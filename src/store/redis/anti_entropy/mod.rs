@@ -481,32 +481,36 @@ async fn stale_step(
     budget: usize,
 ) -> Result<usize, redis::RedisError> {
     let owned = link.index.owned_pods();
-    keys_step(link, keys, budget, |link, pipe, key| {
+    keys_step(link, keys, budget, |link, pipe, chunk| {
         let index = &link.index;
-        let gone = match key {
-            Key::Field { model, std, pod } => index.field_value(*model, *std, *pod).is_none(),
-            Key::Mapping { pod, hash, .. } => owned.engine_hash_std(*pod, hash).is_none(),
-            Key::Engine {
-                pod, rank, hash, ..
-            } => !index.source_holds(*pod, *rank, hash),
-            Key::Source { pod, rank } => index.source_of(*pod, *rank).is_none(),
-        };
-        if gone {
+        let gone: Vec<&Key> = (chunk.iter())
+            .filter(|key| match key {
+                Key::Field { model, std, pod } => index.field_value(*model, *std, *pod).is_none(),
+                Key::Mapping { pod, hash, .. } => owned.engine_hash_std(*pod, hash).is_none(),
+                Key::Engine {
+                    pod, rank, hash, ..
+                } => !index.source_holds(*pod, *rank, hash),
+                Key::Source { pod, rank } => index.source_of(*pod, *rank).is_none(),
+            })
+            .collect();
+        for key in &gone {
             link.push_deletion(pipe, key);
         }
-        usize::from(gone)
+        gone.len()
     })
     .await
 }
 
-/// Writes recorded outage keys back to the index's state (a repair's one phase).
+/// Writes recorded outage keys back to the index's state (a repair's one phase), the
+/// checkpoint entries of one state key in one command per chunk.
 async fn repair_step(
     link: &mut Link,
     keys: &mut Vec<Key>,
     budget: usize,
 ) -> Result<usize, redis::RedisError> {
-    keys_step(link, keys, budget, |link, pipe, key| {
-        link.push_repair(pipe, key)
+    keys_step(link, keys, budget, |link, pipe, chunk| {
+        let deltas: Vec<Delta> = chunk.iter().filter_map(|k| link.repair_delta(k)).collect();
+        link.push_commands(pipe, &deltas)
     })
     .await
 }
@@ -517,12 +521,12 @@ async fn keys_step(
     link: &mut Link,
     keys: &mut Vec<Key>,
     budget: usize,
-    mut push: impl FnMut(&mut Link, &mut redis::Pipeline, &Key) -> usize,
+    push: impl FnOnce(&mut Link, &mut redis::Pipeline, &[Key]) -> usize,
 ) -> Result<usize, redis::RedisError> {
     let take = budget.min(keys.len());
     let chunk: Vec<Key> = keys.drain(keys.len() - take..).collect();
     let mut pipe = redis::pipe();
-    let n: usize = chunk.iter().map(|key| push(link, &mut pipe, key)).sum();
+    let n = push(link, &mut pipe, &chunk);
     if n > 0 {
         if let Err(err) = link.send(&pipe).await {
             keys.extend(chunk);
@@ -573,6 +577,8 @@ fn plan_batch(link: &mut Link, refresh: &Refresh, pass: &Pass, batch: Vec<WalkEn
     let due = refresh.due(now);
     let owned = link.index.owned_pods();
     let mut plan = Plan::default();
+    // Checkpoint entries go last, one command per state key: after the data they describe.
+    let mut entries = Vec::new();
     for e in batch {
         let r = Refresh::resident(&link.index, &e, due, now);
         let Some(value) = r.value else { continue };
@@ -581,7 +587,7 @@ fn plan_batch(link: &mut Link, refresh: &Refresh, pass: &Pass, batch: Vec<WalkEn
         plan.refreshed += u64::from(r.moved);
         if pass.mode == Mode::Rewrite && link.config.checkpoint {
             // The checkpoint entry comes back with the data a rewrite writes.
-            let entry = Delta::Engine {
+            entries.push(Delta::Engine {
                 pod: e.pod,
                 rank: e.rank,
                 model: e.model,
@@ -593,8 +599,7 @@ fn plan_batch(link: &mut Link, refresh: &Refresh, pass: &Pass, batch: Vec<WalkEn
                     chain: e.chain,
                     parent: link.index.chain_parent(e.chain),
                 }),
-            };
-            plan.writes_n += link.push_commands(&mut plan.writes, std::iter::once(&entry));
+            });
         }
         let field = (e.model, e.std_hash, e.pod);
         let mapping = (e.pod, e.engine, &e.engine_hash);
@@ -623,6 +628,7 @@ fn plan_batch(link: &mut Link, refresh: &Refresh, pass: &Pass, batch: Vec<WalkEn
         }
         plan.compared.push((e, value, check_mapping));
     }
+    plan.writes_n += link.push_commands(&mut plan.writes, &entries);
     plan
 }
 
