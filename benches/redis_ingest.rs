@@ -33,10 +33,10 @@
 //! - single connection: the same commands for `--blocks` fresh blocks, encoded before the
 //!   clock starts and streamed over one raw socket as `redis-cli --pipe` does.
 //!
-//! How the checkpoint's reference differs from the writer: the writer sends one `HMSET` of
-//! many fields per state key per flush (fewer, larger commands) and one watermark `HSET` per
-//! flush, where both references send one `HSET` of one field per block; Redis does less
-//! command work per block for the writer's form, so a `+checkpoint` row may pass them.
+//! How the checkpoint's reference differs from the writer: the reference sends one `HSET`
+//! of one field per block (the per-block layout kvindex wrote before its log), where the
+//! writer sends one log segment per state key per flush (one field holding every entry of
+//! that flush) and one watermark `HSET` per flush, so a `+checkpoint` row may pass it.
 //!
 //! Each case also reports Redis's memory growth per block (`used_memory` before and after
 //! the run, on a server emptied before it): kthena's layout alone against the checkpoint's

@@ -13,6 +13,7 @@ use std::time::Duration;
 use kvindex::index::{Checkpoint, Delta, Index, SourceId, SourceSpec};
 use kvindex::ingest::{unix_now, OfflineReplay, Recording};
 use kvindex::medium::{Medium, TierWeights};
+use kvindex::store::redis::checkpoint;
 use kvindex::store::redis::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, MirrorError, MirrorHandle, RedisConfig, RedisDump, RedisTarget};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
@@ -748,16 +749,19 @@ async fn mapping_keys_and_fields_stay_while_any_dp_rank_of_the_pod_holds_the_blo
 
 /// Every key of the Redis at `url` with its value (a hash's fields, a string's value), but
 /// the writer's sentinel, which names its process and run.
-fn every_key(url: &str) -> BTreeMap<String, String> {
+async fn every_key(url: &str) -> BTreeMap<String, String> {
     let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     let mut out = BTreeMap::new();
     for key in keys
         .into_iter()
-        .filter(|k| !k.starts_with("kvindex:sentinel:"))
+        .filter(|k| !k.starts_with("kvindex:sentinel:") && k != checkpoint::GENERATION_KEY)
     {
         let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).unwrap();
         let value = match kind.as_str() {
+            "hash" if key.starts_with(checkpoint::STATE_PREFIX) => {
+                checkpoint_entries(url, &key).await
+            }
             "hash" => {
                 let mut fields: BTreeMap<String, String> =
                     redis::cmd("HGETALL").arg(&key).query(&mut conn).unwrap();
@@ -772,6 +776,25 @@ fn every_key(url: &str) -> BTreeMap<String, String> {
         out.insert(key, value);
     }
     out
+}
+
+/// The engine blocks of checkpoint state key `key` (its log folded), each as its field and
+/// value would be written one per block, store times blanked.
+async fn checkpoint_entries(url: &str, key: &str) -> String {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (blocks, bad) = checkpoint::read_state(&mut conn, key).await.unwrap();
+    assert_eq!(bad, 0, "{key}: every field of the log parses");
+    let entries: BTreeMap<String, String> = (blocks.iter())
+        .map(|(hash, state)| {
+            let value = checkpoint::engine_value(state);
+            (
+                checkpoint::engine_field(hash),
+                without_store_time(key, &value),
+            )
+        })
+        .collect();
+    format!("{entries:?}")
 }
 
 /// `value` of hash `key` with its store time blanked (two runs store in different seconds):
@@ -836,7 +859,7 @@ async fn placements_leave_redis_and_the_checkpoint_as_without_them() {
         rig.flush().await;
         let stats = rig.index.speculative().stats();
         assert_eq!(stats.placed > 0, speculate);
-        snapshots.push(every_key(&redis.url()));
+        snapshots.push(every_key(&redis.url()).await);
         rig.mirror.shutdown(WAIT).await;
     }
     assert!(

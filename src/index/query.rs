@@ -197,6 +197,42 @@ impl Index {
         (held.model() == model.0).then(|| self.engine_state_of(&state, &chains, held))
     }
 
+    /// Engine blocks source `(pod, rank)` holds of `model` (0 for a source not registered).
+    pub fn engine_blocks_of(&self, (pod, rank): (PodId, u8), model: ModelId) -> usize {
+        let Some(source) = self
+            .source_of(pod, rank)
+            .and_then(|id| self.source(id).ok())
+        else {
+            return 0;
+        };
+        let held = source.lock().model_len(model.0);
+        held
+    }
+
+    /// The checkpoint state of every engine block source `(pod, rank)` holds of `model`:
+    /// what a checkpoint snapshot of its state key writes. Empty for a source not registered.
+    pub fn engine_states_of(
+        &self,
+        (pod, rank): (PodId, u8),
+        model: ModelId,
+    ) -> Vec<(BlockHash, EngineState)> {
+        let Some(source) = self
+            .source_of(pod, rank)
+            .and_then(|id| self.source(id).ok())
+        else {
+            return Vec::new();
+        };
+        let state = source.lock();
+        let chains = self.inner.chains.read_recursive();
+        let mut out = Vec::with_capacity(state.model_len(model.0));
+        for (hash, held) in state.entries(&chains) {
+            if held.model() == model.0 {
+                out.push((hash, self.engine_state_of(&state, &chains, held)));
+            }
+        }
+        out
+    }
+
     /// The checkpoint state of one block `state` holds as `held`.
     fn engine_state_of(
         &self,

@@ -863,6 +863,14 @@ impl SourceState {
         self.ints.len() + self.bytes.len()
     }
 
+    /// Number of engine blocks held of `model`.
+    pub(crate) fn model_len(&self, model: u32) -> usize {
+        if model == self.base_model {
+            return self.base_blocks as usize;
+        }
+        self.models.get(&model).map_or(0, |n| *n as usize)
+    }
+
     /// Every (engine hash, slot), rebuilding the hash exactly as it was sent.
     pub(crate) fn entries<'a>(
         &'a self,

@@ -151,7 +151,7 @@ fn expected_checkpoint(dir: &Path, pod: &str, messages: &[RecordedMessage]) -> B
     want
 }
 
-/// The checkpoint entries in Redis for `pod` (every state key's field names).
+/// The checkpoint entries in Redis for `pod`: the engine fields of every state key, its log folded.
 async fn checkpoint_now(url: &str, pod: &str) -> BTreeSet<String> {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -162,12 +162,13 @@ async fn checkpoint_now(url: &str, pod: &str) -> BTreeSet<String> {
         .unwrap();
     let mut fields = BTreeSet::new();
     for key in keys {
-        let names: Vec<String> = redis::cmd("HKEYS")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        fields.extend(names);
+        let (blocks, bad) = checkpoint::read_state(&mut conn, &key).await.unwrap();
+        assert_eq!(bad, 0, "{key}: every field of the log parses");
+        fields.extend(
+            blocks
+                .iter()
+                .map(|(hash, _)| checkpoint::engine_field(hash)),
+        );
     }
     fields
 }

@@ -8,9 +8,10 @@ use crate::util;
 
 use std::time::Duration;
 
-use kvindex::index::{Checkpoint, Delta, DeltaChunk, Index, SourceId, SourceSpec};
+use kvindex::index::{Checkpoint, Delta, DeltaChunk, EngineState, Index, SourceId, SourceSpec};
 use kvindex::ingest::{unix_now, MirrorSink, CHUNK_DELTAS};
 use kvindex::medium::{Medium, TierWeights};
+use kvindex::store::redis::checkpoint;
 use kvindex::store::redis::{block_key, field_value, mapping_key, ValueFormat};
 use kvindex::store::redis::{dump, MappingEntry, MirrorHandle, RedisConfig, RedisDump};
 use kvindex::wire::{BlockHash, BlockRemoved, BlockStored, Engine, EngineBatch, Event};
@@ -193,7 +194,7 @@ async fn run(url: &str, ops: &[Op], how: Writes) -> (RedisDump, RedisDump, u64) 
     flushall(url).await;
     let (index, sources) = two_rank_index();
     let config = mirror_config(url, flush, checkpoint, connections);
-    let mirror = started_mirror(config, &index).await;
+    let mirror = started_mirror(config.clone(), &index).await;
     let sender = mirror.sender();
     let mut seqs = [0u64; 2];
     for op in ops {
@@ -231,6 +232,10 @@ async fn run(url: &str, ops: &[Op], how: Writes) -> (RedisDump, RedisDump, u64) 
         );
     }
     mirror.shutdown(WAIT).await;
+    if checkpoint {
+        // The checkpoint's log, whatever order its segments landed in, rebuilds the index.
+        assert_checkpoint_rebuilds(config, &index).await;
+    }
     (got, expected_of(&index), peak)
 }
 
@@ -302,6 +307,126 @@ fn a_long_churn_of_few_keys_with_every_pipeline_slot_busy_ends_equal_to_the_inde
         let (got, want, peak) = rt.block_on(run(&url, &ops, how));
         assert_eq!(got, want, "{connections} connections");
         assert!(peak >= 2, "flushes in flight at once: {peak}");
+    }
+}
+
+/// The checkpoint's log is compacted as it goes: ten thousand stores and removes of a few
+/// blocks, each in a flush of its own, leave rank 0's state key a snapshot and a short log
+/// (not a segment per flush), which still rebuilds the index; once the rank holds nothing,
+/// its state key is gone.
+#[test]
+fn a_churned_checkpoint_log_is_compacted_and_still_rebuilds_the_index() {
+    let server = OwnRedis::start(None, &[]);
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        flushall(&url).await;
+        let (index, sources) = two_rank_index();
+        let config = mirror_config(&url, 2, true, 1);
+        let mirror = started_mirror(config, &index).await;
+        let ops = (0..10_000u64).map(|i| match i % 3 {
+            2 => Op::Remove {
+                rank: 0,
+                hash: i % 5,
+                cpu: None,
+            },
+            _ => Op::Store {
+                rank: 0,
+                hash: i % 5,
+                cpu: false,
+            },
+        });
+        for (seq, op) in (1..).zip(ops) {
+            let (_, event) = event(&op);
+            let mut deltas = Vec::new();
+            let batch = EngineBatch::of(vec![event]);
+            index
+                .apply(sources[0], &batch, unix_now(), &mut deltas)
+                .unwrap();
+            let mark = Checkpoint {
+                source: sources[0],
+                seq,
+            };
+            mirror.sender().send(deltas, Some(mark)).await;
+        }
+        tokio::time::timeout(WAIT, mirror.flush())
+            .await
+            .unwrap()
+            .unwrap();
+        let key = checkpoint::state_key(POD, 0, MODEL);
+        // Compaction keeps the log under the blocks held plus its slack, plus the snapshot.
+        let bound = MIN_LOG_BOUND;
+        let fields = wait_for_fields(&url, &key, |n| n <= bound).await;
+        assert!(fields <= bound, "{fields} fields after the churn");
+        // What a restore reads is what the index holds (a second mirror would be a second
+        // writer: this one goes on below).
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let (blocks, bad) = checkpoint::read_state(&mut conn, &key).await.unwrap();
+        assert_eq!(bad, 0);
+        assert_eq!(sorted_entries(blocks), engine_states_of_rank0(&index));
+
+        let clear = EngineBatch::of(vec![Event::AllBlocksCleared]);
+        let mut deltas = Vec::new();
+        index
+            .apply(sources[0], &clear, unix_now(), &mut deltas)
+            .unwrap();
+        mirror.sender().send(deltas, None).await;
+        tokio::time::timeout(WAIT, mirror.flush())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(wait_for_fields(&url, &key, |n| n == 0).await, 0);
+        mirror.shutdown(WAIT).await;
+    });
+}
+
+/// Checkpoint entries as their field and value texts, sorted.
+fn sorted_entries(blocks: Vec<(BlockHash, EngineState)>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = (blocks.iter())
+        .map(|(hash, state)| {
+            (
+                checkpoint::engine_field(hash),
+                checkpoint::engine_value(state),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The checkpoint entries the index holds for rank 0 of `POD`.
+fn engine_states_of_rank0(index: &Index) -> Vec<(String, String)> {
+    let mut blocks = Vec::new();
+    index.for_each_engine_state(|pod, rank, _, hash, state| {
+        if &*index.pod_name(pod) == POD && rank == 0 {
+            blocks.push((hash, state));
+        }
+    });
+    assert!(!blocks.is_empty(), "the churn leaves blocks held");
+    sorted_entries(blocks)
+}
+
+/// At most this many fields in a compacted state key of a few blocks: the log's slack of
+/// entries (`MIN_LOG` in `src/store/redis/log.rs`), one per segment at worst, the blocks
+/// held, and the snapshot.
+const MIN_LOG_BOUND: usize = 1024 + 5 + 1;
+
+/// Fields of hash `key` once `done` says so, or when the wait runs out.
+async fn wait_for_fields(url: &str, key: &str, done: impl Fn(usize) -> bool) -> usize {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let n: usize = redis::cmd("HLEN")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if done(n) || tokio::time::Instant::now() >= deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

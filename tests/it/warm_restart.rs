@@ -328,25 +328,21 @@ fn decimal_value(state: &EngineState) -> String {
     value
 }
 
-/// Rewrites every checkpoint entry in Redis to the decimal form (what a kvindex from before
-/// the compact form leaves behind); returns how many there were.
+/// Rewrites every checkpoint state key as one field per engine block in the decimal form
+/// (what a kvindex from before the log and the compact form leaves behind); returns how many
+/// entries there were.
 async fn rewrite_checkpoint_as_decimal(url: &str) -> usize {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let keys: Vec<String> = conn.keys("kvindex:src:*").await.unwrap();
     let mut entries = 0;
     for key in keys {
-        let fields: Vec<(String, String)> = conn.hgetall(&key).await.unwrap();
-        for (field, value) in fields {
-            assert!(
-                value.starts_with('~'),
-                "{key} {field}: {value} is not compact"
-            );
-            let state = checkpoint::parse_engine_value(&value).expect("own encoding");
-            let _: () = conn
-                .hset(&key, &field, decimal_value(&state))
-                .await
-                .unwrap();
+        let (blocks, bad) = checkpoint::read_state(&mut conn, &key).await.unwrap();
+        assert_eq!(bad, 0, "{key}: every field of the log parses");
+        let _: () = conn.del(&key).await.unwrap();
+        for (hash, state) in blocks {
+            let field = checkpoint::engine_field(&hash);
+            let _: () = conn.hset(&key, field, decimal_value(&state)).await.unwrap();
             entries += 1;
         }
     }
@@ -356,6 +352,50 @@ async fn rewrite_checkpoint_as_decimal(url: &str) -> usize {
 #[tokio::test]
 async fn an_upgraded_kvindex_restores_a_checkpoint_written_in_the_decimal_form() {
     restart_mid_stream(libc::SIGTERM, Meanwhile::CheckpointInDecimal).await;
+}
+
+/// A process that ran long enough to compact its checkpoint's log, SIGKILLed: the next one
+/// restores from the snapshot and the segments after it, and Redis ends equal to the stream.
+#[tokio::test]
+async fn a_sigkilled_kvindex_goes_on_from_a_compacted_checkpoint_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = OwnRedis::start(None, &[]);
+    let url = redis.url();
+    let all = stream(0..500, 2);
+    let (mut publisher, port) = FakePub::bind_any().await;
+    let config = write_config(dir.path(), &url, port, None);
+
+    let first = run_through(&config, &mut publisher, &url, &all[..400], 399).await;
+    let key = checkpoint::state_key(POD, 0, MODEL);
+    wait_for_snapshot(&url, &key).await;
+    first.stop(libc::SIGKILL);
+
+    let second = run_through(&config, &mut publisher, &url, &all[400..], 499).await;
+    let resumed = second
+        .metric("kvindex_warm_starts_total", "outcome=\"resumed\"")
+        .await;
+    assert_eq!(resumed, 1.0, "the source went on from its watermark");
+    assert_eq!(redis_now(&url).await, expected(dir.path(), &all));
+    second.stop(libc::SIGTERM);
+}
+
+/// Waits until state key `key` holds a snapshot segment (its log was compacted).
+async fn wait_for_snapshot(url: &str, key: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let end = Instant::now() + WAIT;
+    loop {
+        let fields: Vec<(Vec<u8>, Vec<u8>)> = conn.hgetall(key).await.unwrap();
+        let snapshot = |(field, body): &(Vec<u8>, Vec<u8>)| {
+            checkpoint::segment::Stamp::of_field(field).is_some()
+                && body.first() == Some(&checkpoint::segment::SNAPSHOT)
+        };
+        if fields.iter().any(snapshot) {
+            return;
+        }
+        assert!(Instant::now() < end, "{key} was never compacted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

@@ -6,10 +6,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::checkpoint::{
-    push_engine_field, push_engine_value, source_field, state_key, WATERMARKS_KEY,
-};
+use super::checkpoint::segment::{SegmentBody, LOG};
+use super::checkpoint::{source_field, state_key, WATERMARKS_KEY};
 use super::key::Key;
+use super::log::{CheckpointLog, StateAt};
 use crate::index::{Delta, FieldValue, Index, ModelId, PodId};
 use crate::medium::TierWeights;
 use crate::redis_layout::{
@@ -25,7 +25,6 @@ pub(super) type SourceModels = HashMap<(PodId, u8), BTreeSet<ModelId>>;
 #[derive(Default)]
 struct Scratch {
     key: String,
-    field: String,
     value: String,
     /// The mapping keys' TTL in decimal.
     ttl: String,
@@ -83,10 +82,13 @@ fn cached(cache: &mut Vec<Option<Arc<str>>>, id: u32, load: impl FnOnce() -> Arc
     cache[i].get_or_insert_with(load).clone()
 }
 
-/// Encodes deltas as commands; holds the name caches, reused buffers and value format.
+/// Encodes deltas as commands; holds the name caches, reused buffers, value format and the
+/// checkpoint log's stamps.
 pub(super) struct Encoder {
     /// Interned names at hand.
     pub(super) names: Names,
+    /// The stamps checkpoint segments are written under, and what is due for compaction.
+    pub(super) log: CheckpointLog,
     scratch: Scratch,
     format: ValueFormat,
     weights: TierWeights,
@@ -97,6 +99,7 @@ impl Encoder {
     pub(super) fn new(format: ValueFormat, weights: TierWeights) -> Encoder {
         Encoder {
             names: Names::default(),
+            log: CheckpointLog::default(),
             scratch: Scratch::new(),
             format,
             weights,
@@ -201,9 +204,9 @@ impl Encoder {
     }
 
     /// Appends the commands for `deltas` in the order that keeps the checkpoint behind the
-    /// data: kthena's fields and mapping keys first, then checkpoint entries grouped into one
-    /// `HDEL` and one `HMSET` per state key, then the watermarks of unregistered sources
-    /// deleted. Returns the number of commands.
+    /// data: kthena's fields and mapping keys first, then checkpoint entries as one log
+    /// segment per state key, then the watermarks of unregistered sources deleted. Returns
+    /// the number of commands.
     pub(super) fn push_commands<'d>(
         &mut self,
         index: &Index,
@@ -212,7 +215,7 @@ impl Encoder {
         deltas: impl IntoIterator<Item = &'d Delta>,
     ) -> usize {
         let mut commands = 0;
-        let mut states: Vec<StateOps> = Vec::new();
+        let mut states: Vec<StateSegment> = Vec::new();
         let mut gone: Option<redis::Cmd> = None;
         for delta in deltas {
             match delta {
@@ -227,24 +230,13 @@ impl Encoder {
                     let i = match states.iter().position(|s| s.at == at) {
                         Some(i) => i,
                         None => {
-                            states.push(self.state_ops(index, at));
+                            states.push(StateSegment::new(at));
                             states.len() - 1
                         }
                     };
-                    let sc = &mut self.scratch;
-                    push_engine_field(&mut sc.field, engine_hash);
-                    let ops = &mut states[i];
-                    match state {
-                        Some(state) => {
-                            push_engine_value(&mut sc.value, state);
-                            ops.set.arg(sc.field.as_str()).arg(sc.value.as_str());
-                            ops.sets += 1;
-                        }
-                        None => {
-                            ops.del.arg(sc.field.as_str());
-                            ops.dels += 1;
-                        }
-                    }
+                    let segment = &mut states[i];
+                    segment.body.push(engine_hash, state.as_ref());
+                    segment.stored |= state.is_some();
                 }
                 Delta::SourceGone { pod, rank } => {
                     let field = source_field(&self.names.pod(index, *pod), *rank);
@@ -261,20 +253,17 @@ impl Encoder {
                 }
             }
         }
-        for ops in states {
-            if ops.sets > 0 {
+        for segment in states {
+            if segment.stored {
                 // Once per state key and flush: the watermark lists every state key.
-                let listed = models.entry((ops.at.0, ops.at.1)).or_default();
-                listed.insert(ops.at.2);
+                let listed = models.entry((segment.at.0, segment.at.1)).or_default();
+                listed.insert(segment.at.2);
             }
-            if ops.dels > 0 {
-                pipe.add_command(ops.del);
-                commands += 1;
-            }
-            if ops.sets > 0 {
-                pipe.add_command(ops.set);
-                commands += 1;
-            }
+            let key = self.state_key(index, segment.at);
+            let stamp = self.log.next_stamp();
+            pipe.hset(key, stamp.field(), segment.body.bytes()).ignore();
+            commands += 1;
+            (self.log).logged(index, segment.at, segment.body.entries());
         }
         if let Some(cmd) = gone {
             pipe.add_command(cmd);
@@ -283,36 +272,32 @@ impl Encoder {
         commands
     }
 
-    /// The empty `HDEL` and `HMSET` of one state key.
-    fn state_ops(&mut self, index: &Index, at: (PodId, u8, ModelId)) -> StateOps {
-        let key = state_key(
+    /// The state key of `at`.
+    pub(super) fn state_key(&mut self, index: &Index, at: StateAt) -> String {
+        state_key(
             &self.names.pod(index, at.0),
             at.1,
             &self.names.model(index, at.2),
-        );
-        let mut set = redis::cmd("HMSET");
-        set.arg(&key);
-        let mut del = redis::cmd("HDEL");
-        del.arg(&key);
-        StateOps {
-            at,
-            set,
-            sets: 0,
-            del,
-            dels: 0,
-        }
+        )
     }
 }
 
-/// The checkpoint entries of one state key written by one flush: one `HDEL` and one
-/// `HMSET`, each encoded as its entries come.
-struct StateOps {
-    /// `(pod, rank, model)` of the state key.
-    at: (PodId, u8, ModelId),
-    set: redis::Cmd,
-    sets: usize,
-    del: redis::Cmd,
-    dels: usize,
+/// The checkpoint entries of one state key written by one flush: one log segment.
+struct StateSegment {
+    at: StateAt,
+    body: SegmentBody,
+    /// Whether any entry stores a block (the watermark then lists the key's model).
+    stored: bool,
+}
+
+impl StateSegment {
+    fn new(at: StateAt) -> StateSegment {
+        StateSegment {
+            at,
+            body: SegmentBody::new(LOG),
+            stored: false,
+        }
+    }
 }
 
 /// Appends one command, sized up front: two allocations, whatever the number of arguments.

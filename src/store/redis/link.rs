@@ -8,10 +8,12 @@ use std::sync::Arc;
 
 use redis::FromRedisValue;
 
+use super::checkpoint::next_generation;
 use super::encode::Encoder;
 use super::inflight::MarkAt;
 use super::key::Key;
 use super::lease::{not_held, LeaseGate};
+use super::log::StateAt;
 use super::marks::Marks;
 use super::shared::Shared;
 use crate::index::{Delta, FieldValue, Index, ModelId, PodId};
@@ -164,6 +166,23 @@ impl Link {
     ) -> usize {
         let models = &mut self.marks.models;
         self.enc.push_commands(&self.index, models, pipe, deltas)
+    }
+
+    /// The checkpoint state key of `at`.
+    pub(super) fn state_key(&mut self, at: StateAt) -> String {
+        self.enc.state_key(&self.index, at)
+    }
+
+    /// Starts a new checkpoint generation, taken from Redis, for the segments written from
+    /// now on (see `checkpoint/segment.rs`).
+    pub(super) async fn new_generation(&mut self) -> Result<(), redis::RedisError> {
+        if !self.config.checkpoint {
+            return Ok(());
+        }
+        let after = self.enc.log.generation();
+        let generation = next_generation(&mut self.conn, after).await?;
+        self.enc.log.start_generation(generation);
+        Ok(())
     }
 
     /// Appends the deletion of `key`.

@@ -9,14 +9,16 @@
 //! | `refresh.rs` | role: rewriting fields before kthena's GC would drop them, on the passes' walk |
 //! | `watchdog.rs` | role: noticing a Redis restart or FLUSHALL while idle (`run_id`, sentinel key) |
 //! | `adopt.rs` | role: removes of unknown engine hashes resolved through Redis's mapping keys |
+//! | `compact.rs` | role: the checkpoint log's compaction, a snapshot of a state key before its older fields go |
 //! | `link.rs` | what the roles work through: the connection, the index, the encoder, the watermarks |
 //! | `encode.rs` | deltas as Redis commands, values read from the index at flush time |
+//! | `log.rs` | the checkpoint log's generation and stamps, and which state keys are due for compaction |
 //! | `marks.rs` | the checkpoint's watermarks, written behind the data they cover |
 //! | `inflight.rs` | several flushes in flight, each a pipeline per lane, in order on each lane's connection; the write-latency histogram |
 //! | `key.rs` | which field or key a delta writes (the coalescing key) |
 //! | `shared.rs` | the queue's messages and the figures shared with the handle |
 //! | `connect.rs` | opening and checking the mirror's connections |
-//! | `checkpoint.rs` | kvindex's own `kvindex:` keys: watermarks and engine-block state for warm starts |
+//! | `checkpoint/` | kvindex's own `kvindex:` keys: watermarks and engine-block state for warm starts (`segment.rs`: the state keys' log) |
 //! | `lease.rs` | high availability: the per-shard lease that lets one replica write, [`lease::LeaseGate`] |
 //! | `dump.rs` | kvindex's keys in a canonical sorted form (`kvindex redis-dump`) |
 //! | `config.rs`, `error.rs`, `labels.rs` | at the bottom: [`RedisConfig`], [`MirrorError`], the metric label values |
@@ -48,6 +50,7 @@
 mod adopt;
 mod anti_entropy;
 pub mod checkpoint;
+mod compact;
 mod connect;
 mod dump;
 mod encode;
@@ -57,6 +60,7 @@ mod key;
 pub mod labels;
 pub mod lease;
 mod link;
+mod log;
 mod marks;
 mod reconcile;
 mod refresh;

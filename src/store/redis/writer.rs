@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use super::adopt::Adoption;
 use super::anti_entropy::{AntiEntropy, PassSettings, Step};
 use super::checkpoint::Watermark;
+use super::compact;
 use super::connect::MAX_BACKOFF;
 use super::inflight::{Batch, Failure, InFlight, MarkAt, MAX_IN_FLIGHT};
 use super::key::Key;
@@ -55,6 +56,8 @@ pub(super) const MAX_PIPELINE_COMMANDS: usize = 16_384;
 const MAX_MESSAGES_PER_TURN: usize = 256;
 /// The coalescing map is shrunk back once its capacity passes this many times the flush size.
 const SHRINK_FACTOR: usize = 4;
+/// How long state keys due for compaction wait, so one step takes those of several flushes.
+const COMPACT_AFTER: Duration = Duration::from_millis(200);
 
 /// The writer task's state.
 pub(super) struct Writer {
@@ -720,6 +723,10 @@ impl Writer {
             }
             return;
         }
+        // Segments from here on sort after anything written before, by any writer.
+        if let Err(err) = self.link.new_generation().await {
+            return self.go_dirty(&err);
+        }
         match self.redis_kept_its_keys().await {
             Ok(true) => self.start_repair(),
             Ok(false) => self.start_rewrite(),
@@ -766,7 +773,9 @@ impl Writer {
     /// When the background roles want a tick (never while dirty: the reconcile's retries
     /// probe Redis then).
     fn upkeep_wake(&self) -> Option<Instant> {
-        (!self.dirty).then(|| self.anti_entropy.wake(self.watchdog.due_at()))
+        let passes = self.anti_entropy.wake(self.watchdog.due_at());
+        let compaction = self.link.enc.log.due_since().map(|at| at + COMPACT_AFTER);
+        (!self.dirty).then(|| compaction.map_or(passes, |at| at.min(passes)))
     }
 
     /// One tick of background work: the watchdog when due, then one step of the current
@@ -789,6 +798,15 @@ impl Writer {
                 return;
             }
         }
+        if self.link.enc.log.due_since().is_some() {
+            match compact::step(&mut self.link).await {
+                Ok(sent) => {
+                    let counted = &self.link.shared.upkeep.background_commands;
+                    counted.fetch_add(sent as u64, Ordering::Relaxed);
+                }
+                Err(err) => return self.go_dirty(&err),
+            }
+        }
         self.anti_entropy.start_due(now, self.config().verify);
         if self.anti_entropy.running() {
             self.pass_step().await;
@@ -804,6 +822,10 @@ impl Writer {
             Err(err) => return self.go_dirty(&err),
         };
         self.on_reset(kind);
+        // Redis may have lost the generation counter with the keys.
+        if let Err(err) = self.link.new_generation().await {
+            return self.go_dirty(&err);
+        }
         let overflowed = self.reconcile.take_overflowed();
         (self.anti_entropy).start_rewrite(&self.link, Default::default(), overflowed);
     }
@@ -920,6 +942,7 @@ impl Writer {
         self.on_dirty();
         self.reconcile.step_down();
         self.anti_entropy.step_down();
+        self.link.enc.log.forget_due();
         self.adoption.clear();
         self.link.first_write_due(None);
         self.link.shared.dirty.store(false, Ordering::Relaxed);

@@ -5,7 +5,8 @@
 //! | key | type | content |
 //! | --- | --- | --- |
 //! | `kvindex:wm` | hash | field `{pod}#{rank}` → [`Watermark`] as JSON: the last seq whose effects are in Redis, the engine, the base model and the models the source holds blocks of |
-//! | `kvindex:src:{pod}#{rank}@{model}` | hash | field = engine hash (decimal, `-` for negative, `x{hex}` for byte strings) → `~{std}\|{stored_at}\|{media,…}`, then `\|{chain}` and `\|{parent chain}` for a block with a chain, numbers in base64 ([`engine_value`]) |
+//! | `kvindex:src:{pod}#{rank}@{model}` | hash | the source's engine blocks of that model as a log: field `+{generation}.{n}` → one flush's entries ([`segment`]); each entry maps the engine hash (decimal, `-` for negative, `x{hex}` for byte strings) to `~{std}\|{stored_at}\|{media,…}`, then `\|{chain}` and `\|{parent chain}` for a block with a chain, numbers in base64 ([`engine_value`]) |
+//! | `kvindex:gen` | string | the last writer generation handed out ([`next_generation`]) |
 //!
 //! The kthena field holds only a pod's best medium and its mapping keys have no DP rank or
 //! model, so they cannot rebuild the index; this checkpoint can. Within one flush the data
@@ -21,6 +22,8 @@ use base64::Engine as _;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
+pub mod segment;
+
 use super::error::MirrorError;
 use crate::index::{EngineState, Index, SourceId, SourceSpec};
 use crate::medium::{MediaSet, Medium};
@@ -32,8 +35,40 @@ use crate::wire::{BlockHash, Engine};
 pub const WATERMARKS_KEY: &str = "kvindex:wm";
 /// Prefix of the per-source, per-model engine-block hashes.
 pub const STATE_PREFIX: &str = "kvindex:src:";
-/// Entries read per `HSCAN` round trip during a restore.
+/// The writer generation counter.
+pub const GENERATION_KEY: &str = "kvindex:gen";
+/// Fields read per `HSCAN` round trip during a restore.
 const RESTORE_SCAN_COUNT: usize = 10_000;
+
+/// Hands out a generation larger than the counter, than `after` and than Redis's clock in
+/// milliseconds: larger than any an earlier writer took even when the counter was lost
+/// with a restart (the clock kept going), or when another writer took one in the same
+/// millisecond (the counter).
+const NEXT_GENERATION: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local g = math.max((tonumber(redis.call('GET', KEYS[1])) or 0) + 1, now, tonumber(ARGV[1]) + 1)
+redis.call('SET', KEYS[1], string.format('%d', g))
+return g
+";
+
+/// A new writer generation for checkpoint segments, larger than `after` (the writer's
+/// last one) and than any generation handed out before.
+///
+/// # Errors
+/// When Redis fails.
+pub async fn next_generation(
+    conn: &mut impl redis::aio::ConnectionLike,
+    after: u64,
+) -> Result<u64, redis::RedisError> {
+    redis::cmd("EVAL")
+        .arg(NEXT_GENERATION)
+        .arg(1)
+        .arg(GENERATION_KEY)
+        .arg(after)
+        .query_async(conn)
+        .await
+}
 
 /// One source's watermark entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -276,7 +311,7 @@ pub async fn restore(
     Ok((summary, marks))
 }
 
-/// Restores one state key: its entries are read whole first, since `HSCAN` gives them in no
+/// Restores one state key: its fields are read whole first, since a log applies in stamp
 /// order and a chain block restored after its parent goes right after it
 /// ([`Index::restore_blocks`]).
 async fn restore_state_key(
@@ -287,10 +322,30 @@ async fn restore_state_key(
     model: &str,
     summary: &mut RestoreSummary,
 ) -> Result<(), redis::RedisError> {
-    let mut blocks = Vec::new();
+    let (blocks, bad) = read_state(conn, key).await?;
+    summary.bad_entries += bad;
+    // The source was registered by the caller: nothing here can fail.
+    let restored = index.restore_blocks(source, model, &blocks).unwrap_or(0);
+    summary.engine_blocks += restored as u64;
+    Ok(())
+}
+
+/// One `HSCAN` answer: the next cursor and the fields with their values, as bytes.
+type ScanPage = (u64, Vec<(Vec<u8>, Vec<u8>)>);
+
+/// The engine blocks state key `key` holds, and how many of its fields or entries did not
+/// parse: per-block fields, then its log's segments in stamp order ([`segment::StateFold`]).
+///
+/// # Errors
+/// When Redis fails.
+pub async fn read_state(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+) -> Result<(Vec<(BlockHash, EngineState)>, u64), redis::RedisError> {
+    let mut fold = segment::StateFold::default();
     let mut cursor: u64 = 0;
     loop {
-        let (next, page): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+        let (next, page): ScanPage = redis::cmd("HSCAN")
             .arg(key)
             .arg(cursor)
             .arg("COUNT")
@@ -298,20 +353,14 @@ async fn restore_state_key(
             .query_async(conn)
             .await?;
         for (field, value) in page {
-            match parse_engine_field(&field).zip(parse_engine_value(&value)) {
-                Some(block) => blocks.push(block),
-                None => summary.bad_entries += 1,
-            }
+            fold.add(field, value);
         }
         if next == 0 {
             break;
         }
         cursor = next;
     }
-    // The source was registered by the caller: nothing here can fail.
-    let restored = index.restore_blocks(source, model, &blocks).unwrap_or(0);
-    summary.engine_blocks += restored as u64;
-    Ok(())
+    Ok(fold.blocks())
 }
 
 #[cfg(test)]
