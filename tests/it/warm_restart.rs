@@ -282,24 +282,46 @@ enum Meanwhile {
     CheckpointInDecimal,
 }
 
-/// Runs the stream's first `half` messages through one kvindex process, stops it with
-/// `signal`, starts a new one and publishes the rest; Redis must equal the whole stream.
+/// The stream a restart test runs.
+struct Stream {
+    /// Messages in all.
+    messages: u64,
+    /// The first process stops only once its checkpoint's log was compacted.
+    compacted: bool,
+}
+
+/// [`restart_mid`] of a short stream.
 async fn restart_mid_stream(signal: i32, meanwhile: Meanwhile) {
+    let short = Stream {
+        messages: 60,
+        compacted: false,
+    };
+    restart_mid(short, signal, meanwhile).await;
+}
+
+/// Runs the first half of `stream` through one kvindex process, stops it with `signal`,
+/// starts a new one and publishes the rest; Redis must equal the whole stream.
+async fn restart_mid(stream_of: Stream, signal: i32, meanwhile: Meanwhile) {
     let dir = tempfile::tempdir().unwrap();
     let redis = OwnRedis::start(None, &[]);
     let url = redis.url();
-    let all = stream(0..60, 1);
+    let all = stream(0..stream_of.messages, 1);
+    let half = all.len() / 2;
     let (mut publisher, port) = FakePub::bind_any().await;
     let config = write_config(dir.path(), &url, port, None);
 
-    let first = run_through(&config, &mut publisher, &url, &all[..30], 29).await;
+    let first = run_through(&config, &mut publisher, &url, &all[..half], half as u64 - 1).await;
+    if stream_of.compacted {
+        wait_for_snapshot(&url, &checkpoint::state_key(POD, 0, MODEL)).await;
+    }
     first.stop(signal);
     let rewritten = match meanwhile {
         Meanwhile::Nothing => None,
         Meanwhile::CheckpointInDecimal => Some(rewrite_checkpoint_as_decimal(&url).await),
     };
 
-    let second = run_through(&config, &mut publisher, &url, &all[30..], 59).await;
+    let last = stream_of.messages - 1;
+    let second = run_through(&config, &mut publisher, &url, &all[half..], last).await;
     if let Some(entries) = rewritten {
         // Set once at start-up, before the stream went on.
         let restored = second.metric("kvindex_warm_start_engine_blocks", "").await;
@@ -358,25 +380,11 @@ async fn an_upgraded_kvindex_restores_a_checkpoint_written_in_the_decimal_form()
 /// restores from the snapshot and the segments after it, and Redis ends equal to the stream.
 #[tokio::test]
 async fn a_sigkilled_kvindex_goes_on_from_a_compacted_checkpoint_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let redis = OwnRedis::start(None, &[]);
-    let url = redis.url();
-    let all = stream(0..500, 2);
-    let (mut publisher, port) = FakePub::bind_any().await;
-    let config = write_config(dir.path(), &url, port, None);
-
-    let first = run_through(&config, &mut publisher, &url, &all[..400], 399).await;
-    let key = checkpoint::state_key(POD, 0, MODEL);
-    wait_for_snapshot(&url, &key).await;
-    first.stop(libc::SIGKILL);
-
-    let second = run_through(&config, &mut publisher, &url, &all[400..], 499).await;
-    let resumed = second
-        .metric("kvindex_warm_starts_total", "outcome=\"resumed\"")
-        .await;
-    assert_eq!(resumed, 1.0, "the source went on from its watermark");
-    assert_eq!(redis_now(&url).await, expected(dir.path(), &all));
-    second.stop(libc::SIGTERM);
+    let long = Stream {
+        messages: 500,
+        compacted: true,
+    };
+    restart_mid(long, libc::SIGKILL, Meanwhile::Nothing).await;
 }
 
 /// Waits until state key `key` holds a snapshot segment (its log was compacted).

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use super::checkpoint::segment::{SegmentBody, LOG};
 use super::checkpoint::{source_field, state_key, WATERMARKS_KEY};
-use super::key::Key;
 use super::log::{CheckpointLog, StateAt};
 use crate::index::{Delta, FieldValue, Index, ModelId, PodId};
 use crate::medium::TierWeights;
@@ -135,17 +134,6 @@ impl Encoder {
         let mk = mapping_key(engine, &self.names.pod(index, pod), hash);
         pipe.set_ex(mk, mapping_value(std), MAPPING_TTL_SECS)
             .ignore();
-    }
-
-    /// Appends the deletion of `key` (a field, mapping key or checkpoint entry).
-    pub(super) fn push_deletion(
-        &mut self,
-        index: &Index,
-        models: &mut SourceModels,
-        pipe: &mut redis::Pipeline,
-        key: &Key,
-    ) {
-        self.push_command(index, models, pipe, &key.clone().deletion());
     }
 
     /// Appends the command that brings Redis to `delta`'s key's current state to `pipe`. The

@@ -185,12 +185,6 @@ impl Link {
         Ok(())
     }
 
-    /// Appends the deletion of `key`.
-    pub(super) fn push_deletion(&mut self, pipe: &mut redis::Pipeline, key: &Key) {
-        let models = &mut self.marks.models;
-        self.enc.push_deletion(&self.index, models, pipe, key);
-    }
-
     /// The write that brings `key` to the index's state now: its value, or its deletion.
     /// `None` for a live source's watermark, left to the end of the repair, which writes
     /// every watermark.

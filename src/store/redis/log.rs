@@ -5,11 +5,12 @@
 //! A state key's log is compacted once the entries it logged since its last snapshot
 //! outnumber the blocks it holds by [`MIN_LOG`], or once it holds none: what Redis keeps
 //! per block then stays within about twice the live entries, and a source (or LoRA
-//! adapter) that holds nothing any more leaves no fields behind.
+//! adapter) that holds nothing any more leaves no fields behind. Compaction runs on the
+//! writer's upkeep tick (the watchdog's, every second), not on a timer of its own: under a
+//! steady stream a timer that is always due would keep the writer's loop in its background
+//! branch instead of its flushes.
 
 use std::collections::{HashMap, HashSet};
-
-use tokio::time::Instant;
 
 use super::checkpoint::segment::Stamp;
 use crate::index::{Index, ModelId, PodId};
@@ -28,8 +29,6 @@ pub(super) struct CheckpointLog {
     next: u64,
     logged: HashMap<StateAt, u64>,
     due: HashSet<StateAt>,
-    /// When the first of `due` became due.
-    due_since: Option<Instant>,
 }
 
 impl CheckpointLog {
@@ -61,13 +60,12 @@ impl CheckpointLog {
         let live = index.engine_blocks_of((at.0, at.1), at.2) as u64;
         if live == 0 || *logged >= live + MIN_LOG {
             self.due.insert(at);
-            self.due_since.get_or_insert_with(Instant::now);
         }
     }
 
-    /// When compaction is wanted: the first due key's time.
-    pub(super) fn due_since(&self) -> Option<Instant> {
-        self.due_since
+    /// Whether some state key is due for compaction.
+    pub(super) fn has_due(&self) -> bool {
+        !self.due.is_empty()
     }
 
     /// Up to `most` due state keys, taken off the due list.
@@ -76,18 +74,12 @@ impl CheckpointLog {
         for at in &taken {
             self.due.remove(at);
         }
-        if self.due.is_empty() {
-            self.due_since = None;
-        }
         taken
     }
 
     /// State keys whose compaction failed, due again.
     pub(super) fn due_again(&mut self, keys: impl IntoIterator<Item = StateAt>) {
         self.due.extend(keys);
-        if !self.due.is_empty() {
-            self.due_since.get_or_insert_with(Instant::now);
-        }
     }
 
     /// State key `at` now holds a snapshot of `live` entries and nothing older (or no field
@@ -103,6 +95,5 @@ impl CheckpointLog {
     /// Nothing is due any more (this writer stands by: the next leader compacts).
     pub(super) fn forget_due(&mut self) {
         self.due.clear();
-        self.due_since = None;
     }
 }

@@ -56,8 +56,6 @@ pub(super) const MAX_PIPELINE_COMMANDS: usize = 16_384;
 const MAX_MESSAGES_PER_TURN: usize = 256;
 /// The coalescing map is shrunk back once its capacity passes this many times the flush size.
 const SHRINK_FACTOR: usize = 4;
-/// How long state keys due for compaction wait, so one step takes those of several flushes.
-const COMPACT_AFTER: Duration = Duration::from_millis(200);
 
 /// The writer task's state.
 pub(super) struct Writer {
@@ -773,13 +771,12 @@ impl Writer {
     /// When the background roles want a tick (never while dirty: the reconcile's retries
     /// probe Redis then).
     fn upkeep_wake(&self) -> Option<Instant> {
-        let passes = self.anti_entropy.wake(self.watchdog.due_at());
-        let compaction = self.link.enc.log.due_since().map(|at| at + COMPACT_AFTER);
-        (!self.dirty).then(|| compaction.map_or(passes, |at| at.min(passes)))
+        (!self.dirty).then(|| self.anti_entropy.wake(self.watchdog.due_at()))
     }
 
-    /// One tick of background work: the watchdog when due, then one step of the current
-    /// pass (starting a periodic one when due).
+    /// One tick of background work: the watchdog when due, the checkpoint log's compaction
+    /// when a state key is due, then one step of the current pass (starting a periodic one
+    /// when due).
     async fn upkeep_tick(&mut self) {
         if self.dirty {
             // The reconcile's own retries probe Redis meanwhile.
@@ -798,7 +795,7 @@ impl Writer {
                 return;
             }
         }
-        if self.link.enc.log.due_since().is_some() {
+        if self.link.enc.log.has_due() {
             match compact::step(&mut self.link).await {
                 Ok(sent) => {
                     let counted = &self.link.shared.upkeep.background_commands;

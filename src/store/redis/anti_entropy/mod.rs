@@ -483,7 +483,7 @@ async fn stale_step(
     let owned = link.index.owned_pods();
     keys_step(link, keys, budget, |link, pipe, chunk| {
         let index = &link.index;
-        let gone: Vec<&Key> = (chunk.iter())
+        let gone: Vec<Delta> = (chunk.iter())
             .filter(|key| match key {
                 Key::Field { model, std, pod } => index.field_value(*model, *std, *pod).is_none(),
                 Key::Mapping { pod, hash, .. } => owned.engine_hash_std(*pod, hash).is_none(),
@@ -492,11 +492,10 @@ async fn stale_step(
                 } => !index.source_holds(*pod, *rank, hash),
                 Key::Source { pod, rank } => index.source_of(*pod, *rank).is_none(),
             })
+            .map(|key| key.clone().deletion())
             .collect();
-        for key in &gone {
-            link.push_deletion(pipe, key);
-        }
-        gone.len()
+        // One call: a state key's deleted entries go in one segment.
+        link.push_commands(pipe, &gone)
     })
     .await
 }
