@@ -781,10 +781,7 @@ async fn every_key(url: &str) -> BTreeMap<String, String> {
 /// The engine blocks of checkpoint state key `key` (its log folded), each as its field and
 /// value would be written one per block, store times blanked.
 async fn checkpoint_entries(url: &str, key: &str) -> String {
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let (blocks, bad) = checkpoint::read_state(&mut conn, key).await.unwrap();
-    assert_eq!(bad, 0, "{key}: every field of the log parses");
+    let blocks = util::checkpoint_blocks(url, key).await;
     let entries: BTreeMap<String, String> = (blocks.iter())
         .map(|(hash, state)| {
             let value = checkpoint::engine_value(state);

@@ -7,15 +7,9 @@ use kvindex::Daemon;
 #[path = "../../benches/common/proc_status.rs"]
 mod proc_status;
 
-/// The process's resident set, MiB.
+/// The process's resident set, MiB (`VmRSS` in /proc/self/status).
 pub fn rss_mib() -> f64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: f64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0.0);
-    pages * 4096.0 / f64::from(1 << 20)
+    proc_status::status_mib("self", "VmRSS")
 }
 
 /// The process's swapped-out memory, MiB (`VmSwap` in /proc/self/status).

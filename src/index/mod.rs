@@ -324,9 +324,14 @@ impl Index {
 
     /// Whether source `(pod, rank)` holds `engine_hash` (the checkpoint entry is live).
     pub fn source_holds(&self, pod: PodId, rank: u8, engine_hash: &crate::wire::BlockHash) -> bool {
+        self.source_state_of(pod, rank)
+            .is_some_and(|s| self.source_std(&s, engine_hash).is_some())
+    }
+
+    /// The state of the registered source of `(pod, rank)`, if any.
+    fn source_state_of(&self, pod: PodId, rank: u8) -> Option<Arc<Mutex<SourceState>>> {
         self.source_of(pod, rank)
             .and_then(|id| self.source(id).ok())
-            .is_some_and(|s| self.source_std(&s, engine_hash).is_some())
     }
 
     /// The std hash `source` maps `hash` to. The runs, which keep it for most blocks, are

@@ -189,8 +189,7 @@ impl Index {
         model: ModelId,
         hash: &BlockHash,
     ) -> Option<EngineState> {
-        let id = self.source_of(pod, rank)?;
-        let source = self.source(id).ok()?;
+        let source = self.source_state_of(pod, rank)?;
         let state = source.lock();
         let chains = self.inner.chains.read_recursive();
         let (held, _) = state.find(hash, &chains)?;
@@ -199,14 +198,8 @@ impl Index {
 
     /// Engine blocks source `(pod, rank)` holds of `model` (0 for a source not registered).
     pub fn engine_blocks_of(&self, (pod, rank): (PodId, u8), model: ModelId) -> usize {
-        let Some(source) = self
-            .source_of(pod, rank)
-            .and_then(|id| self.source(id).ok())
-        else {
-            return 0;
-        };
-        let held = source.lock().model_len(model.0);
-        held
+        self.source_state_of(pod, rank)
+            .map_or(0, |source| source.lock().model_len(model.0))
     }
 
     /// The checkpoint state of every engine block source `(pod, rank)` holds of `model`:
@@ -216,10 +209,7 @@ impl Index {
         (pod, rank): (PodId, u8),
         model: ModelId,
     ) -> Vec<(BlockHash, EngineState)> {
-        let Some(source) = self
-            .source_of(pod, rank)
-            .and_then(|id| self.source(id).ok())
-        else {
+        let Some(source) = self.source_state_of(pod, rank) else {
             return Vec::new();
         };
         let state = source.lock();

@@ -360,10 +360,7 @@ fn a_churned_checkpoint_log_is_compacted_and_still_rebuilds_the_index() {
         assert!(fields <= bound, "{fields} fields after the churn");
         // What a restore reads is what the index holds (a second mirror would be a second
         // writer: this one goes on below).
-        let client = redis::Client::open(url.as_str()).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let (blocks, bad) = checkpoint::read_state(&mut conn, &key).await.unwrap();
-        assert_eq!(bad, 0);
+        let blocks = util::checkpoint_blocks(&url, &key).await;
         assert_eq!(sorted_entries(blocks), engine_states_of_rank0(&index));
 
         let clear = EngineBatch::of(vec![Event::AllBlocksCleared]);

@@ -18,6 +18,20 @@ use kvindex::ingest::subscriber::{LinkState, RankStatus};
 use kvindex::Daemon;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
+/// The engine blocks checkpoint state key `key` holds in the Redis at `url` (its log
+/// folded), every field and entry of it parsing.
+pub async fn checkpoint_blocks(
+    url: &str,
+    key: &str,
+) -> Vec<(kvindex::wire::BlockHash, kvindex::index::EngineState)> {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let read = kvindex::store::redis::checkpoint::read_state(&mut conn, key).await;
+    let (blocks, bad) = read.unwrap();
+    assert_eq!(bad, 0, "{key}: every field of the log parses");
+    blocks
+}
+
 /// The repo's fixtures folder.
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")

@@ -6,7 +6,7 @@
 //! or not. A field that lands after the listing (from a pipeline in flight) is older and
 //! void too; the key's next compaction deletes it.
 
-use redis::Value;
+use std::sync::atomic::Ordering;
 
 use super::checkpoint::segment::{SegmentBody, Stamp, SNAPSHOT};
 use super::link::Link;
@@ -17,18 +17,24 @@ const KEYS_PER_STEP: usize = 16;
 /// Field names per `HDEL`: a key written by per-block checkpoints holds one per block.
 const DELETE_CHUNK: usize = 10_000;
 
-/// Compacts up to [`KEYS_PER_STEP`] due state keys; returns the commands sent. On a
-/// failure the keys are due again.
-pub(super) async fn step(link: &mut Link) -> Result<usize, redis::RedisError> {
+/// Compacts up to [`KEYS_PER_STEP`] due state keys, counting what it sends as background
+/// commands. On a failure the keys are due again.
+pub(super) async fn step(link: &mut Link) -> Result<(), redis::RedisError> {
     let due = link.enc.log.take_due(KEYS_PER_STEP);
     if due.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
-    let result = compact(link, &due).await;
-    if result.is_err() {
-        link.enc.log.due_again(due);
+    match compact(link, &due).await {
+        Ok(sent) => {
+            let counted = &link.shared.upkeep.background_commands;
+            counted.fetch_add(sent as u64, Ordering::Relaxed);
+            Ok(())
+        }
+        Err(err) => {
+            link.enc.log.due_again(due);
+            Err(err)
+        }
     }
-    result
 }
 
 async fn compact(link: &mut Link, due: &[StateAt]) -> Result<usize, redis::RedisError> {
@@ -37,7 +43,7 @@ async fn compact(link: &mut Link, due: &[StateAt]) -> Result<usize, redis::Redis
     for key in &keys {
         reads.cmd("HKEYS").arg(key);
     }
-    let listed: Vec<Vec<Value>> = link.read(&reads).await?;
+    let listed: Vec<Vec<Vec<u8>>> = link.read(&reads).await?;
     let mut pipe = redis::pipe();
     let mut commands = 0;
     for ((at, key), names) in due.iter().zip(&keys).zip(listed) {
@@ -54,7 +60,7 @@ fn push_snapshot(
     pipe: &mut redis::Pipeline,
     at: StateAt,
     key: &str,
-    names: &[Value],
+    names: &[Vec<u8>],
 ) -> usize {
     let blocks = link.index.engine_states_of((at.0, at.1), at.2);
     let mut body = SegmentBody::new(SNAPSHOT);
@@ -66,10 +72,7 @@ fn push_snapshot(
     pipe.hset(key, &field, body.bytes()).ignore();
     let mut commands = 1;
     let older: Vec<&[u8]> = (names.iter())
-        .filter_map(|name| match name {
-            Value::BulkString(bytes) => Some(bytes.as_slice()),
-            _ => None,
-        })
+        .map(Vec::as_slice)
         .filter(|name| Stamp::of_field(name).is_none_or(|s| s < stamp))
         .collect();
     for chunk in older.chunks(DELETE_CHUNK) {

@@ -63,11 +63,6 @@ impl CheckpointLog {
         }
     }
 
-    /// Whether some state key is due for compaction.
-    pub(super) fn has_due(&self) -> bool {
-        !self.due.is_empty()
-    }
-
     /// Up to `most` due state keys, taken off the due list.
     pub(super) fn take_due(&mut self, most: usize) -> Vec<StateAt> {
         let taken: Vec<StateAt> = self.due.iter().take(most).copied().collect();

@@ -795,14 +795,8 @@ impl Writer {
                 return;
             }
         }
-        if self.link.enc.log.has_due() {
-            match compact::step(&mut self.link).await {
-                Ok(sent) => {
-                    let counted = &self.link.shared.upkeep.background_commands;
-                    counted.fetch_add(sent as u64, Ordering::Relaxed);
-                }
-                Err(err) => return self.go_dirty(&err),
-            }
+        if let Err(err) = compact::step(&mut self.link).await {
+            return self.go_dirty(&err);
         }
         self.anti_entropy.start_due(now, self.config().verify);
         if self.anti_entropy.running() {

@@ -140,7 +140,7 @@ pub fn parse_engine_field(field: &str) -> Option<BlockHash> {
 /// then `|{chain}` when the block has a chain hash and `|{parent}` after it when the block's
 /// parent is known; the numbers big-endian in unpadded URL-safe base64 (11 characters a
 /// 64-bit hash, 6 the store time), so an entry with a chain and a parent takes 47 bytes
-/// where decimal took ~76: Redis parses and keeps every byte of every entry, one per block.
+/// where decimal took ~76: Redis keeps every byte of every entry, in its log's segments.
 /// The leading `~` tells it from the decimal form kvindex wrote before (a number first),
 /// which [`parse_engine_value`] still reads, so an upgraded kvindex restores an older one's
 /// checkpoint.

@@ -61,7 +61,7 @@ impl Stamp {
 }
 
 /// Whether `field` names a segment (well-formed or not) rather than an engine block.
-pub fn is_segment_field(field: &[u8]) -> bool {
+fn is_segment_field(field: &[u8]) -> bool {
     field.first() == Some(&SEGMENT_MARK)
 }
 
